@@ -1,0 +1,8 @@
+// The one pybind11 module of the planner: dynapipe_planner._core.
+#include <pybind11/pybind11.h>
+
+#include "core.h"
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "C++ hot loops of the DynaPipe planner (micro-batching DP, schedules).";
+}

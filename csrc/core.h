@@ -1,0 +1,4 @@
+// Registration hooks: each C++ source file binds its own functions into the module.
+#pragma once
+
+#include <pybind11/pybind11.h>

@@ -1,0 +1,209 @@
+"""`PipelineCosts`: the one cost contract every planner stage reads.
+
+A cost model (analytic or profiled) is turned into per-stage tables over a grid of
+micro-batch shapes (samples b, sequence length s, target length t for encoder-decoder models),
+linearly interpolated between grid points. Beyond the largest grid point a shape is infeasible,
+never extrapolated; below the smallest sequence length it costs as much as the smallest point.
+The same arrays are handed to the C++ core, which interpolates them with the same arithmetic
+(`lerp` below), so C++ and the Python references agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import PlanningError
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def locate(grid: np.ndarray | list[float], x: float) -> tuple[int, float] | None:
+    """Cell of `x` on an increasing grid: (k, w) with grid[k] <= x < grid[k+1], w in [0, 1).
+
+    Below the grid clamps to (0, 0.0); above the last point returns None (infeasible).
+    The C++ core implements exactly this rule.
+    """
+    n = len(grid)
+    if x <= grid[0]:
+        return 0, 0.0
+    if x > grid[n - 1]:
+        return None
+    k = bisect.bisect_right(grid, x) - 1
+    if k >= n - 1:
+        return n - 1, 0.0
+    return k, (x - grid[k]) / (grid[k + 1] - grid[k])
+
+
+def lerp(a: float, b: float, w: float) -> float:
+    """Linear interpolation that never touches `b` at w == 0 and keeps infinities infinite."""
+    if w == 0.0:
+        return a
+    if math.isinf(a) or math.isinf(b):
+        return math.inf
+    return a + w * (b - a)
+
+
+def interp3(table: np.ndarray, cb: tuple[int, float], cs: tuple[int, float], ct: tuple[int, float]) -> float:  # noqa: E501
+    """Trilinear interpolation of table[b, s, t] in the order t, then s, then b."""
+    (kb, wb), (ks, ws), (kt, wt) = cb, cs, ct
+
+    def along_t(ib: int, js: int) -> float:
+        v0 = float(table[ib, js, kt])
+        return v0 if wt == 0.0 else lerp(v0, float(table[ib, js, kt + 1]), wt)
+
+    def along_s(ib: int) -> float:
+        v0 = along_t(ib, ks)
+        return v0 if ws == 0.0 else lerp(v0, along_t(ib, ks + 1), ws)
+
+    v0 = along_s(kb)
+    return v0 if wb == 0.0 else lerp(v0, along_s(kb + 1), wb)
+
+
+@dataclass
+class StageCosts:
+    """Costs of one micro-batch on every stage (arrays of length num_stages)."""
+
+    forward: np.ndarray
+    backward: np.ndarray
+    activation: np.ndarray
+    transient: np.ndarray
+
+    @property
+    def feasible(self) -> bool:
+        return bool(np.all(np.isfinite(self.forward)))
+
+
+@dataclass
+class PipelineCosts:
+    """Per-stage cost tables of one pipeline (one TP degree, one recompute mode).
+
+    forward/backward are seconds, activation is the bytes a micro-batch keeps from its forward
+    to its backward pass, transient the extra bytes at the peak of either pass; all of shape
+    (num_stages, len(b_grid), len(s_grid), len(t_grid)). `static` is each stage's bytes for
+    weights, gradients and optimiser state. `attention_coef` is each stage's forward+backward
+    seconds per sample per token^2 of self-attention (the packing baseline subtracts the
+    attention between unrelated packed samples with it). `boundary_seq` tells, per stage
+    boundary, whether the activation sent carries the source sequence, the target sequence or
+    both (encoder-decoder pipelines), used for communication shapes.
+    """
+
+    b_grid: np.ndarray
+    s_grid: np.ndarray
+    t_grid: np.ndarray
+    forward: np.ndarray
+    backward: np.ndarray
+    activation: np.ndarray
+    transient: np.ndarray
+    static: np.ndarray
+    attention_coef: np.ndarray
+    hidden_size: int
+    memory_limit: float
+    p2p_bandwidth: np.ndarray
+    p2p_latency: float
+    recompute: str = "none"
+    dtype: str = "bf16"
+    boundary_seq: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        shape = (self.num_stages, len(self.b_grid), len(self.s_grid), len(self.t_grid))
+        for name in ("forward", "backward", "activation", "transient"):
+            arr = np.ascontiguousarray(getattr(self, name), dtype=np.float64)
+            if arr.shape != shape:
+                raise PlanningError(f"cost table {name}: shape {arr.shape}, expected {shape}")
+            setattr(self, name, arr)
+        for name in ("b_grid", "s_grid", "t_grid"):
+            grid = np.ascontiguousarray(getattr(self, name), dtype=np.float64)
+            if len(grid) == 0 or np.any(np.diff(grid) <= 0):
+                raise PlanningError(f"cost table {name} must be non-empty and strictly increasing")
+            setattr(self, name, grid)
+        if self.b_grid[0] != 1:
+            raise PlanningError("cost table microbatch-size grid must start at 1")
+        if not self.boundary_seq:
+            self.boundary_seq = ("src",) * (self.num_stages - 1)
+        self._grids = (self.b_grid.tolist(), self.s_grid.tolist(), self.t_grid.tolist())
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.static)
+
+    @property
+    def encoder_decoder(self) -> bool:
+        return len(self.t_grid) > 1
+
+    def available_memory(self) -> np.ndarray:
+        """Bytes per stage left for activations after static memory; errors if none is left."""
+        avail = self.memory_limit - self.static
+        for stage, a in enumerate(avail):
+            if a <= 0:
+                raise PlanningError(
+                    f"stage {stage}: weights, gradients and optimiser state need "
+                    f"{self.static[stage] / 2**30:.2f} GiB, more than the memory limit of "
+                    f"{self.memory_limit / 2**30:.2f} GiB; use more pipeline stages or TP"
+                )
+        return avail
+
+    def cells(self, b: float, s: float, t: float = 0.0):
+        """Grid cells of a shape, or None when it lies beyond the grid (infeasible)."""
+        cb = locate(self._grids[0], b)
+        cs = locate(self._grids[1], s)
+        ct = locate(self._grids[2], t)
+        if cb is None or cs is None or ct is None:
+            return None
+        return cb, cs, ct
+
+    def stage_costs(self, b: int, s: int, t: int = 0) -> StageCosts:
+        """Interpolated costs of a micro-batch of b samples padded to (s, t), per stage."""
+        c = self.num_stages
+        cells = self.cells(b, s, t)
+        if cells is None:
+            inf = np.full(c, np.inf)
+            return StageCosts(inf, inf.copy(), inf.copy(), inf.copy())
+        out = [
+            np.array([interp3(getattr(self, name)[j], *cells) for j in range(c)])
+            for name in ("forward", "backward", "activation", "transient")
+        ]
+        return StageCosts(*out)
+
+    def dp_tables(self, inflight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Tables the micro-batching DP reads: bottleneck time and memory-use ratio per shape.
+
+        time = max over stages of forward + backward; memory ratio = max over stages of
+        (inflight[j] * activation + transient) / available memory, feasible when <= 1, where
+        inflight[j] is how many micro-batches' activations the schedule may hold on stage j.
+        Interpolating the max over stages is conservative for memory (max is convex).
+        """
+        avail = self.available_memory()
+        time = np.max(self.forward + self.backward, axis=0)
+        k = np.asarray(inflight, dtype=np.float64).reshape(-1, 1, 1, 1)
+        ratio = np.max((k * self.activation + self.transient) / avail.reshape(-1, 1, 1, 1), axis=0)
+        return np.ascontiguousarray(time), np.ascontiguousarray(ratio)
+
+    def boundary_shape(self, stage: int, b: int, s: int, t: int = 0) -> list[int]:
+        """[b, seq, hidden] of the activation stage `stage` sends to `stage + 1`.
+
+        Encoder-decoder boundaries after the first decoder layer carry the encoder output and
+        the decoder hidden states concatenated along the sequence dimension.
+        """
+        kind = self.boundary_seq[stage]
+        seq = {"src": s, "tgt": t, "both": s + t}[kind]
+        return [b, seq, self.hidden_size]
+
+    def p2p_time(self, stage: int, shape: list[int]) -> float:
+        nbytes = math.prod(shape) * DTYPE_BYTES[self.dtype]
+        return self.p2p_latency + nbytes / float(self.p2p_bandwidth[stage])
+
+
+def split_layers(num_layers: int, num_stages: int) -> list[int]:
+    """Layers per stage: an even split whose remainder goes to the middle stages first,
+    because the first and last stages also carry the embedding and the output layer."""
+    if num_stages > num_layers:
+        raise PlanningError(f"{num_stages} pipeline stages but only {num_layers} layers")
+    counts = [num_layers // num_stages] * num_stages
+    middle_first = sorted(range(num_stages), key=lambda j: (j in (0, num_stages - 1), j))
+    for j in middle_first[: num_layers % num_stages]:
+        counts[j] += 1
+    return counts

@@ -1,0 +1,125 @@
+"""Transformer shapes the cost models need: decoder-only (GPT) and encoder-decoder (T5).
+
+A `ModelSpec` is pure shape; how long a layer takes or how much memory it holds is the cost
+models' business (`dynapipe_planner.cost`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, asdict, dataclass, fields
+from pathlib import Path
+
+from .errors import PlanningError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of a GPT (`arch="gpt"`) or T5 (`arch="t5"`) model.
+
+    For T5, `num_layers` counts the layers of the encoder and, separately, of the decoder
+    (DynaPipe Table 1 convention), so a T5 pipeline holds `2 * num_layers` layers.
+    """
+
+    name: str
+    arch: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    kv_channels: int = 0
+    max_position_embeddings: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.arch not in ("gpt", "t5"):
+            raise PlanningError(f"model {self.name!r}: arch must be 'gpt' or 't5', got {self.arch!r}")
+        for f in ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size"):
+            if getattr(self, f) <= 0:
+                raise PlanningError(f"model {self.name!r}: {f} must be positive")
+        if self.kv_channels == 0:
+            if self.hidden_size % self.num_heads:
+                raise PlanningError(
+                    f"model {self.name!r}: hidden_size {self.hidden_size} is not divisible by "
+                    f"num_heads {self.num_heads}; give kv_channels explicitly"
+                )
+            object.__setattr__(self, "kv_channels", self.hidden_size // self.num_heads)
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return self.arch == "t5"
+
+    @property
+    def attention_width(self) -> int:
+        """Width of the concatenated attention heads (num_heads * kv_channels)."""
+        return self.num_heads * self.kv_channels
+
+    def layer_kinds(self) -> list[str]:
+        """Kinds of the transformer layers in pipeline order: 'encoder' and/or 'decoder'."""
+        if self.is_encoder_decoder:
+            return ["encoder"] * self.num_layers + ["decoder"] * self.num_layers
+        return ["decoder"] * self.num_layers
+
+    def layer_params(self, kind: str) -> int:
+        """Parameters of one transformer layer (weights and biases, both layer norms)."""
+        h, a, f = self.hidden_size, self.attention_width, self.ffn_hidden_size
+        attention = 4 * h * a + 3 * a + h
+        mlp = 2 * h * f + f + h
+        params = attention + mlp + 4 * h
+        if kind == "decoder" and self.is_encoder_decoder:
+            params += attention + 2 * h  # cross-attention and its layer norm
+        return params
+
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size + self.max_position_embeddings * self.hidden_size
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ModelSpec:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise PlanningError(f"model spec: unknown field(s) {unknown}; known: {sorted(known)}")
+        missing = [f.name for f in fields(cls) if f.default is MISSING and f.name not in data]
+        if missing:
+            raise PlanningError(f"model spec: missing field(s) {missing}")
+        return cls(**data)
+
+
+def _gpt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
+    return ModelSpec(name, "gpt", layers, hidden, heads, 4 * hidden, 51200)
+
+
+# GPT-3 family shapes (Brown et al. 2020, Table 2.1) and DynaPipe's T5 scaling (Table 1).
+MODEL_PRESETS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (
+        _gpt("gpt-125m", 12, 768, 12),
+        _gpt("gpt-350m", 24, 1024, 16),
+        _gpt("gpt-1.3b", 24, 2048, 16),
+        _gpt("gpt-2.7b", 32, 2560, 32),
+        _gpt("gpt-3.35b", 16, 4096, 32),
+        _gpt("gpt-6.7b", 32, 4096, 32),
+        _gpt("gpt-13b", 40, 5120, 40),
+        ModelSpec("t5-5.5b", "t5", 12, 1024, 128, 65536, 32128, kv_channels=128),
+        ModelSpec("t5-11b", "t5", 24, 1024, 128, 65536, 32128, kv_channels=128),
+    )
+}
+
+
+def load_model_spec(name_or_path: str) -> ModelSpec:
+    """A preset name (see `MODEL_PRESETS`) or a JSON file with `ModelSpec` fields."""
+    if name_or_path in MODEL_PRESETS:
+        return MODEL_PRESETS[name_or_path]
+    path = Path(name_or_path)
+    if not path.exists():
+        raise PlanningError(
+            f"model {name_or_path!r} is neither a preset ({', '.join(MODEL_PRESETS)}) nor a file"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise PlanningError(f"model spec {path}: not valid JSON ({e})") from e
+    return ModelSpec.from_dict(data)

@@ -1,0 +1,345 @@
+"""`ExecutionPlan`: one iteration's micro-batches and every rank's instruction list.
+
+The JSON shape is the contract in ARCHITECTURE.md; the runtime reads it and knows nothing of
+how it was made. A compact binary form (`.bin`) carries the same content for large plans:
+
+    b"DYNAPLAN" | u32 version | u32 header length | header JSON (num_stages, num_replicas,
+    stats, meta, counts) | micro-batches: i32 id, replica, seqlen, tgt_seqlen, u32 n, u32[n]
+    samples | ranks: i32 replica, stage, u32 n, then per instruction u8 op, u8 dtype, u8 ndim,
+    u8 0, i32 mb, i32 peer, i32[ndim] shape                       (all little-endian)
+
+Instructions follow DynaPipe's executor design (seed `dynapipe.txt` §3): compute ops, and each
+communication split into a non-blocking Start and a blocking Wait.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import PlanningError
+
+PLAN_VERSION = 1
+MAGIC = b"DYNAPLAN"
+
+OPS = (
+    "LoadBatch",
+    "ForwardPass",
+    "BackwardPass",
+    "SendActStart",
+    "RecvActStart",
+    "SendGradStart",
+    "RecvGradStart",
+    "WaitSendAct",
+    "WaitRecvAct",
+    "WaitSendGrad",
+    "WaitRecvGrad",
+    "FreeBuffer",
+)
+START_OPS = ("SendActStart", "RecvActStart", "SendGradStart", "RecvGradStart")
+WAIT_OPS = ("WaitSendAct", "WaitRecvAct", "WaitSendGrad", "WaitRecvGrad")
+WAIT_FOR_START = dict(zip(START_OPS, WAIT_OPS, strict=True))
+COMM_OPS = START_OPS + WAIT_OPS
+DTYPES = ("bf16", "fp16", "fp32")
+_OP_CODE = {op: i for i, op in enumerate(OPS)}
+_DTYPE_CODE = {d: i + 1 for i, d in enumerate(DTYPES)}
+
+
+@dataclass(frozen=True, slots=True)
+class Instruction:
+    """One step of a rank's program. `peer` is a stage index in the same replica (-1: none);
+    Start instructions carry the tensor's `shape` and `dtype` so nothing is exchanged at run time."""
+
+    op: str
+    mb: int
+    peer: int = -1
+    shape: tuple[int, ...] = ()
+    dtype: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"op": self.op, "mb": self.mb}
+        if self.peer >= 0:
+            d["peer"] = self.peer
+        if self.shape:
+            d["shape"] = list(self.shape)
+        if self.dtype:
+            d["dtype"] = self.dtype
+        return d
+
+
+@dataclass
+class MicroBatch:
+    id: int
+    replica: int
+    samples: list[int]
+    seqlen: int
+    tgt_seqlen: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "replica": self.replica,
+            "samples": list(self.samples),
+            "seqlen": self.seqlen,
+            "tgt_seqlen": self.tgt_seqlen,
+        }
+
+
+@dataclass
+class RankPlan:
+    replica: int
+    stage: int
+    instructions: list[Instruction]
+
+
+@dataclass
+class ExecutionPlan:
+    num_stages: int
+    num_replicas: int
+    microbatches: list[MicroBatch]
+    ranks: list[RankPlan]
+    stats: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    version: int = PLAN_VERSION
+
+    def rank_plan(self, replica: int, stage: int) -> RankPlan:
+        for r in self.ranks:
+            if r.replica == replica and r.stage == stage:
+                return r
+        raise PlanningError(f"plan has no rank for replica {replica} stage {stage}")
+
+    # ---- JSON -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "num_stages": self.num_stages,
+            "num_replicas": self.num_replicas,
+            "microbatches": [m.to_dict() for m in self.microbatches],
+            "ranks": [
+                {
+                    "replica": r.replica,
+                    "stage": r.stage,
+                    "instructions": [i.to_dict() for i in r.instructions],
+                }
+                for r in self.ranks
+            ],
+            "stats": self.stats,
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "plan") -> ExecutionPlan:
+        def need(obj: Any, key: str, where: str, kind: type | tuple = int) -> Any:
+            if not isinstance(obj, dict) or key not in obj:
+                raise PlanningError(f"{source}: {where} is missing {key!r}")
+            value = obj[key]
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise PlanningError(f"{source}: {where}.{key} has the wrong type: {value!r}")
+            return value
+
+        version = need(data, "version", "plan")
+        if version != PLAN_VERSION:
+            raise PlanningError(f"{source}: plan version {version}, this reader knows {PLAN_VERSION}")
+        mbs = []
+        for k, m in enumerate(need(data, "microbatches", "plan", list)):
+            where = f"microbatches[{k}]"
+            samples = need(m, "samples", where, list)
+            if not all(isinstance(s, int) and not isinstance(s, bool) for s in samples):
+                raise PlanningError(f"{source}: {where}.samples must be integers")
+            mbs.append(
+                MicroBatch(
+                    need(m, "id", where),
+                    need(m, "replica", where),
+                    samples,
+                    need(m, "seqlen", where),
+                    m.get("tgt_seqlen", 0),
+                )
+            )
+        ranks = []
+        for k, r in enumerate(need(data, "ranks", "plan", list)):
+            where = f"ranks[{k}]"
+            instrs = []
+            for n, ins in enumerate(need(r, "instructions", where, list)):
+                iw = f"{where}.instructions[{n}]"
+                op = need(ins, "op", iw, str)
+                shape = ins.get("shape", [])
+                if not isinstance(shape, list) or not all(isinstance(x, int) for x in shape):
+                    raise PlanningError(f"{source}: {iw}.shape must be a list of integers")
+                instrs.append(
+                    Instruction(
+                        op, need(ins, "mb", iw), ins.get("peer", -1), tuple(shape), ins.get("dtype", "")
+                    )
+                )
+            ranks.append(RankPlan(need(r, "replica", where), need(r, "stage", where), instrs))
+        plan = cls(
+            need(data, "num_stages", "plan"),
+            need(data, "num_replicas", "plan"),
+            mbs,
+            ranks,
+            data.get("stats", {}),
+            data.get("meta", {}),
+            version,
+        )
+        validate_structure(plan, source)
+        return plan
+
+    # ---- binary -----------------------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        header = {
+            "num_stages": self.num_stages,
+            "num_replicas": self.num_replicas,
+            "num_microbatches": len(self.microbatches),
+            "num_ranks": len(self.ranks),
+            "stats": self.stats,
+            "meta": self.meta,
+        }
+        hdr = json.dumps(header, separators=(",", ":")).encode()
+        out = [MAGIC, struct.pack("<II", self.version, len(hdr)), hdr]
+        for m in self.microbatches:
+            out.append(struct.pack("<iiiiI", m.id, m.replica, m.seqlen, m.tgt_seqlen, len(m.samples)))
+            out.append(struct.pack(f"<{len(m.samples)}I", *m.samples))
+        for r in self.ranks:
+            out.append(struct.pack("<iiI", r.replica, r.stage, len(r.instructions)))
+            for ins in r.instructions:
+                dt = _DTYPE_CODE.get(ins.dtype, 0)
+                out.append(struct.pack("<BBBxii", _OP_CODE[ins.op], dt, len(ins.shape), ins.mb, ins.peer))
+                out.append(struct.pack(f"<{len(ins.shape)}i", *ins.shape))
+        return b"".join(out)
+
+    @classmethod
+    def from_bytes(cls, buf: bytes, source: str = "plan") -> ExecutionPlan:
+        reader = _Reader(buf, source)
+        if reader.take(len(MAGIC), "magic") != MAGIC:
+            raise PlanningError(f"{source}: not a DynaPipe binary plan (bad magic bytes)")
+        version, hdr_len = reader.unpack("<II", "version header")
+        if version != PLAN_VERSION:
+            raise PlanningError(f"{source}: plan version {version}, this reader knows {PLAN_VERSION}")
+        try:
+            header = json.loads(reader.take(hdr_len, "header").decode())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise PlanningError(f"{source}: corrupt header ({e})") from e
+        mbs = []
+        for k in range(header["num_microbatches"]):
+            mid, rep, seq, tgt, n = reader.unpack("<iiiiI", f"microbatch {k}")
+            samples = list(reader.unpack(f"<{n}I", f"microbatch {k} samples"))
+            mbs.append(MicroBatch(mid, rep, samples, seq, tgt))
+        ranks = []
+        for k in range(header["num_ranks"]):
+            rep, stage, n = reader.unpack("<iiI", f"rank {k}")
+            instrs = []
+            for i in range(n):
+                op, dt, ndim, mb, peer = reader.unpack("<BBBxii", f"rank {k} instruction {i}")
+                if op >= len(OPS) or dt > len(DTYPES):
+                    raise PlanningError(f"{source}: rank {k} instruction {i}: unknown op/dtype code")
+                shape = reader.unpack(f"<{ndim}i", f"rank {k} instruction {i} shape")
+                instrs.append(Instruction(OPS[op], mb, peer, tuple(shape), DTYPES[dt - 1] if dt else ""))
+            ranks.append(RankPlan(rep, stage, instrs))
+        if reader.pos != len(buf):
+            raise PlanningError(f"{source}: {len(buf) - reader.pos} trailing bytes after the plan")
+        plan = cls(
+            header["num_stages"], header["num_replicas"], mbs, ranks, header["stats"], header["meta"]
+        )
+        validate_structure(plan, source)
+        return plan
+
+    # ---- files ------------------------------------------------------------------------
+    def save(self, path: str | Path, fmt: str | None = None) -> None:
+        """Write atomically (temporary file + rename): a failed write leaves nothing behind."""
+        path = Path(path)
+        fmt = fmt or ("bin" if path.suffix == ".bin" else "json")
+        if fmt == "json":
+            payload = json.dumps(self.to_dict(), separators=(",", ":")).encode()
+        elif fmt == "bin":
+            payload = self.to_bytes()
+        else:
+            raise PlanningError(f"unknown plan format {fmt!r}; use json or bin")
+        atomic_write(path, payload)
+
+
+def load_plan(path: str | Path) -> ExecutionPlan:
+    """Read a JSON or binary plan (detected by content) with errors that name the file."""
+    path = Path(path)
+    try:
+        buf = path.read_bytes()
+    except OSError as e:
+        raise PlanningError(f"cannot read plan {path}: {e.strerror}") from e
+    if buf.startswith(MAGIC):
+        return ExecutionPlan.from_bytes(buf, str(path))
+    try:
+        data = json.loads(buf)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PlanningError(f"{path}: neither a binary plan nor valid JSON ({e})") from e
+    return ExecutionPlan.from_dict(data, str(path))
+
+
+def atomic_write(path: Path, payload: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class _Reader:
+    def __init__(self, buf: bytes, source: str) -> None:
+        self.buf, self.source, self.pos = buf, source, 0
+
+    def take(self, n: int, what: str) -> bytes:
+        if self.pos + n > len(self.buf):
+            raise PlanningError(f"{self.source}: truncated at byte {self.pos} while reading {what}")
+        out = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def unpack(self, fmt: str, what: str) -> tuple:
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))
+
+
+def validate_structure(plan: ExecutionPlan, source: str = "plan") -> None:
+    """Static checks that need no cost model: known ops, ranks and micro-batches in range,
+    communication instructions with a valid peer, and shapes/dtypes on every Start."""
+    if plan.num_stages < 1 or plan.num_replicas < 1:
+        raise PlanningError(f"{source}: num_stages and num_replicas must be >= 1")
+    mb_replica: dict[int, int] = {}
+    for m in plan.microbatches:
+        if m.id in mb_replica:
+            raise PlanningError(f"{source}: micro-batch id {m.id} appears twice")
+        if not 0 <= m.replica < plan.num_replicas:
+            raise PlanningError(f"{source}: micro-batch {m.id} has replica {m.replica} out of range")
+        if not m.samples or m.seqlen <= 0:
+            raise PlanningError(f"{source}: micro-batch {m.id} has no samples or seqlen <= 0")
+        mb_replica[m.id] = m.replica
+    seen = set()
+    for r in plan.ranks:
+        where = f"rank (replica {r.replica}, stage {r.stage})"
+        if not (0 <= r.replica < plan.num_replicas and 0 <= r.stage < plan.num_stages):
+            raise PlanningError(f"{source}: {where} is out of range")
+        if (r.replica, r.stage) in seen:
+            raise PlanningError(f"{source}: {where} appears twice")
+        seen.add((r.replica, r.stage))
+        for n, ins in enumerate(r.instructions):
+            iw = f"{where} instruction {n} ({ins.op} mb {ins.mb})"
+            if ins.op not in _OP_CODE:
+                raise PlanningError(f"{source}: {iw}: unknown op; known ops: {', '.join(OPS)}")
+            if mb_replica.get(ins.mb) != r.replica:
+                raise PlanningError(f"{source}: {iw}: micro-batch not in this rank's replica")
+            if ins.op in COMM_OPS:
+                expected = r.stage + (1 if ins.op in ("SendActStart", "RecvGradStart",
+                                                      "WaitSendAct", "WaitRecvGrad") else -1)
+                if ins.peer != expected:
+                    raise PlanningError(f"{source}: {iw}: peer {ins.peer}, expected stage {expected}")
+            if ins.op in START_OPS and (not ins.shape or ins.dtype not in DTYPES):
+                raise PlanningError(f"{source}: {iw}: a Start needs a shape and a dtype in {DTYPES}")
+    if len(seen) != plan.num_stages * plan.num_replicas:
+        raise PlanningError(
+            f"{source}: {len(seen)} ranks, expected {plan.num_stages * plan.num_replicas}"
+        )
