@@ -2,3 +2,5 @@
 #pragma once
 
 #include <pybind11/pybind11.h>
+
+void register_microbatch_dp(pybind11::module_& m);

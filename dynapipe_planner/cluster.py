@@ -27,8 +27,12 @@ class GpuSpec:
     kernel_launch_s: float = 4e-6
 
 
-def _gpu(name: str, tflops: float, mem_gib: int, hbm_gbs: float, intra_gbs: float, inter_gbs: float):
-    return GpuSpec(name, tflops * 1e12, mem_gib * GiB, hbm_gbs * 1e9, intra_gbs * 1e9, inter_gbs * 1e9)
+def _gpu(
+    name: str, tflops: float, mem_gib: int, hbm_gbs: float, intra_gbs: float, inter_gbs: float
+):
+    return GpuSpec(
+        name, tflops * 1e12, mem_gib * GiB, hbm_gbs * 1e9, intra_gbs * 1e9, inter_gbs * 1e9
+    )
 
 
 GPU_PRESETS: dict[str, GpuSpec] = {
@@ -39,7 +43,7 @@ GPU_PRESETS: dict[str, GpuSpec] = {
         _gpu("A100-80GB", 312, 80, 2039, 300, 25),
         _gpu("A800", 312, 80, 2039, 200, 25),
         _gpu("H100", 989, 80, 3350, 450, 50),
-        # GeForce cards: bf16 with FP32 accumulate runs at half the FP16-accumulate rate; PCIe 4.0 x16.
+        # GeForce: bf16 with FP32 accumulate runs at half the FP16-accumulate rate; PCIe 4.0 x16.
         _gpu("RTX3090", 71, 24, 936, 32, 12.5),
         _gpu("RTX4090", 165.2, 24, 1008, 32, 12.5),
     )
@@ -49,7 +53,10 @@ GPU_PRESETS: dict[str, GpuSpec] = {
 def get_gpu(name: str) -> GpuSpec:
     key = name.upper().replace("_", "-").replace(" ", "")
     for preset_name, spec in GPU_PRESETS.items():
-        if preset_name.upper().replace(" ", "") == key or preset_name.upper().replace("-", "") == key:
+        if (
+            preset_name.upper().replace(" ", "") == key
+            or preset_name.upper().replace("-", "") == key
+        ):
             return spec
     raise PlanningError(f"unknown GPU type {name!r}; known: {', '.join(GPU_PRESETS)}")
 
@@ -91,7 +98,8 @@ class ClusterSpec:
     def p2p_bandwidth(self, stage: int) -> float:
         """Bandwidth from `stage` to `stage + 1` (the slowest over replicas)."""
         crosses_node = any(
-            self.rank(r, stage) // self.gpus_per_node != self.rank(r, stage + 1) // self.gpus_per_node
+            self.rank(r, stage) // self.gpus_per_node
+            != self.rank(r, stage + 1) // self.gpus_per_node
             for r in range(self.num_replicas)
         )
         return self.gpu.inter_node_bandwidth if crosses_node else self.gpu.intra_node_bandwidth

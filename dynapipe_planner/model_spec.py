@@ -33,7 +33,9 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         if self.arch not in ("gpt", "t5"):
-            raise PlanningError(f"model {self.name!r}: arch must be 'gpt' or 't5', got {self.arch!r}")
+            raise PlanningError(
+                f"model {self.name!r}: arch must be 'gpt' or 't5', got {self.arch!r}"
+            )
         for f in ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size"):
             if getattr(self, f) <= 0:
                 raise PlanningError(f"model {self.name!r}: {f} must be positive")

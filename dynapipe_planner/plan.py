@@ -52,8 +52,11 @@ _DTYPE_CODE = {d: i + 1 for i, d in enumerate(DTYPES)}
 
 @dataclass(frozen=True, slots=True)
 class Instruction:
-    """One step of a rank's program. `peer` is a stage index in the same replica (-1: none);
-    Start instructions carry the tensor's `shape` and `dtype` so nothing is exchanged at run time."""
+    """One step of a rank's program.
+
+    `peer` is a stage index in the same replica (-1: none). Start instructions carry the
+    tensor's `shape` and `dtype`, so nothing is exchanged at run time.
+    """
 
     op: str
     mb: int
@@ -144,7 +147,9 @@ class ExecutionPlan:
 
         version = need(data, "version", "plan")
         if version != PLAN_VERSION:
-            raise PlanningError(f"{source}: plan version {version}, this reader knows {PLAN_VERSION}")
+            raise PlanningError(
+                f"{source}: plan version {version}, this reader knows {PLAN_VERSION}"
+            )
         mbs = []
         for k, m in enumerate(need(data, "microbatches", "plan", list)):
             where = f"microbatches[{k}]"
@@ -172,7 +177,11 @@ class ExecutionPlan:
                     raise PlanningError(f"{source}: {iw}.shape must be a list of integers")
                 instrs.append(
                     Instruction(
-                        op, need(ins, "mb", iw), ins.get("peer", -1), tuple(shape), ins.get("dtype", "")
+                        op,
+                        need(ins, "mb", iw),
+                        ins.get("peer", -1),
+                        tuple(shape),
+                        ins.get("dtype", ""),
                     )
                 )
             ranks.append(RankPlan(need(r, "replica", where), need(r, "stage", where), instrs))
@@ -201,13 +210,17 @@ class ExecutionPlan:
         hdr = json.dumps(header, separators=(",", ":")).encode()
         out = [MAGIC, struct.pack("<II", self.version, len(hdr)), hdr]
         for m in self.microbatches:
-            out.append(struct.pack("<iiiiI", m.id, m.replica, m.seqlen, m.tgt_seqlen, len(m.samples)))
+            out.append(
+                struct.pack("<iiiiI", m.id, m.replica, m.seqlen, m.tgt_seqlen, len(m.samples))
+            )
             out.append(struct.pack(f"<{len(m.samples)}I", *m.samples))
         for r in self.ranks:
             out.append(struct.pack("<iiI", r.replica, r.stage, len(r.instructions)))
             for ins in r.instructions:
                 dt = _DTYPE_CODE.get(ins.dtype, 0)
-                out.append(struct.pack("<BBBxii", _OP_CODE[ins.op], dt, len(ins.shape), ins.mb, ins.peer))
+                out.append(
+                    struct.pack("<BBBxii", _OP_CODE[ins.op], dt, len(ins.shape), ins.mb, ins.peer)
+                )
                 out.append(struct.pack(f"<{len(ins.shape)}i", *ins.shape))
         return b"".join(out)
 
@@ -218,7 +231,9 @@ class ExecutionPlan:
             raise PlanningError(f"{source}: not a DynaPipe binary plan (bad magic bytes)")
         version, hdr_len = reader.unpack("<II", "version header")
         if version != PLAN_VERSION:
-            raise PlanningError(f"{source}: plan version {version}, this reader knows {PLAN_VERSION}")
+            raise PlanningError(
+                f"{source}: plan version {version}, this reader knows {PLAN_VERSION}"
+            )
         try:
             header = json.loads(reader.take(hdr_len, "header").decode())
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -235,14 +250,23 @@ class ExecutionPlan:
             for i in range(n):
                 op, dt, ndim, mb, peer = reader.unpack("<BBBxii", f"rank {k} instruction {i}")
                 if op >= len(OPS) or dt > len(DTYPES):
-                    raise PlanningError(f"{source}: rank {k} instruction {i}: unknown op/dtype code")
+                    raise PlanningError(
+                        f"{source}: rank {k} instruction {i}: unknown op/dtype code"
+                    )
                 shape = reader.unpack(f"<{ndim}i", f"rank {k} instruction {i} shape")
-                instrs.append(Instruction(OPS[op], mb, peer, tuple(shape), DTYPES[dt - 1] if dt else ""))
+                instrs.append(
+                    Instruction(OPS[op], mb, peer, tuple(shape), DTYPES[dt - 1] if dt else "")
+                )
             ranks.append(RankPlan(rep, stage, instrs))
         if reader.pos != len(buf):
             raise PlanningError(f"{source}: {len(buf) - reader.pos} trailing bytes after the plan")
         plan = cls(
-            header["num_stages"], header["num_replicas"], mbs, ranks, header["stats"], header["meta"]
+            header["num_stages"],
+            header["num_replicas"],
+            mbs,
+            ranks,
+            header["stats"],
+            header["meta"],
         )
         validate_structure(plan, source)
         return plan
@@ -314,7 +338,9 @@ def validate_structure(plan: ExecutionPlan, source: str = "plan") -> None:
         if m.id in mb_replica:
             raise PlanningError(f"{source}: micro-batch id {m.id} appears twice")
         if not 0 <= m.replica < plan.num_replicas:
-            raise PlanningError(f"{source}: micro-batch {m.id} has replica {m.replica} out of range")
+            raise PlanningError(
+                f"{source}: micro-batch {m.id} has replica {m.replica} out of range"
+            )
         if not m.samples or m.seqlen <= 0:
             raise PlanningError(f"{source}: micro-batch {m.id} has no samples or seqlen <= 0")
         mb_replica[m.id] = m.replica
@@ -333,12 +359,19 @@ def validate_structure(plan: ExecutionPlan, source: str = "plan") -> None:
             if mb_replica.get(ins.mb) != r.replica:
                 raise PlanningError(f"{source}: {iw}: micro-batch not in this rank's replica")
             if ins.op in COMM_OPS:
-                expected = r.stage + (1 if ins.op in ("SendActStart", "RecvGradStart",
-                                                      "WaitSendAct", "WaitRecvGrad") else -1)
+                expected = r.stage + (
+                    1
+                    if ins.op in ("SendActStart", "RecvGradStart", "WaitSendAct", "WaitRecvGrad")
+                    else -1
+                )
                 if ins.peer != expected:
-                    raise PlanningError(f"{source}: {iw}: peer {ins.peer}, expected stage {expected}")
+                    raise PlanningError(
+                        f"{source}: {iw}: peer {ins.peer}, expected stage {expected}"
+                    )
             if ins.op in START_OPS and (not ins.shape or ins.dtype not in DTYPES):
-                raise PlanningError(f"{source}: {iw}: a Start needs a shape and a dtype in {DTYPES}")
+                raise PlanningError(
+                    f"{source}: {iw}: a Start needs a shape and a dtype in {DTYPES}"
+                )
     if len(seen) != plan.num_stages * plan.num_replicas:
         raise PlanningError(
             f"{source}: {len(seen)} ranks, expected {plan.num_stages * plan.num_replicas}"

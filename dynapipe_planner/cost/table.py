@@ -47,7 +47,9 @@ def lerp(a: float, b: float, w: float) -> float:
     return a + w * (b - a)
 
 
-def interp3(table: np.ndarray, cb: tuple[int, float], cs: tuple[int, float], ct: tuple[int, float]) -> float:  # noqa: E501
+def interp3(
+    table: np.ndarray, cb: tuple[int, float], cs: tuple[int, float], ct: tuple[int, float]
+) -> float:
     """Trilinear interpolation of table[b, s, t] in the order t, then s, then b."""
     (kb, wb), (ks, ws), (kt, wt) = cb, cs, ct
 

@@ -1,0 +1,252 @@
+"""Analytic cost model: transformer FLOP and byte counts on a GPU spec, no profiling needed.
+
+Time per layer = GEMMs + attention core (quadratic in sequence length) + memory-bound
+element-wise work + tensor-parallel all-reduces + kernel launches. GEMMs and attention run at
+an efficiency that saturates with the tokens of the micro-batch and the width of each TP shard,
+so small micro-batches are slow per token, as on real GPUs; without that term every planner
+would pick micro-batches of one sample. FLOP counts follow Narayanan et al. (SC'21); activation
+bytes follow Korthikanti et al. ("Reducing Activation Recomputation", 2022), both public
+formulas. Used for paper-scale studies on machines without a GPU (DynaPipe seed §3 "Cost
+models" uses profiling instead; see `profiled.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cluster import ClusterSpec
+from ..errors import PlanningError
+from ..model_spec import ModelSpec
+from .table import DTYPE_BYTES, PipelineCosts, split_layers
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+def geometric_grid(first_dense: int, step: int, ratio: float, stop: float) -> np.ndarray:
+    """`step, 2*step, ..., first_dense` then points growing by `ratio` until `stop` is covered."""
+    points = list(range(step, first_dense + 1, step))
+    while points[-1] < stop:
+        points.append(max(points[-1] + step, int(np.ceil(points[-1] * ratio / step) * step)))
+    return np.array(points, dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """How close kernels get to the datasheet peak, and how fast that saturates."""
+
+    gemm: float = 0.75
+    tokens_half: float = 256.0
+    width_half: float = 256.0
+    seq_half: float = 128.0
+    memory: float = 0.7
+    kernels_per_layer_forward: int = 14
+
+
+@dataclass(frozen=True)
+class AnalyticCostModel:
+    """Costs of `model` on `cluster` (its GPU type, TP degree and pipeline depth)."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    efficiency: Efficiency = Efficiency()
+    flash_attention: bool = False
+    distributed_optimizer: bool = False
+    dtype: str = "bf16"
+
+    # ---- per-layer pieces, vectorised over micro-batch shapes ---------------------------
+    def _gemm_time(self, flops, tokens):
+        e, gpu = self.efficiency, self.cluster.gpu
+        width = self.model.hidden_size / self.cluster.tp
+        rate = gpu.peak_flops * e.gemm * tokens / (tokens + e.tokens_half)
+        return flops / (rate * width / (width + e.width_half))
+
+    def _attention_time(self, b, sq, sk):
+        """Attention core (QK^T and AV) with its softmax traffic when not fused."""
+        e, gpu, tp = self.efficiency, self.cluster.gpu, self.cluster.tp
+        a, heads = self.model.attention_width, self.model.num_heads
+        flops = 4.0 * b * sq * sk * a / tp
+        compute = flops / (gpu.peak_flops * e.gemm * sq / (sq + e.seq_half))
+        if self.flash_attention:
+            return compute
+        score_bytes = 3 * 2.0 * b * heads / tp * sq * sk * 2  # write, softmax r/w, dropout
+        return compute + score_bytes / (gpu.hbm_bandwidth * e.memory)
+
+    def _elementwise_time(self, tokens):
+        h, f, tp = self.model.hidden_size, self.model.ffn_hidden_size, self.cluster.tp
+        nbytes = 2.0 * tokens * (16 * h + 4 * f / tp)
+        return nbytes / (self.cluster.gpu.hbm_bandwidth * self.efficiency.memory)
+
+    def _allreduce_time(self, tokens, count):
+        tp = self.cluster.tp
+        if tp == 1:
+            return 0.0 * tokens
+        nbytes = tokens * self.model.hidden_size * DTYPE_BYTES[self.dtype]
+        ring = 2.0 * (tp - 1) / tp * nbytes / self.cluster.tp_bandwidth
+        return count * (ring + self.cluster.gpu.link_latency_s)
+
+    def _layer(self, kind, b, s, t, recompute):
+        """(forward s, backward s, stored bytes, transient bytes) of one layer."""
+        m = self.model
+        h, a, f, heads, tp = (
+            m.hidden_size,
+            m.attention_width,
+            m.ffn_hidden_size,
+            m.num_heads,
+            self.cluster.tp,
+        )
+        launch = self.efficiency.kernels_per_layer_forward * self.cluster.gpu.kernel_launch_s
+        cross = kind == "decoder" and m.is_encoder_decoder
+        sq = t if (m.is_encoder_decoder and kind == "decoder") else s
+        tokens = b * sq
+        gemm_flops = 2.0 * tokens * (4 * h * a + 2 * h * f) / tp
+        gemm = self._gemm_time(gemm_flops, tokens)
+        attn = self._attention_time(b, sq, sq)
+        elem = self._elementwise_time(tokens)
+        comm = self._allreduce_time(tokens, 2)
+        dense = 10 * h + 24 * h / tp
+        scores = 0.0 if self.flash_attention else 5.0 * heads * sq / tp
+        act_core = sq * b * scores
+        act_rest = sq * b * dense
+        if cross:
+            src_tokens = b * s
+            gemm += self._gemm_time(
+                2.0 * (2 * tokens * h * a + 2 * src_tokens * h * a) / tp, tokens
+            )
+            attn += self._attention_time(b, sq, s)
+            elem += self._elementwise_time(tokens) * 0.5
+            comm += self._allreduce_time(tokens, 1)
+            act_rest += sq * b * (4 * h + 8 * h / tp) + 4.0 * s * b * a / tp
+            act_core += 0.0 if self.flash_attention else 5.0 * heads * sq * s * b / tp
+            launch *= 1.5
+        forward = gemm + attn + elem + comm + launch
+        backward = 2 * gemm + 2 * attn + 2 * elem + comm + 2 * launch
+        workspace = 4.0 * tokens * h + 2.0 * act_core / max(1.0, 5.0)
+        if recompute == "none":
+            stored, transient = act_rest + act_core, workspace
+        elif recompute == "selective":
+            stored, transient = act_rest, workspace + act_core
+            backward = backward + attn
+        else:
+            stored, transient = 2.0 * tokens * h, workspace + act_rest + act_core
+            backward = backward + forward
+        return forward, backward, stored, transient
+
+    def _embedding(self, b, s, t):
+        h, gpu = self.model.hidden_size, self.cluster.gpu
+        tokens = b * (s + t)
+        io = 3.0 * tokens * h * 2 / (gpu.hbm_bandwidth * self.efficiency.memory)
+        return io + gpu.kernel_launch_s, 2 * io + 2 * gpu.kernel_launch_s, 3.0 * tokens * h, 0.0 * b
+
+    def _output_layer(self, b, s, t):
+        m, tp, gpu = self.model, self.cluster.tp, self.cluster.gpu
+        tokens = b * (t if m.is_encoder_decoder else s)
+        vocab = m.vocab_size / tp
+        gemm = self._gemm_time(2.0 * tokens * m.hidden_size * m.vocab_size / tp, tokens)
+        softmax = tokens * vocab * (2 + 4 + 4) / (gpu.hbm_bandwidth * self.efficiency.memory)
+        stored = 4.0 * tokens * m.hidden_size + 4.0 * tokens * vocab
+        transient = tokens * vocab * (2 + 4 + 4)
+        launch = 6 * gpu.kernel_launch_s
+        return gemm + softmax + launch, 2 * gemm + softmax + 2 * launch, stored, transient
+
+    # ---- stages --------------------------------------------------------------------------
+    def static_bytes(self, layer_kinds: list[str], first: bool, last: bool) -> float:
+        """Weights (bf16), fp32 gradients and fp32 Adam state (master, m, v) of one stage."""
+        m, tp = self.model, self.cluster.tp
+        params = sum(m.layer_params(k) for k in layer_kinds)
+        if first:
+            params += m.embedding_params()
+        if last and (self.cluster.num_stages > 1 or not first):
+            params += m.vocab_size * m.hidden_size
+        optimizer = 12.0 / (self.cluster.num_replicas if self.distributed_optimizer else 1)
+        return params / tp * (2 + 4 + optimizer)
+
+    def pipeline_costs(
+        self,
+        recompute: str = "none",
+        *,
+        max_samples: int = 1024,
+        max_seqlen: int = 8192,
+        max_tgt_seqlen: int = 0,
+    ) -> PipelineCosts:
+        """Tabulate every stage over a grid that covers the given micro-batch shapes."""
+        if recompute not in RECOMPUTE_MODES:
+            raise PlanningError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+        m, c = self.model, self.cluster.num_stages
+        if m.num_heads % self.cluster.tp or m.ffn_hidden_size % self.cluster.tp:
+            raise PlanningError(
+                f"TP={self.cluster.tp} does not divide {m.num_heads} heads "
+                f"or the FFN width {m.ffn_hidden_size}"
+            )
+        b_grid = geometric_grid(16, 1, 1.125, max(1, max_samples))
+        s_grid = geometric_grid(128, 8, 1.0625, max(8, max_seqlen))
+        t_grid = (
+            geometric_grid(64, 8, 1.0625, max(8, max_tgt_seqlen))
+            if m.is_encoder_decoder
+            else np.array([0.0])
+        )
+        if m.is_encoder_decoder:
+            t_grid = np.concatenate([[0.0], t_grid])
+        b, s, t = np.meshgrid(b_grid, s_grid, t_grid, indexing="ij")
+        kinds = m.layer_kinds()
+        counts = split_layers(len(kinds), c)
+        shape = (c, *b.shape)
+        fwd, bwd, act, tra = (np.zeros(shape) for _ in range(4))
+        static, attn_coef, boundary = np.zeros(c), np.zeros(c), []
+        start = 0
+        cache = {}
+        for j, n in enumerate(counts):
+            stage_kinds = kinds[start : start + n]
+            start += n
+            for kind in stage_kinds:
+                if kind not in cache:
+                    cache[kind] = self._layer(kind, b, s, t, recompute)
+                parts = cache[kind]
+                fwd[j] += parts[0]
+                bwd[j] += parts[1]
+                act[j] += parts[2]
+                tra[j] = np.maximum(tra[j], parts[3])
+            extras = []
+            if j == 0:
+                extras.append(self._embedding(b, s, t))
+            if j == c - 1:
+                extras.append(self._output_layer(b, s, t))
+            for f_, b_, a_, t_ in extras:
+                fwd[j] += f_
+                bwd[j] += b_
+                act[j] += a_
+                tra[j] = np.maximum(tra[j], t_)
+            static[j] = self.static_bytes(stage_kinds, j == 0, j == c - 1)
+            attn_coef[j] = self._attention_coef(stage_kinds, recompute)
+            if j < c - 1:
+                has_decoder = "decoder" in kinds[:start] and m.is_encoder_decoder
+                boundary.append("both" if has_decoder else "src")
+        bandwidth = np.array([self.cluster.p2p_bandwidth(j) for j in range(c - 1)])
+        return PipelineCosts(
+            b_grid=b_grid,
+            s_grid=s_grid,
+            t_grid=t_grid,
+            forward=fwd,
+            backward=bwd,
+            activation=act,
+            transient=tra,
+            static=static,
+            attention_coef=attn_coef,
+            hidden_size=m.hidden_size,
+            memory_limit=float(self.cluster.memory_limit_bytes),
+            p2p_bandwidth=bandwidth,
+            p2p_latency=self.cluster.gpu.link_latency_s,
+            recompute=recompute,
+            dtype=self.dtype,
+            boundary_seq=tuple(boundary),
+        )
+
+    def _attention_coef(self, stage_kinds: list[str], recompute: str) -> float:
+        """Forward+backward seconds per sample per token^2 of self-attention on one stage
+        (long-sequence limit), used to price block-diagonal attention in packing."""
+        one = np.array([1.0])
+        big = np.array([1e6])
+        per_layer = float((self._attention_time(one, big, big) / 1e12)[0])
+        passes = 3 + (1 if recompute in ("selective", "full") else 0)
+        return per_layer * passes * len(stage_kinds)

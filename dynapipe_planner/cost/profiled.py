@@ -1,0 +1,181 @@
+"""Profiled cost model: measured per-layer tables, linearly interpolated (DynaPipe seed
+dynapipe.txt §3 "Cost models": profile forward/backward time and memory at power-of-two
+micro-batch sizes and sequence lengths per TP degree, interpolate in between).
+
+File format (JSON, documented in README.md "Cost tables"):
+
+    {"format": "dynapipe-cost-table", "version": 1, "device": "A100-80GB", "dtype": "bf16",
+     "entries": [{"tp": 1, "recompute": "none", "component": "decoder_layer",
+                  "microbatch_sizes": [1, 2, 4], "seqlens": [128, 256, 512],
+                  "forward_s": [[...], ...], "backward_s": [[...]],
+                  "activation_bytes": [[...]], "transient_bytes": [[...]],
+                  "static_bytes": 123456789}, ...]}
+
+Components: `decoder_layer` (and `encoder_layer` for encoder-decoder models), `embedding` (first
+stage) and `lm_head` (last stage, with the loss). Values are indexed [microbatch size][seqlen]
+(plus [tgt seqlen] with a `tgt_seqlens` grid for encoder-decoder decoder entries); `null` marks a
+point that could not run (out of memory) and is infeasible. All entries of one (tp, recompute)
+share one grid. Shapes past the grid are infeasible, never extrapolated.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..cluster import ClusterSpec
+from ..errors import PlanningError
+from ..model_spec import ModelSpec
+from .table import PipelineCosts, split_layers
+
+FORMAT = "dynapipe-cost-table"
+FIELDS = ("forward_s", "backward_s", "activation_bytes", "transient_bytes")
+
+
+@dataclass(frozen=True)
+class ProfiledCostModel:
+    """Stage costs assembled from measured layer tables for `cluster.tp`."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    entries: tuple[dict[str, Any], ...]
+    source: str = "cost table"
+    dtype: str = "bf16"
+
+    @classmethod
+    def load(cls, path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> ProfiledCostModel:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except OSError as e:
+            raise PlanningError(f"cannot read cost table {path}: {e.strerror}") from e
+        except json.JSONDecodeError as e:
+            raise PlanningError(f"cost table {path}: not valid JSON ({e})") from e
+        if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != 1:
+            raise PlanningError(f"cost table {path}: expected format {FORMAT!r} version 1")
+        entries = data.get("entries")
+        if not isinstance(entries, list) or not entries:
+            raise PlanningError(f"cost table {path}: 'entries' must be a non-empty list")
+        return cls(model, cluster, tuple(entries), str(path), data.get("dtype", "bf16"))
+
+    def recompute_modes(self) -> list[str]:
+        modes = {e.get("recompute") for e in self.entries if e.get("tp") == self.cluster.tp}
+        return [m for m in ("none", "selective", "full") if m in modes]
+
+    def _entry(self, component: str, recompute: str) -> dict[str, Any]:
+        for e in self.entries:
+            if (e.get("tp"), e.get("recompute"), e.get("component")) == (
+                self.cluster.tp,
+                recompute,
+                component,
+            ):
+                return e
+        have = sorted({f"tp={e.get('tp')}/{e.get('recompute')}" for e in self.entries})
+        raise PlanningError(
+            f"{self.source}: no entry for tp={self.cluster.tp}, recompute={recompute}, "
+            f"component={component}; it has {', '.join(have)}"
+        )
+
+    def _arrays(self, e: dict[str, Any], nb: int, ns: int, nt: int) -> list[np.ndarray]:
+        where = f"{self.source} entry tp={e['tp']}/{e['recompute']}/{e['component']}"
+        out = []
+        for name in FIELDS:
+            if name not in e:
+                raise PlanningError(f"{where}: missing {name!r}")
+            raw = e[name]
+            try:
+                arr = np.array(raw, dtype=np.float64)  # null -> nan
+            except (TypeError, ValueError) as err:
+                raise PlanningError(f"{where}: {name} is not a numeric table") from err
+            if arr.ndim == 2:
+                arr = np.repeat(arr[:, :, None], nt, axis=2)
+            if arr.shape != (nb, ns, nt):
+                raise PlanningError(
+                    f"{where}: {name} has shape {arr.shape}, grid is {(nb, ns, nt)}"
+                )
+            if np.any(arr[np.isfinite(arr)] < 0):
+                raise PlanningError(f"{where}: {name} has negative values")
+            out.append(np.where(np.isnan(arr), np.inf, arr))
+        return out
+
+    def pipeline_costs(self, recompute: str = "none", **_grid_hints: int) -> PipelineCosts:
+        """Stage tables on the profiled grid (grid hints are for the analytic model)."""
+        m, c = self.model, self.cluster.num_stages
+        decoder = self._entry("decoder_layer", recompute)
+        b_grid = np.array(decoder["microbatch_sizes"], dtype=np.float64)
+        s_grid = np.array(decoder["seqlens"], dtype=np.float64)
+        t_grid = np.array(decoder.get("tgt_seqlens", [0]), dtype=np.float64)
+        if m.is_encoder_decoder and len(t_grid) < 2:
+            raise PlanningError(f"{self.source}: encoder-decoder decoder_layer needs tgt_seqlens")
+        components = {
+            "decoder": decoder,
+            "embedding": self._entry("embedding", recompute),
+            "lm_head": self._entry("lm_head", recompute),
+        }
+        if m.is_encoder_decoder:
+            components["encoder"] = self._entry("encoder_layer", recompute)
+        for name, e in components.items():
+            if (
+                e["microbatch_sizes"] != decoder["microbatch_sizes"]
+                or e["seqlens"] != decoder["seqlens"]
+            ):
+                raise PlanningError(f"{self.source}: {name} grid differs from decoder_layer's grid")
+        nb, ns, nt = len(b_grid), len(s_grid), len(t_grid)
+        tables = {k: self._arrays(e, nb, ns, nt) for k, e in components.items()}
+        kinds = m.layer_kinds()
+        counts = split_layers(len(kinds), c)
+        fwd, bwd, act, tra = (np.zeros((c, nb, ns, nt)) for _ in range(4))
+        static, boundary, pos = np.zeros(c), [], 0
+        for j, n in enumerate(counts):
+            parts = [tables[k] for k in kinds[pos : pos + n]]
+            static[j] = sum(components[k]["static_bytes"] for k in kinds[pos : pos + n])
+            pos += n
+            if j == 0:
+                parts.append(tables["embedding"])
+                static[j] += components["embedding"]["static_bytes"]
+            if j == c - 1:
+                parts.append(tables["lm_head"])
+                static[j] += components["lm_head"]["static_bytes"]
+            for f_, b_, a_, t_ in parts:
+                fwd[j] += f_
+                bwd[j] += b_
+                act[j] += a_
+                tra[j] = np.maximum(tra[j], t_)
+            if j < c - 1:
+                boundary.append(
+                    "both" if m.is_encoder_decoder and "decoder" in kinds[:pos] else "src"
+                )
+        return PipelineCosts(
+            b_grid=b_grid,
+            s_grid=s_grid,
+            t_grid=t_grid,
+            forward=fwd,
+            backward=bwd,
+            activation=act,
+            transient=tra,
+            static=static,
+            attention_coef=_fit_attention(fwd + bwd, s_grid),
+            hidden_size=m.hidden_size,
+            memory_limit=float(self.cluster.memory_limit_bytes),
+            p2p_bandwidth=np.array([self.cluster.p2p_bandwidth(j) for j in range(c - 1)]),
+            p2p_latency=self.cluster.gpu.link_latency_s,
+            recompute=recompute,
+            dtype=self.dtype,
+            boundary_seq=tuple(boundary),
+        )
+
+
+def _fit_attention(total: np.ndarray, s_grid: np.ndarray) -> np.ndarray:
+    """Quadratic coefficient of a*s^2 + b*s + c fitted to each stage's single-sample times:
+    the part of the cost that grows with the square of the sequence length (attention)."""
+    coef = np.zeros(total.shape[0])
+    for j in range(total.shape[0]):
+        row = total[j, 0, :, 0]
+        ok = np.isfinite(row)
+        if ok.sum() >= 3:
+            coef[j] = max(0.0, float(np.polyfit(s_grid[ok], row[ok], 2)[0]))
+    return coef

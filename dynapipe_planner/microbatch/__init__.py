@@ -1,0 +1,1 @@
+"""Micro-batch construction: DynaPipe's DP and the baselines it is compared with."""

@@ -1,0 +1,105 @@
+"""The micro-batching baselines DynaPipe is measured against (seed dynapipe.txt §2.2, §8.4).
+
+- padding: a fixed number of samples per micro-batch, in data order, padded to the longest.
+- token budget ("TB"): sorted samples, each micro-batch filled up to a padded-token budget.
+- packing: first-fit-decreasing into rows of a fixed length; rows grouped into micro-batches of
+  a fixed size. Attention is priced block-diagonally (flash-attention varlen style), so packing
+  pays only for attention inside each sample: generous to the baseline.
+
+Each returns `Group`s; the planner prices and schedules them like DP micro-batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Group:
+    """One micro-batch: its samples, tensor rows and padded lengths.
+
+    `rows` lists the samples of each packed row (None: one sample per row). `attention_saved`
+    is the tokens^2 of self-attention block-diagonal masking skips, summed over rows.
+    """
+
+    samples: np.ndarray
+    seqlen: int
+    tgt_seqlen: int = 0
+    rows: list[list[int]] | None = None
+    attention_saved: float = 0.0
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.rows) if self.rows is not None else len(self.samples)
+
+
+def groups_from_indices(lengths: np.ndarray, index_lists: list[np.ndarray]) -> list[Group]:
+    """Padded groups (one sample per row) from lists of sample indices."""
+    out = []
+    for idx in index_lists:
+        sub = lengths[idx]
+        if lengths.ndim == 2:
+            out.append(Group(np.asarray(idx), int(sub[:, 0].max()), int(sub[:, 1].max())))
+        else:
+            out.append(Group(np.asarray(idx), int(sub.max())))
+    return out
+
+
+def padding_groups(lengths: np.ndarray, micro_batch_size: int) -> list[Group]:
+    """Fixed micro-batch size in data order (no sorting), each padded to its longest sample."""
+    n = len(lengths)
+    chunks = [np.arange(i, min(n, i + micro_batch_size)) for i in range(0, n, micro_batch_size)]
+    return groups_from_indices(lengths, chunks)
+
+
+def token_budget_groups(lengths: np.ndarray, budget: int, order: np.ndarray) -> list[Group]:
+    """Greedy over ordered samples: grow a micro-batch while rows x padded length <= budget."""
+    chunks, current, longest = [], [], 0
+    total = lengths.sum(axis=1) if lengths.ndim == 2 else lengths
+    for i in order:
+        new_longest = max(longest, int(total[i]))
+        if current and new_longest * (len(current) + 1) > budget:
+            chunks.append(np.array(current))
+            current, new_longest = [], int(total[i])
+        current.append(int(i))
+        longest = new_longest
+    if current:
+        chunks.append(np.array(current))
+    return groups_from_indices(lengths, chunks)
+
+
+def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
+    """Bins of sample indices, each summing to <= capacity (samples longer than it must have
+    been truncated by the caller)."""
+    order = np.argsort(-lengths, kind="stable")
+    residual = np.empty(len(lengths), dtype=np.int64)
+    bins: list[list[int]] = []
+    for i in order:
+        size = int(lengths[i])
+        open_bins = residual[: len(bins)]
+        fits = np.flatnonzero(open_bins >= size)
+        if len(fits):
+            k = int(fits[0])
+            residual[k] -= size
+            bins[k].append(int(i))
+        else:
+            residual[len(bins)] = capacity - size
+            bins.append([int(i)])
+    return bins
+
+
+def packing_groups(lengths: np.ndarray, max_seqlen: int, micro_batch_size: int) -> list[Group]:
+    """Rows packed by first-fit-decreasing to `max_seqlen`, `micro_batch_size` rows per group."""
+    if lengths.ndim != 1:
+        raise ValueError("packing is implemented for decoder-only lengths")
+    clipped = np.minimum(lengths, max_seqlen)
+    bins = first_fit_decreasing(clipped, max_seqlen)
+    groups = []
+    for g in range(0, len(bins), micro_batch_size):
+        rows = bins[g : g + micro_batch_size]
+        saved = sum(max_seqlen**2 - float(np.sum(clipped[r].astype(np.float64) ** 2)) for r in rows)
+        samples = np.array([i for r in rows for i in r])
+        groups.append(Group(samples, max_seqlen, rows=rows, attention_saved=saved))
+    return groups

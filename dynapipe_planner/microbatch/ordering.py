@@ -1,0 +1,73 @@
+"""Sample order before the micro-batching DP (DynaPipe seed dynapipe.txt §4 "Determine the
+order of samples").
+
+Decoder-only models: sort by length, which makes contiguous ranges optimal (a group's padded
+length can only shrink when it takes the shortest samples available). Encoder-decoder models:
+sort by (input, target), or visit the distinct (input, target) points along a short
+travelling-salesman path (OR-Tools routing, optional extra `tsp`) so neighbours are similar in
+both lengths.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import PlanningError
+
+ORDER_METHODS = ("sort", "tsp")
+
+
+def order_samples(
+    lengths: np.ndarray, method: str = "sort", time_limit_s: float = 1.0
+) -> np.ndarray:
+    """Permutation of sample indices in the order the DP partitions them."""
+    if method not in ORDER_METHODS:
+        raise PlanningError(f"unknown sample order {method!r}; use one of {ORDER_METHODS}")
+    if lengths.ndim == 1:
+        return np.argsort(lengths, kind="stable")
+    by_pair = np.lexsort((lengths[:, 1], lengths[:, 0]))
+    if method == "sort":
+        return by_pair
+    return _tsp_order(lengths, time_limit_s)
+
+
+def _tsp_order(lengths: np.ndarray, time_limit_s: float) -> np.ndarray:
+    try:
+        from ortools.constraint_solver import pywrapcp, routing_enums_pb2
+    except ImportError as e:
+        raise PlanningError(
+            "sample order 'tsp' needs OR-Tools: pip install 'megatron-dynapipe[tsp]'"
+        ) from e
+    points, inverse = np.unique(lengths, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    n = len(points)
+    if n <= 2:
+        return np.lexsort((lengths[:, 1], lengths[:, 0]))
+    # Node n is a dummy depot at distance 0 from everything, turning the tour into an open path.
+    manager = pywrapcp.RoutingIndexManager(n + 1, 1, n)
+    routing = pywrapcp.RoutingModel(manager)
+    pts = points.astype(np.int64)
+
+    def distance(i: int, j: int) -> int:
+        a, b = manager.IndexToNode(i), manager.IndexToNode(j)
+        if a == n or b == n:
+            return 0
+        return int(np.abs(pts[a] - pts[b]).max())
+
+    callback = routing.RegisterTransitCallback(distance)
+    routing.SetArcCostEvaluatorOfAllVehicles(callback)
+    params = pywrapcp.DefaultRoutingSearchParameters()
+    params.first_solution_strategy = routing_enums_pb2.FirstSolutionStrategy.PATH_CHEAPEST_ARC
+    params.time_limit.FromMilliseconds(max(1, int(time_limit_s * 1000)))
+    solution = routing.SolveWithParameters(params)
+    if solution is None:
+        raise PlanningError("OR-Tools found no path through the sample lengths")
+    path, index = [], routing.Start(0)
+    while not routing.IsEnd(index):
+        node = manager.IndexToNode(index)
+        if node != n:
+            path.append(node)
+        index = solution.Value(routing.NextVar(index))
+    rank = np.empty(n, dtype=np.int64)
+    rank[np.array(path)] = np.arange(n)
+    return np.lexsort((np.arange(len(lengths)), rank[inverse]))
