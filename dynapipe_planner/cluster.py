@@ -110,3 +110,21 @@ class ClusterSpec:
         if self.tp <= self.gpus_per_node:
             return self.gpu.intra_node_bandwidth
         return self.gpu.inter_node_bandwidth
+
+
+def cluster_to_dict(cluster: ClusterSpec) -> dict:
+    return {
+        "gpu": cluster.gpu.name,
+        "num_stages": cluster.num_stages,
+        "num_replicas": cluster.num_replicas,
+        "tp": cluster.tp,
+        "gpus_per_node": cluster.gpus_per_node,
+        "memory_limit_bytes": cluster.memory_limit_bytes,
+    }
+
+
+def cluster_from_dict(data: dict) -> ClusterSpec:
+    try:
+        return ClusterSpec(get_gpu(data["gpu"]), **{k: v for k, v in data.items() if k != "gpu"})
+    except (KeyError, TypeError) as e:
+        raise PlanningError(f"cluster description {data!r} is malformed ({e})") from e

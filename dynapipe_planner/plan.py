@@ -4,9 +4,10 @@ The JSON shape is the contract in ARCHITECTURE.md; the runtime reads it and know
 how it was made. A compact binary form (`.bin`) carries the same content for large plans:
 
     b"DYNAPLAN" | u32 version | u32 header length | header JSON (num_stages, num_replicas,
-    stats, meta, counts) | micro-batches: i32 id, replica, seqlen, tgt_seqlen, u32 n, u32[n]
-    samples | ranks: i32 replica, stage, u32 n, then per instruction u8 op, u8 dtype, u8 ndim,
-    u8 0, i32 mb, i32 peer, i32[ndim] shape                       (all little-endian)
+    stats, meta, counts) | micro-batches: i32 id, replica, seqlen, tgt_seqlen, u32 n,
+    u32[n] samples, u32 r, u32[r] row sizes | ranks: i32 replica, stage, u32 n, then per
+    instruction u8 op, u8 dtype, u8 ndim, u8 0, i32 mb, i32 peer, i32[ndim] shape
+    (all little-endian)
 
 Instructions follow DynaPipe's executor design (seed `dynapipe.txt` §3): compute ops, and each
 communication split into a non-blocking Start and a blocking Wait.
@@ -77,20 +78,30 @@ class Instruction:
 
 @dataclass
 class MicroBatch:
+    """Samples of one micro-batch, padded to `seqlen` (and `tgt_seqlen` for encoder-decoder).
+
+    `row_sizes` is set for packed micro-batches: the samples fill tensor rows in order, row k
+    taking the next row_sizes[k] samples. Empty means one sample per row.
+    """
+
     id: int
     replica: int
     samples: list[int]
     seqlen: int
     tgt_seqlen: int = 0
+    row_sizes: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "id": self.id,
             "replica": self.replica,
             "samples": list(self.samples),
             "seqlen": self.seqlen,
             "tgt_seqlen": self.tgt_seqlen,
         }
+        if self.row_sizes:
+            d["row_sizes"] = list(self.row_sizes)
+        return d
 
 
 @dataclass
@@ -154,8 +165,12 @@ class ExecutionPlan:
         for k, m in enumerate(need(data, "microbatches", "plan", list)):
             where = f"microbatches[{k}]"
             samples = need(m, "samples", where, list)
-            if not all(isinstance(s, int) and not isinstance(s, bool) for s in samples):
-                raise PlanningError(f"{source}: {where}.samples must be integers")
+            rows = m.get("row_sizes", []) if isinstance(m, dict) else []
+            for key, values in (("samples", samples), ("row_sizes", rows)):
+                if not isinstance(values, list) or not all(
+                    isinstance(s, int) and not isinstance(s, bool) for s in values
+                ):
+                    raise PlanningError(f"{source}: {where}.{key} must be a list of integers")
             mbs.append(
                 MicroBatch(
                     need(m, "id", where),
@@ -163,6 +178,7 @@ class ExecutionPlan:
                     samples,
                     need(m, "seqlen", where),
                     m.get("tgt_seqlen", 0),
+                    rows,
                 )
             )
         ranks = []
@@ -214,6 +230,7 @@ class ExecutionPlan:
                 struct.pack("<iiiiI", m.id, m.replica, m.seqlen, m.tgt_seqlen, len(m.samples))
             )
             out.append(struct.pack(f"<{len(m.samples)}I", *m.samples))
+            out.append(struct.pack(f"<I{len(m.row_sizes)}I", len(m.row_sizes), *m.row_sizes))
         for r in self.ranks:
             out.append(struct.pack("<iiI", r.replica, r.stage, len(r.instructions)))
             for ins in r.instructions:
@@ -242,7 +259,9 @@ class ExecutionPlan:
         for k in range(header["num_microbatches"]):
             mid, rep, seq, tgt, n = reader.unpack("<iiiiI", f"microbatch {k}")
             samples = list(reader.unpack(f"<{n}I", f"microbatch {k} samples"))
-            mbs.append(MicroBatch(mid, rep, samples, seq, tgt))
+            (nrows,) = reader.unpack("<I", f"microbatch {k} row count")
+            rows = list(reader.unpack(f"<{nrows}I", f"microbatch {k} row sizes"))
+            mbs.append(MicroBatch(mid, rep, samples, seq, tgt, rows))
         ranks = []
         for k in range(header["num_ranks"]):
             rep, stage, n = reader.unpack("<iiI", f"rank {k}")
@@ -343,6 +362,8 @@ def validate_structure(plan: ExecutionPlan, source: str = "plan") -> None:
             )
         if not m.samples or m.seqlen <= 0:
             raise PlanningError(f"{source}: micro-batch {m.id} has no samples or seqlen <= 0")
+        if m.row_sizes and (sum(m.row_sizes) != len(m.samples) or min(m.row_sizes) < 1):
+            raise PlanningError(f"{source}: micro-batch {m.id} row_sizes do not cover its samples")
         mb_replica[m.id] = m.replica
     seen = set()
     for r in plan.ranks:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..cluster import ClusterSpec
+from ..cluster import ClusterSpec, cluster_to_dict
 from ..errors import PlanningError
 from ..model_spec import ModelSpec
 from .table import DTYPE_BYTES, PipelineCosts, split_layers
@@ -54,6 +54,20 @@ class AnalyticCostModel:
     flash_attention: bool = False
     distributed_optimizer: bool = False
     dtype: str = "bf16"
+
+    def recompute_modes(self) -> list[str]:
+        return list(RECOMPUTE_MODES)
+
+    def describe(self) -> dict:
+        """Enough to rebuild this model (`cost.cost_model_from_description`)."""
+        return {
+            "kind": "analytic",
+            "model": self.model.to_dict(),
+            "cluster": cluster_to_dict(self.cluster),
+            "flash_attention": self.flash_attention,
+            "distributed_optimizer": self.distributed_optimizer,
+            "dtype": self.dtype,
+        }
 
     # ---- per-layer pieces, vectorised over micro-batch shapes ---------------------------
     def _gemm_time(self, flops, tokens):
@@ -186,8 +200,6 @@ class AnalyticCostModel:
             if m.is_encoder_decoder
             else np.array([0.0])
         )
-        if m.is_encoder_decoder:
-            t_grid = np.concatenate([[0.0], t_grid])
         b, s, t = np.meshgrid(b_grid, s_grid, t_grid, indexing="ij")
         kinds = m.layer_kinds()
         counts = split_layers(len(kinds), c)

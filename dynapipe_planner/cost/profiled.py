@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cluster import ClusterSpec
+from ..cluster import ClusterSpec, cluster_to_dict
 from ..errors import PlanningError
 from ..model_spec import ModelSpec
 from .table import PipelineCosts, split_layers
@@ -61,6 +61,14 @@ class ProfiledCostModel:
         if not isinstance(entries, list) or not entries:
             raise PlanningError(f"cost table {path}: 'entries' must be a non-empty list")
         return cls(model, cluster, tuple(entries), str(path), data.get("dtype", "bf16"))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": "profiled",
+            "path": self.source,
+            "model": self.model.to_dict(),
+            "cluster": cluster_to_dict(self.cluster),
+        }
 
     def recompute_modes(self) -> list[str]:
         modes = {e.get("recompute") for e in self.entries if e.get("tp") == self.cluster.tp}

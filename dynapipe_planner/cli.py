@@ -1,0 +1,240 @@
+"""Command-line entry points: `dynapipe-plan` and `dynapipe-simulate`.
+
+`dynapipe-plan` plans global batches from a length file or a built-in synthetic preset and prints
+DynaPipe next to the baselines (predicted iteration time, tokens/s, padding efficiency, peak
+memory, bubble fraction); it can write DynaPipe's plans as JSON or binary. `dynapipe-simulate`
+replays a plan file through the event-driven simulator and writes a Chrome trace and a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .cluster import GPU_PRESETS, ClusterSpec, GiB, get_gpu
+from .cost import AnalyticCostModel, ProfiledCostModel, cost_model_from_description
+from .data import PRESETS, global_batches, load_lengths, sample_lengths, truncate
+from .errors import PlanningError
+from .model_spec import MODEL_PRESETS, load_model_spec
+from .plan import load_plan
+from .planner import BATCHING, RECOMPUTE, SCHEDULES, IterationPlanner, PlannerConfig
+
+# (label, batching, schedule): DynaPipe first, then the ablation and the baselines (seed §8).
+METHODS = (
+    ("dynapipe", "dynamic", "adaptive"),
+    ("dynamic+1f1b", "dynamic", "1f1b"),
+    ("packing+1f1b", "packing", "1f1b"),
+    ("token-budget+1f1b", "token-budget", "1f1b"),
+    ("padding+1f1b", "padding", "1f1b"),
+)
+
+
+def _plan_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dynapipe-plan",
+        description="Plan variable-length training iterations and compare micro-batching methods.",
+    )
+    data = p.add_argument_group("data")
+    src = data.add_mutually_exclusive_group()
+    src.add_argument("--lengths", help="lengths file: .txt, .npy, .jsonl, or Megatron .idx/.bin")
+    src.add_argument("--preset", choices=sorted(PRESETS), help="synthetic length distribution")
+    data.add_argument("--num-samples", type=int, default=20000, help="samples drawn from a preset")
+    data.add_argument("--field", help="jsonl key holding the input (default input_ids/text)")
+    data.add_argument("--target-field", help="jsonl key holding targets (encoder-decoder)")
+    data.add_argument("--max-seqlen", type=int, default=0, help="truncate samples to this length")
+    data.add_argument("--global-batch-tokens", type=int, default=65536)
+    data.add_argument("--iterations", type=int, default=1, help="global batches to plan")
+    data.add_argument("--seed", type=int, default=0)
+    model = p.add_argument_group("model and cluster")
+    model.add_argument(
+        "--model", default="gpt-6.7b", help=f"preset ({', '.join(MODEL_PRESETS)}) or JSON"
+    )
+    model.add_argument("--gpu", default="A100-80GB", help=f"one of {', '.join(GPU_PRESETS)}")
+    model.add_argument("--pp", type=int, default=4, help="pipeline stages")
+    model.add_argument("--dp", type=int, default=1, help="data-parallel replicas")
+    model.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    model.add_argument("--gpus-per-node", type=int, default=8)
+    model.add_argument("--memory-limit-gb", type=float, default=0, help="usable GiB per GPU")
+    model.add_argument("--cost-table", help="profiled cost table JSON (default: analytic model)")
+    model.add_argument("--flash-attention", action="store_true", help="no s^2 activation memory")
+    plan = p.add_argument_group("planning")
+    plan.add_argument("--batching", choices=(*BATCHING, "all"), default="all")
+    plan.add_argument("--schedule", choices=SCHEDULES, default="adaptive")
+    plan.add_argument("--recompute", choices=RECOMPUTE, default="auto")
+    plan.add_argument("--order", choices=("sort", "tsp"), default="sort")
+    plan.add_argument("--micro-batch-size", type=int, default=0, help="fix it for baselines")
+    out = p.add_argument_group("output")
+    out.add_argument("--output-dir", help="write each iteration's plan here")
+    out.add_argument("--format", choices=("json", "bin"), default="json")
+    out.add_argument("--json", action="store_true", help="print the results as JSON")
+    return p
+
+
+def _cost_model(args: argparse.Namespace):
+    model = load_model_spec(args.model)
+    cluster = ClusterSpec(
+        get_gpu(args.gpu),
+        num_stages=args.pp,
+        num_replicas=args.dp,
+        tp=args.tp,
+        gpus_per_node=args.gpus_per_node,
+        memory_limit_bytes=int(args.memory_limit_gb * GiB),
+    )
+    if args.cost_table:
+        return ProfiledCostModel.load(args.cost_table, model, cluster), cluster
+    return AnalyticCostModel(model, cluster, flash_attention=args.flash_attention), cluster
+
+
+def _lengths(args: argparse.Namespace, encoder_decoder: bool) -> np.ndarray:
+    if args.lengths:
+        lengths = load_lengths(args.lengths, field=args.field, target_field=args.target_field)
+    else:
+        lengths = sample_lengths(
+            args.preset or "flan", args.num_samples, seed=args.seed, with_targets=encoder_decoder
+        )
+    return truncate(lengths, args.max_seqlen) if args.max_seqlen else lengths
+
+
+def plan_main(argv: Sequence[str] | None = None) -> int:
+    args = _plan_parser().parse_args(argv)
+    try:
+        return _run_plan(args)
+    except PlanningError as e:
+        print(f"dynapipe-plan: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    cost_model, cluster = _cost_model(args)
+    lengths = _lengths(args, cost_model.model.is_encoder_decoder)
+    methods = [m for m in METHODS if args.batching in ("all", m[1])]
+    if args.batching != "all":
+        methods = [(f"{args.batching}+{args.schedule}", args.batching, args.schedule)]
+    planners = {
+        label: IterationPlanner(
+            cost_model,
+            cluster.num_stages,
+            PlannerConfig(
+                batching=batching,
+                schedule=schedule,
+                recompute=args.recompute,
+                order=args.order,
+                num_replicas=cluster.num_replicas,
+                micro_batch_size=args.micro_batch_size,
+                max_seqlen=args.max_seqlen,
+            ),
+        )
+        for label, batching, schedule in methods
+    }
+    batches = global_batches(lengths, args.global_batch_tokens, seed=args.seed)
+    results: dict[str, list[dict]] = {label: [] for label in planners}
+    started = time.perf_counter()
+    for it in range(args.iterations):
+        try:
+            idx = next(batches)
+        except StopIteration:
+            break
+        for label, planner in planners.items():
+            try:
+                plan = planner.plan(lengths[idx], idx)
+            except PlanningError as e:
+                results[label].append({"error": str(e)})
+                continue
+            results[label].append(plan.stats)
+            if args.output_dir and label == methods[0][0]:
+                plan.save(Path(args.output_dir) / f"iter_{it:05d}.{args.format}", args.format)
+        if args.iterations > 1:
+            print(
+                f"[{it + 1}/{args.iterations}] {len(idx)} samples planned "
+                f"({time.perf_counter() - started:.1f} s elapsed)",
+                file=sys.stderr,
+            )
+    if args.json:
+        print(json.dumps(results, indent=1))
+    else:
+        print(_table(results, args, cluster))
+    return 0
+
+
+def _table(results: dict[str, list[dict]], args: argparse.Namespace, cluster: ClusterSpec) -> str:
+    head = (
+        f"{args.model} on {cluster.num_replicas}x{cluster.num_stages}x{cluster.tp} (DPxPPxTP) "
+        f"{cluster.gpu.name}, {args.global_batch_tokens} tokens per global batch, "
+        f"means over {max(len(v) for v in results.values())} iteration(s), predicted by the cost model"
+    )
+    cols = f"{'method':<19}{'iter s':>9}{'tokens/s':>11}{'pad eff':>9}{'peak GiB':>10}"
+    cols += f"{'bubble':>8}{'#mb':>6}{'recompute':>11}{'plan ms':>9}"
+    lines = [head, cols, "-" * len(cols)]
+    base = None
+    for label, runs in results.items():
+        ok = [r for r in runs if "error" not in r]
+        if not ok:
+            lines.append(f"{label:<19}infeasible: {runs[0]['error'] if runs else 'no data'}")
+            continue
+
+        def mean(key: str, ok=ok) -> float:
+            return float(np.mean([r[key] for r in ok]))
+
+        tps = float(
+            np.sum([r["tokens"] for r in ok]) / np.sum([r["predicted_iteration_s"] for r in ok])
+        )
+        base = base or tps
+        peak = max(max(r["peak_memory_bytes"]) for r in ok) / GiB
+        modes = "/".join(sorted({r["recompute"] for r in ok}))
+        lines.append(
+            f"{label:<19}{mean('predicted_iteration_s'):>9.3f}{tps:>11.0f}"
+            f"{mean('padding_efficiency'):>9.3f}{peak:>10.1f}{mean('bubble_fraction'):>8.3f}"
+            f"{mean('num_microbatches'):>6.0f}{modes:>11}{1e3 * mean('planning_time_s'):>9.1f}"
+        )
+    return "\n".join(lines)
+
+
+def _simulate_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dynapipe-simulate",
+        description="Check a plan (deadlock, order, shapes, memory) and time it with its cost model.",
+    )
+    p.add_argument("plan", help="plan file (.json or .bin) written by dynapipe-plan")
+    p.add_argument("--trace", help="write a Chrome trace (open in https://ui.perfetto.dev)")
+    p.add_argument("--png", help="write a timeline image")
+    p.add_argument("--no-memory-check", action="store_true")
+    return p
+
+
+def simulate_main(argv: Sequence[str] | None = None) -> int:
+    from .simulate import simulate
+    from .trace import write_chrome_trace, write_timeline_png
+
+    args = _simulate_parser().parse_args(argv)
+    try:
+        plan = load_plan(args.plan)
+        if "cost_model" not in plan.meta:
+            raise PlanningError(f"{args.plan}: plan carries no cost model description in meta")
+        cost_model = cost_model_from_description(plan.meta["cost_model"])
+        samples = max(len(m.samples) for m in plan.microbatches)
+        costs = cost_model.pipeline_costs(
+            plan.stats.get("recompute", "none"),
+            max_samples=samples,
+            max_seqlen=max(m.seqlen for m in plan.microbatches),
+            max_tgt_seqlen=max(m.tgt_seqlen for m in plan.microbatches),
+        )
+        result = simulate(plan, costs, check_memory=not args.no_memory_check)
+    except PlanningError as e:
+        print(f"dynapipe-simulate: error: {e}", file=sys.stderr)
+        return 2
+    summary = result.summary()
+    predicted = plan.stats.get("predicted_iteration_s")
+    if predicted:
+        summary["planner_predicted_s"] = predicted
+    print(json.dumps(summary, indent=1))
+    if args.trace:
+        write_chrome_trace(result, args.trace)
+    if args.png:
+        write_timeline_png(result, args.png)
+    return 0

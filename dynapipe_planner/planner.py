@@ -1,0 +1,309 @@
+"""Plan one training iteration end to end (DynaPipe seed dynapipe.txt §3-§7).
+
+lengths -> micro-batches (DP, or a baseline) -> replicas (Karmarkar-Karp) -> per-pipeline
+schedule (adaptive or 1F1B, with micro-batch ordering) -> communication plan -> ExecutionPlan.
+Dynamic recomputation (§7): recompute modes are tried from cheapest to most memory-saving and
+the first that yields a feasible plan is kept. Baselines get the grid search the paper gives
+them (§8): every candidate micro-batch size or token budget is planned and the fastest kept.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from .comm import plan_communication
+from .cost.table import PipelineCosts
+from .errors import PlanningError
+from .microbatch.baselines import (
+    Group,
+    groups_from_indices,
+    packing_groups,
+    padding_groups,
+    token_budget_groups,
+)
+from .microbatch.dp import dynamic_microbatches, validate_lengths
+from .microbatch.ordering import order_samples
+from .microbatch.replicas import karmarkar_karp
+from .plan import ExecutionPlan, MicroBatch, RankPlan
+from .schedule import ScheduleChoice, search_schedule
+
+BATCHING = ("dynamic", "packing", "padding", "token-budget")
+SCHEDULES = ("adaptive", "1f1b")
+RECOMPUTE = ("auto", "none", "selective", "full")
+
+
+class CostModel(Protocol):
+    """What the planner needs from a cost model (analytic or profiled)."""
+
+    def pipeline_costs(self, recompute: str = "none", **grid_hints: int) -> PipelineCosts: ...
+
+    def recompute_modes(self) -> list[str]: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """Choices a user makes once per job; everything else is decided per iteration."""
+
+    batching: str = "dynamic"
+    schedule: str = "adaptive"
+    recompute: str = "auto"
+    order: str = "sort"
+    dtype: str = "bf16"
+    num_replicas: int = 1
+    bucket_rel: float = 1e-3
+    dp_time_budget_s: float = 2.0
+    num_clusters: int = 4
+    micro_batch_size: int = 0
+    token_budget: int = 0
+    max_seqlen: int = 0
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (
+            ("batching", self.batching, BATCHING),
+            ("schedule", self.schedule, SCHEDULES),
+            ("recompute", self.recompute, RECOMPUTE),
+        ):
+            if value not in allowed:
+                raise PlanningError(f"{name} must be one of {allowed}, got {value!r}")
+
+
+@dataclass
+class Candidate:
+    """Priced and scheduled micro-batches: one option the planner may pick."""
+
+    groups: list[Group]
+    costs: PipelineCosts
+    replicas: list[list[int]]
+    choices: list[ScheduleChoice]
+    peak_memory: np.ndarray
+    dp_passes: int = 0
+    label: str = ""
+    makespan: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.makespan = max(c.timeline.makespan for c in self.choices)
+
+
+class IterationPlanner:
+    """Turns each global batch's sample lengths into an `ExecutionPlan`."""
+
+    def __init__(self, cost_model: CostModel, num_stages: int, config: PlannerConfig) -> None:
+        self.cost_model = cost_model
+        self.num_stages = num_stages
+        self.config = config
+        self._tables: dict[tuple, PipelineCosts] = {}
+
+    def costs(self, recompute: str, lengths: np.ndarray) -> PipelineCosts:
+        """Cost tables whose grid covers this batch, cached by power-of-two bounds."""
+        src = lengths if lengths.ndim == 1 else lengths[:, 0]
+        hints = {
+            "max_samples": _pow2(len(lengths)),
+            "max_seqlen": _pow2(int(src.max())),
+            "max_tgt_seqlen": _pow2(int(lengths[:, 1].max())) if lengths.ndim == 2 else 0,
+        }
+        key = (recompute, *hints.values())
+        if key not in self._tables:
+            self._tables[key] = self.cost_model.pipeline_costs(recompute, **hints)
+        return self._tables[key]
+
+    def plan(self, lengths: np.ndarray, sample_ids: np.ndarray | None = None) -> ExecutionPlan:
+        started = time.perf_counter()
+        lengths = validate_lengths(lengths)
+        ids = np.arange(len(lengths)) if sample_ids is None else np.asarray(sample_ids)
+        if len(ids) != len(lengths):
+            raise PlanningError(f"{len(ids)} sample ids for {len(lengths)} lengths")
+        modes = self._recompute_modes()
+        failures = []
+        for mode in modes:
+            try:
+                best = self._best_candidate(lengths, self.costs(mode, lengths))
+                break
+            except PlanningError as e:
+                failures.append(f"recompute={mode}: {e}")
+        else:
+            raise PlanningError("no feasible plan. " + " | ".join(failures))
+        return self._assemble(best, lengths, ids, time.perf_counter() - started)
+
+    def _recompute_modes(self) -> list[str]:
+        available = self.cost_model.recompute_modes()
+        wanted = available if self.config.recompute == "auto" else [self.config.recompute]
+        missing = [m for m in wanted if m not in available]
+        if missing or not wanted:
+            raise PlanningError(f"cost model has no tables for recompute={missing or wanted}")
+        return wanted
+
+    # ---- candidates ------------------------------------------------------------------
+    def _best_candidate(self, lengths: np.ndarray, costs: PipelineCosts) -> Candidate:
+        options = list(self._candidate_groups(lengths, costs))
+        best, first_error = None, None
+        for label, groups, passes in options:
+            try:
+                cand = self._schedule(groups, costs)
+            except PlanningError as e:
+                first_error = first_error or f"{label}: {e}"
+                continue
+            cand.dp_passes, cand.label = passes, label
+            if best is None or cand.makespan < best.makespan:
+                best = cand
+        if best is None:
+            raise PlanningError(first_error or "no candidate micro-batching")
+        return best
+
+    def _candidate_groups(self, lengths: np.ndarray, costs: PipelineCosts):
+        cfg, c = self.config, self.num_stages
+        if cfg.batching == "dynamic":
+            # The DP's memory test follows the schedule: 1F1B keeps up to C - j micro-batches
+            # on stage j; the adaptive schedule only needs each micro-batch to fit alone, but
+            # the DP is also given the 1F1B rule so it can trade size for pipelining.
+            options = [np.arange(c, 0, -1, dtype=np.float64)]
+            if cfg.schedule == "adaptive" and c > 1:
+                options.append(np.ones(c))
+            for inflight in options:
+                mb = dynamic_microbatches(
+                    lengths,
+                    costs,
+                    inflight=inflight,
+                    num_replicas=cfg.num_replicas,
+                    order=cfg.order,
+                    bucket_rel=cfg.bucket_rel,
+                    time_budget_s=cfg.dp_time_budget_s,
+                )
+                label = f"dp(inflight={inflight.astype(int).tolist()})"
+                yield label, groups_from_indices(lengths, mb.microbatches), mb.passes
+        elif cfg.batching == "padding":
+            for size in [cfg.micro_batch_size] if cfg.micro_batch_size else _pow2_range(1, 256):
+                yield f"padding(mbs={size})", padding_groups(lengths, size), 0
+        elif cfg.batching == "packing":
+            max_len = cfg.max_seqlen or int(lengths.max())
+            for size in [cfg.micro_batch_size] if cfg.micro_batch_size else _pow2_range(1, 64):
+                yield f"packing(mbs={size})", packing_groups(lengths, max_len, size), 0
+        else:
+            order = order_samples(lengths, cfg.order)
+            longest = int(lengths.sum(axis=1).max() if lengths.ndim == 2 else lengths.max())
+            budgets = [cfg.token_budget] if cfg.token_budget else _budget_grid(longest)
+            for budget in budgets:
+                yield f"token-budget({budget})", token_budget_groups(lengths, budget, order), 0
+
+    def _schedule(self, groups: list[Group], costs: PipelineCosts) -> Candidate:
+        cfg = self.config
+        rows = np.array([g.num_rows for g in groups])
+        seq = np.array([g.seqlen for g in groups])
+        tgt = np.array([g.tgt_seqlen for g in groups])
+        fwd, bwd, act, tra = costs.stage_costs_many(rows, seq, tgt)
+        saved = np.array([g.attention_saved for g in groups])
+        if saved.any():
+            cut = saved[:, None] * costs.attention_coef[None, :]
+            fwd, bwd = fwd - cut / 3, bwd - 2 * cut / 3
+        avail = costs.available_memory()
+        alone = act + tra
+        bad = np.flatnonzero(~np.isfinite(fwd).all(axis=1) | (alone > avail).any(axis=1))
+        if len(bad):
+            g = groups[bad[0]]
+            raise PlanningError(
+                f"micro-batch of {g.num_rows} rows x {g.seqlen} tokens does not fit in memory "
+                f"or beyond the cost table (recompute={costs.recompute})"
+            )
+        times = (fwd + bwd).max(axis=1)
+        replicas = karmarkar_karp(times, cfg.num_replicas)
+        choices, peak = [], np.zeros(self.num_stages)
+        for members in replicas:
+            if not members:
+                raise PlanningError(
+                    f"{len(groups)} micro-batches cannot feed {cfg.num_replicas} replicas"
+                )
+            m = np.array(members)
+            comm = self._comm_times(costs, rows[m], seq[m], tgt[m])
+            choice = search_schedule(
+                fwd[m],
+                bwd[m],
+                act[m],
+                avail,
+                comm,
+                comm,
+                kind=cfg.schedule,
+                num_clusters=cfg.num_clusters,
+            )
+            if np.any(choice.peak + tra[m].max(axis=0) > avail):
+                raise PlanningError("the 1F1B schedule runs out of memory on some stage")
+            choices.append(choice)
+            peak = np.maximum(peak, costs.static + choice.peak + tra[m].max(axis=0))
+        return Candidate(groups, costs, replicas, choices, peak)
+
+    def _comm_times(self, costs, rows, seq, tgt) -> np.ndarray:
+        c = self.num_stages
+        out = np.zeros((len(rows), max(c - 1, 0)))
+        for i in range(len(rows)):
+            for j in range(c - 1):
+                out[i, j] = costs.p2p_time(j, costs.boundary_shape(j, rows[i], seq[i], tgt[i]))
+        return out
+
+    # ---- assembly --------------------------------------------------------------------
+    def _assemble(self, cand: Candidate, lengths, ids, planning_s: float) -> ExecutionPlan:
+        cfg, c, costs = self.config, self.num_stages, cand.costs
+        microbatches, ranks, next_id = [], [], 0
+        busy = 0.0
+        for r, (members, choice) in enumerate(zip(cand.replicas, cand.choices, strict=True)):
+            mb_ids = list(range(next_id, next_id + len(members)))
+            next_id += len(members)
+            shapes = []
+            for k, g_index in enumerate(members):
+                g = cand.groups[g_index]
+                rows = [len(row) for row in g.rows] if g.rows is not None else []
+                samples = [int(ids[i]) for i in g.samples]
+                microbatches.append(MicroBatch(mb_ids[k], r, samples, g.seqlen, g.tgt_seqlen, rows))
+                shapes.append(
+                    [
+                        costs.boundary_shape(j, g.num_rows, g.seqlen, g.tgt_seqlen)
+                        for j in range(c - 1)
+                    ]
+                )
+            tl = choice.timeline
+            programs = plan_communication(
+                choice.orders, tl.start, tl.end, mb_ids, shapes, cfg.dtype
+            )
+            ranks.extend(RankPlan(r, j, programs[j]) for j in range(c))
+            busy += float(np.sum(tl.busy))
+        real = int(lengths.sum())
+        padded = sum(g.num_rows * (g.seqlen + g.tgt_seqlen) for g in cand.groups)
+        stats = {
+            "predicted_iteration_s": cand.makespan,
+            "tokens": real,
+            "tokens_per_s": real / cand.makespan,
+            "padding_efficiency": real / padded,
+            "peak_memory_bytes": [int(x) for x in cand.peak_memory],
+            "bubble_fraction": 1.0 - busy / (c * cfg.num_replicas * cand.makespan),
+            "num_microbatches": len(cand.groups),
+            "recompute": costs.recompute,
+            "batching": cand.label,
+            "schedule": cfg.schedule,
+            "dp_passes": cand.dp_passes,
+            "planning_time_s": planning_s,
+        }
+        return ExecutionPlan(
+            c,
+            cfg.num_replicas,
+            microbatches,
+            ranks,
+            stats,
+            {"cost_model": self.cost_model.describe()},
+        )
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def _pow2_range(lo: int, hi: int) -> list[int]:
+    return [1 << k for k in range(lo.bit_length() - 1, hi.bit_length())]
+
+
+def _budget_grid(longest: int) -> list[int]:
+    """Token budgets from the longest sample up to 32x it, in half-octave steps."""
+    base = _pow2(longest)
+    return sorted({longest, *(int(base * 2 ** (k / 2)) for k in range(0, 11))})
