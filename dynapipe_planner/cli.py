@@ -166,7 +166,8 @@ def _table(results: dict[str, list[dict]], args: argparse.Namespace, cluster: Cl
     head = (
         f"{args.model} on {cluster.num_replicas}x{cluster.num_stages}x{cluster.tp} (DPxPPxTP) "
         f"{cluster.gpu.name}, {args.global_batch_tokens} tokens per global batch, "
-        f"means over {max(len(v) for v in results.values())} iteration(s), predicted by the cost model"
+        f"means over {max(len(v) for v in results.values())} iteration(s), "
+        "predicted by the cost model"
     )
     cols = f"{'method':<19}{'iter s':>9}{'tokens/s':>11}{'pad eff':>9}{'peak GiB':>10}"
     cols += f"{'bubble':>8}{'#mb':>6}{'recompute':>11}{'plan ms':>9}"
@@ -198,7 +199,7 @@ def _table(results: dict[str, list[dict]], args: argparse.Namespace, cluster: Cl
 def _simulate_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dynapipe-simulate",
-        description="Check a plan (deadlock, order, shapes, memory) and time it with its cost model.",
+        description="Check a plan (deadlock, order, shapes, memory) and time it by its cost model.",
     )
     p.add_argument("plan", help="plan file (.json or .bin) written by dynapipe-plan")
     p.add_argument("--trace", help="write a Chrome trace (open in https://ui.perfetto.dev)")
