@@ -5,4 +5,5 @@
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "C++ hot loops of the DynaPipe planner (micro-batching DP, schedules).";
+  register_schedule(m);
 }

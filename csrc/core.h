@@ -2,3 +2,4 @@
 #pragma once
 
 #include <pybind11/pybind11.h>
+void register_schedule(pybind11::module_& m);  // schedule_sim.cpp: 1F1B, adaptive, timeline
