@@ -6,4 +6,5 @@
 PYBIND11_MODULE(_core, m) {
   m.doc() = "C++ hot loops of the DynaPipe planner (micro-batching DP, schedules).";
   register_microbatch_dp(m);
+  register_schedule(m);
 }

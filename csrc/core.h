@@ -4,3 +4,4 @@
 #include <pybind11/pybind11.h>
 
 void register_microbatch_dp(pybind11::module_& m);
+void register_schedule(pybind11::module_& m);  // schedule_sim.cpp: 1F1B, adaptive, timeline

@@ -1,0 +1,38 @@
+"""Activation memory of a schedule: DynaPipe (seed dynapipe.txt) §5, Fig. 11.
+
+A forward stores the micro-batch's activation on its stage until the backward frees it, so the
+order of a stage decides its peak; this is what the memory-aware schedule keeps under the limit
+and what 1F1B's warm-up depth drives up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .ops import check_orders, cost_matrix
+
+
+def peak_activation(orders: Sequence[Sequence[int]], activation: np.ndarray) -> np.ndarray:
+    """Most activation bytes each stage stores at once when running its order, shape (C,).
+
+    Memory is counted with the same arithmetic as adaptive_schedule (including the reset to 0
+    when a stage holds nothing), so an adaptive schedule's peak never exceeds its limit.
+    """
+    act = cost_matrix("activation", activation)
+    num_mb, num_stages = act.shape
+    check_orders(orders, num_mb, num_stages)
+    peak = [0.0] * num_stages
+    for stage, order in enumerate(orders):
+        stored = act[:, stage].tolist()  # Python floats: same doubles, far cheaper to index
+        memory, held = 0.0, 0
+        for code in order:
+            if code % 2:
+                held -= 1
+                memory = memory - stored[code // 2] if held else 0.0
+            else:
+                held += 1
+                memory += stored[code // 2]
+                peak[stage] = max(peak[stage], memory)
+    return np.array(peak)

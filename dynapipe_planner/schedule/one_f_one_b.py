@@ -1,0 +1,39 @@
+"""Non-interleaved 1F1B, the baseline schedule of DynaPipe (seed dynapipe.txt) §5, Fig. 11a.
+
+Stage j first runs min(C-j-1, M) warm-up forwards, so the deeper stages have work as soon as the
+first activations arrive, then alternates one forward and one backward (steady state, which
+bounds stored activations to the warm-up depth plus one), then drains the remaining backwards.
+"""
+
+from __future__ import annotations
+
+from .. import _core
+from ..errors import PlanningError
+
+
+def _check_sizes(num_stages: int, num_microbatches: int) -> None:
+    if num_stages < 1 or num_microbatches < 0:
+        raise PlanningError(
+            f"1F1B needs at least one stage and no negative micro-batch count, got "
+            f"{num_stages} stages and {num_microbatches} micro-batches"
+        )
+
+
+def one_f_one_b_reference(num_stages: int, num_microbatches: int) -> list[list[int]]:
+    """Readable 1F1B: per stage, op codes (2*m forward, 2*m+1 backward of micro-batch m)."""
+    _check_sizes(num_stages, num_microbatches)
+    orders = []
+    for stage in range(num_stages):
+        warmup = min(num_stages - stage - 1, num_microbatches)
+        order = [2 * m for m in range(warmup)]
+        for step in range(num_microbatches - warmup):
+            order += [2 * (warmup + step), 2 * step + 1]
+        order += [2 * m + 1 for m in range(num_microbatches - warmup, num_microbatches)]
+        orders.append(order)
+    return orders
+
+
+def one_f_one_b(num_stages: int, num_microbatches: int) -> list[list[int]]:
+    """1F1B op orders per stage, computed by the C++ core (same result as the reference)."""
+    _check_sizes(num_stages, num_microbatches)
+    return _core.one_f_one_b(num_stages, num_microbatches)

@@ -1,0 +1,123 @@
+"""Schedule search: DynaPipe (seed dynapipe.txt) §5, Algorithm 1 plus "Micro-batch ordering".
+
+For the adaptive schedule the paper tries the permutations of the micro-batch clusters and keeps
+the order with the shortest predicted iteration; we also try a few injection caps (max_inflight),
+since how many micro-batches enter early trades safety stock against memory and warm-up. Each
+candidate costs one C++ schedule and one C++ timeline (inputs are validated once, up front), so
+the whole search takes milliseconds and can run every iteration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _core
+from ..errors import PlanningError
+from .memory import peak_activation
+from .one_f_one_b import one_f_one_b
+from .ops import check_max_inflight, cost_matrix, format_bytes, memory_limits
+from .ordering import cluster_permutations
+from .timeline import Timeline, checked_costs, timeline
+
+
+@dataclass(frozen=True)
+class ScheduleChoice:
+    """The chosen schedule, in the caller's micro-batch indices.
+
+    `order` is the injection order, `orders` the per-stage op codes (2*m forward, 2*m+1
+    backward of original micro-batch m), `timeline` the predicted timeline indexed by original
+    micro-batch, `peak` the stored activation bytes per stage and `max_inflight` the injection
+    cap that won (None: only memory limited injection, and always for 1F1B).
+    """
+
+    order: list[int]
+    orders: list[list[int]]
+    timeline: Timeline
+    peak: np.ndarray
+    max_inflight: int | None
+
+
+def search_schedule(
+    forward: np.ndarray,
+    backward: np.ndarray,
+    activation: np.ndarray,
+    limit: np.ndarray,
+    act_comm: np.ndarray,
+    grad_comm: np.ndarray,
+    *,
+    kind: str = "adaptive",
+    num_clusters: int = 4,
+    inflight_options: Sequence[int | None] | None = None,
+) -> ScheduleChoice:
+    """Best schedule of kind "adaptive" (searched) or "1f1b" (given order) by makespan.
+
+    Adaptive candidates are every cluster permutation of the injection order times every
+    max_inflight option (default None, C, 2C); the first candidate with the smallest makespan
+    wins. Candidates that cannot fit in memory are skipped; if none fits, the error of the
+    first candidate (identity order, so it names original micro-batch indices) is raised.
+    A 1F1B schedule whose peak exceeds the limit raises PlanningError as well.
+    """
+    fwd, bwd, act_comm, grad_comm = checked_costs(forward, backward, act_comm, grad_comm)
+    num_mb, num_stages = fwd.shape
+    act = cost_matrix("activation", activation, (num_mb, num_stages))
+    lim = memory_limits(limit, num_stages)
+    if kind == "1f1b":
+        return _one_f_one_b_choice(fwd, bwd, act, lim, act_comm, grad_comm)
+    if kind != "adaptive":
+        raise PlanningError(f"unknown schedule kind {kind!r}; use 'adaptive' or '1f1b'")
+    options = [None, num_stages, 2 * num_stages] if inflight_options is None else inflight_options
+    for option in options:
+        check_max_inflight(option)
+
+    best = None
+    first_error = None
+    for order in cluster_permutations(fwd.sum(axis=1) + bwd.sum(axis=1), num_clusters):
+        idx = np.asarray(order, dtype=np.int64)
+        costs = (fwd[idx], bwd[idx], act_comm[idx], grad_comm[idx])
+        for max_inflight in options:
+            try:
+                local = _core.adaptive_schedule(act[idx], lim, max_inflight)
+            except ValueError as err:
+                first_error = first_error or PlanningError(str(err))
+                continue
+            start, end = _core.schedule_timeline(local, *costs)
+            makespan = float(end.max()) if end.size else 0.0
+            if best is None or makespan < best[0]:
+                best = (makespan, order, local, start, end, max_inflight)
+    if best is None:
+        raise first_error
+    _, order, local, start_local, end_local, max_inflight = best
+
+    orders = [[2 * order[code // 2] + code % 2 for code in stage] for stage in local]
+    start = np.empty_like(start_local)
+    end = np.empty_like(end_local)
+    start[order] = start_local
+    end[order] = end_local
+    return ScheduleChoice(
+        order, orders, Timeline.from_times(start, end), peak_activation(orders, act), max_inflight
+    )
+
+
+def _one_f_one_b_choice(
+    fwd: np.ndarray,
+    bwd: np.ndarray,
+    act: np.ndarray,
+    lim: np.ndarray,
+    act_comm: np.ndarray,
+    grad_comm: np.ndarray,
+) -> ScheduleChoice:
+    """1F1B in the given order; it has no memory control, so exceeding the limit is an error."""
+    num_mb, num_stages = fwd.shape
+    orders = one_f_one_b(num_stages, num_mb)
+    peak = peak_activation(orders, act)
+    for stage in range(num_stages):
+        if peak[stage] > lim[stage]:
+            raise PlanningError(
+                f"1F1B stores up to {format_bytes(peak[stage])} bytes of activations on stage "
+                f"{stage}, more than its limit of {format_bytes(lim[stage])} bytes"
+            )
+    tl = timeline(orders, fwd, bwd, act_comm, grad_comm)
+    return ScheduleChoice(list(range(num_mb)), orders, tl, peak, None)
