@@ -170,23 +170,20 @@ Pass run_pass(const Problem& p, std::vector<Band>* bands, double threshold, std:
   (*f)[0] = 0.0;
   for (int64_t j = 0; j < n; ++j) {
     Band& band = (*bands)[j];
+    while (!band.closed && band.cost.back() <= threshold) extend(p, j, &band);
+    // Band costs never decrease, so the ranges within the threshold are a prefix.
+    const int64_t cut =
+        std::upper_bound(band.cost.begin(), band.cost.end(), threshold) - band.cost.begin();
+    if (cut < static_cast<int64_t>(band.cost.size())) out.next = std::min(out.next, band.cost[cut]);
+    const double* cost = band.cost.data();
+    const double* fj = f->data() + j;  // fj[-k] == f[j - k]
     double best = kInf;
+    for (int64_t k = 0; k < cut; ++k) best = std::min(best, fj[-k] + cost[k]);
     int64_t best_k = -1;
-    for (int64_t k = 0;; ++k) {
-      if (k == static_cast<int64_t>(band.cost.size())) {
-        if (band.closed) break;
-        extend(p, j, &band);
-        if (band.closed) break;
-      }
-      const double c = band.cost[k];
-      if (c > threshold) {
-        out.next = std::min(out.next, c);
-        break;
-      }
-      const double v = (*f)[j - k] + c;
-      if (v < best) {
-        best = v;
+    for (int64_t k = 0; k < cut && best < kInf; ++k) {
+      if (fj[-k] + cost[k] == best) {
         best_k = k;
+        break;
       }
     }
     (*f)[j + 1] = best;
