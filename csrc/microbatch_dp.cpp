@@ -94,12 +94,26 @@ double range_cost(const Problem& p, int64_t b, int64_t s, int64_t t) {
   return p.time.interp(cb, cs, ct);
 }
 
-// Costs of the ranges ending at one sample, grown leftwards on demand.
+// Costs of the ranges ending at one sample, grown leftwards on demand. Growing a range adds one
+// sample and can only raise its padded lengths, so each grid cell moves forward from the last
+// one instead of being searched again (the cells equal what `locate` returns).
 struct Band {
   std::vector<double> cost;  // cost[k]: range [j-k .. j]
   int64_t smax = 0, tmax = 0;
+  Cell cb{0, 0.0}, cs{0, 0.0}, ct{0, 0.0};
   bool closed = false;  // the next range is infeasible (memory, grid or start of the batch)
 };
+
+// Moves `cell` forward to x (never backward); false beyond the grid. Same result as locate().
+bool advance(const std::vector<double>& g, double x, Cell* cell) {
+  const int n = static_cast<int>(g.size());
+  if (x > g[n - 1]) return false;
+  int k = cell->k;
+  while (k + 1 < n && g[k + 1] <= x) ++k;
+  cell->k = k;
+  cell->w = (x <= g[0] || k >= n - 1) ? 0.0 : (x - g[k]) / (g[k + 1] - g[k]);
+  return true;
+}
 
 void extend(const Problem& p, int64_t j, Band* band) {
   const int64_t k = static_cast<int64_t>(band->cost.size());
@@ -110,12 +124,14 @@ void extend(const Problem& p, int64_t j, Band* band) {
   }
   band->smax = std::max(band->smax, p.src[i]);
   band->tmax = std::max(band->tmax, p.tgt[i]);
-  const double c = range_cost(p, k + 1, band->smax, band->tmax);
-  if (std::isinf(c)) {
+  if (!advance(p.bg, static_cast<double>(k + 1), &band->cb) ||
+      !advance(p.sg, static_cast<double>(band->smax), &band->cs) ||
+      !advance(p.tg, static_cast<double>(band->tmax), &band->ct) ||
+      p.mem.interp(band->cb, band->cs, band->ct) > 1.0) {
     band->closed = true;
     return;
   }
-  band->cost.push_back(c);
+  band->cost.push_back(p.time.interp(band->cb, band->cs, band->ct));
 }
 
 // Largest feasible micro-batch size at one sample's own lengths (memory and grid), by bisection.

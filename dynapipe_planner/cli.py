@@ -193,6 +193,9 @@ def _table(results: dict[str, list[dict]], args: argparse.Namespace, cluster: Cl
             f"{mean('padding_efficiency'):>9.3f}{peak:>10.1f}{mean('bubble_fraction'):>8.3f}"
             f"{mean('num_microbatches'):>6.0f}{modes:>11}{1e3 * mean('planning_time_s'):>9.1f}"
         )
+        failed = [r["error"] for r in runs if "error" in r]
+        if failed:
+            lines.append(f"{'':<19}{len(failed)}/{len(runs)} iterations infeasible: {failed[0]}")
     return "\n".join(lines)
 
 

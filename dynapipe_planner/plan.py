@@ -326,6 +326,9 @@ def atomic_write(path: Path, payload: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file normal permissions
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -2,8 +2,11 @@
 
 lengths -> micro-batches (DP, or a baseline) -> replicas (Karmarkar-Karp) -> per-pipeline
 schedule (adaptive or 1F1B, with micro-batch ordering) -> communication plan -> ExecutionPlan.
-Dynamic recomputation (§7): recompute modes are tried from cheapest to most memory-saving and
-the first that yields a feasible plan is kept. Baselines get the grid search the paper gives
+Dynamic recomputation (§7): recompute modes are tried from cheapest to most memory-saving. The
+paper keeps the first mode that fits; we also try the next mode while the best plan so far is
+memory-bound (peak above `memory_pressure` of the limit on some stage) and pipelines poorly
+(bubble fraction above `bubble_tolerance`), since only then can cheaper activations buy time
+back, and keep the fastest. Baselines get the grid search the paper gives
 them (§8): every candidate micro-batch size or token budget is planned and the fastest kept.
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -62,6 +66,11 @@ class PlannerConfig:
     micro_batch_size: int = 0
     token_budget: int = 0
     max_seqlen: int = 0
+    memory_pressure: float = 0.9
+    bubble_tolerance: float = 0.15
+    # Extra caps on micro-batches in flight for the adaptive schedule's search (None: memory
+    # alone controls injection, Alg. 1). Caps rarely win and each multiplies the search.
+    injection_caps: tuple[int | None, ...] = (None,)
 
     def __post_init__(self) -> None:
         for name, value, allowed in (
@@ -85,9 +94,12 @@ class Candidate:
     dp_passes: int = 0
     label: str = ""
     makespan: float = field(init=False)
+    bubble: float = field(init=False)
 
     def __post_init__(self) -> None:
         self.makespan = max(c.timeline.makespan for c in self.choices)
+        busy = sum(float(np.sum(c.timeline.busy)) for c in self.choices)
+        self.bubble = 1.0 - busy / (self.costs.num_stages * len(self.choices) * self.makespan)
 
 
 class IterationPlanner:
@@ -118,15 +130,19 @@ class IterationPlanner:
         ids = np.arange(len(lengths)) if sample_ids is None else np.asarray(sample_ids)
         if len(ids) != len(lengths):
             raise PlanningError(f"{len(ids)} sample ids for {len(lengths)} lengths")
-        modes = self._recompute_modes()
-        failures = []
-        for mode in modes:
+        best, failures = None, []
+        for mode in self._recompute_modes():
             try:
-                best = self._best_candidate(lengths, self.costs(mode, lengths))
-                break
+                cand = self._best_candidate(lengths, self.costs(mode, lengths))
             except PlanningError as e:
                 failures.append(f"recompute={mode}: {e}")
-        else:
+                continue
+            if best is None or cand.makespan < best.makespan:
+                best = cand
+            limit = best.costs.memory_limit * self.config.memory_pressure
+            if np.all(best.peak_memory <= limit) or best.bubble <= self.config.bubble_tolerance:
+                break
+        if best is None:
             raise PlanningError("no feasible plan. " + " | ".join(failures))
         return self._assemble(best, lengths, ids, time.perf_counter() - started)
 
@@ -140,31 +156,59 @@ class IterationPlanner:
 
     # ---- candidates ------------------------------------------------------------------
     def _best_candidate(self, lengths: np.ndarray, costs: PipelineCosts) -> Candidate:
-        options = list(self._candidate_groups(lengths, costs))
-        best, first_error = None, None
-        for label, groups, passes in options:
+        best, errors = None, []
+        for label, make_groups in self._candidate_groups(lengths, costs):
             try:
+                groups, passes = make_groups()
                 cand = self._schedule(groups, costs)
             except PlanningError as e:
-                first_error = first_error or f"{label}: {e}"
+                errors.append(f"{label}: {e}")
                 continue
             cand.dp_passes, cand.label = passes, label
             if best is None or cand.makespan < best.makespan:
                 best = cand
         if best is None:
-            raise PlanningError(first_error or "no candidate micro-batching")
+            raise PlanningError("; ".join(errors) or "no candidate micro-batching")
         return best
 
     def _candidate_groups(self, lengths: np.ndarray, costs: PipelineCosts):
-        cfg, c = self.config, self.num_stages
+        """(label, thunk) pairs; each thunk returns (groups, DP passes) or raises."""
+        cfg = self.config
         if cfg.batching == "dynamic":
-            # The DP's memory test follows the schedule: 1F1B keeps up to C - j micro-batches
-            # on stage j; the adaptive schedule only needs each micro-batch to fit alone, but
-            # the DP is also given the 1F1B rule so it can trade size for pipelining.
-            options = [np.arange(c, 0, -1, dtype=np.float64)]
-            if cfg.schedule == "adaptive" and c > 1:
-                options.append(np.ones(c))
-            for inflight in options:
+            yield "dp", partial(self._dynamic_groups, lengths, costs)
+        elif cfg.batching == "padding":
+            for size in [cfg.micro_batch_size] if cfg.micro_batch_size else _pow2_range(1, 256):
+                yield f"padding(mbs={size})", partial(_no_passes, padding_groups, lengths, size)
+        elif cfg.batching == "packing":
+            max_len = cfg.max_seqlen or int(lengths.max())
+            for size in [cfg.micro_batch_size] if cfg.micro_batch_size else _pow2_range(1, 64):
+                yield (
+                    f"packing(mbs={size})",
+                    partial(_no_passes, packing_groups, lengths, max_len, size),
+                )
+        else:
+            order = order_samples(lengths, cfg.order)
+            longest = int(lengths.sum(axis=1).max() if lengths.ndim == 2 else lengths.max())
+            budgets = [cfg.token_budget] if cfg.token_budget else _budget_grid(longest)
+            for budget in budgets:
+                yield (
+                    f"token-budget({budget})",
+                    partial(_no_passes, token_budget_groups, lengths, budget, order),
+                )
+
+    def _dynamic_groups(self, lengths: np.ndarray, costs: PipelineCosts) -> tuple[list[Group], int]:
+        """DP micro-batches under the schedule's memory rule (§4 "Limit memory consumption").
+
+        1F1B keeps up to C - j micro-batches on stage j. The adaptive schedule needs only each
+        micro-batch to fit alone, but micro-batches that fill memory alone cannot overlap, so it
+        first gets the 1F1B rule and falls back to "fits alone" when some sample needs it.
+        """
+        cfg, c = self.config, self.num_stages
+        rules = [np.arange(c, 0, -1, dtype=np.float64)]
+        if cfg.schedule == "adaptive" and c > 1:
+            rules.append(np.ones(c))
+        for k, inflight in enumerate(rules):
+            try:
                 mb = dynamic_microbatches(
                     lengths,
                     costs,
@@ -174,21 +218,12 @@ class IterationPlanner:
                     bucket_rel=cfg.bucket_rel,
                     time_budget_s=cfg.dp_time_budget_s,
                 )
-                label = f"dp(inflight={inflight.astype(int).tolist()})"
-                yield label, groups_from_indices(lengths, mb.microbatches), mb.passes
-        elif cfg.batching == "padding":
-            for size in [cfg.micro_batch_size] if cfg.micro_batch_size else _pow2_range(1, 256):
-                yield f"padding(mbs={size})", padding_groups(lengths, size), 0
-        elif cfg.batching == "packing":
-            max_len = cfg.max_seqlen or int(lengths.max())
-            for size in [cfg.micro_batch_size] if cfg.micro_batch_size else _pow2_range(1, 64):
-                yield f"packing(mbs={size})", packing_groups(lengths, max_len, size), 0
-        else:
-            order = order_samples(lengths, cfg.order)
-            longest = int(lengths.sum(axis=1).max() if lengths.ndim == 2 else lengths.max())
-            budgets = [cfg.token_budget] if cfg.token_budget else _budget_grid(longest)
-            for budget in budgets:
-                yield f"token-budget({budget})", token_budget_groups(lengths, budget, order), 0
+            except PlanningError:
+                if k + 1 == len(rules):
+                    raise
+                continue
+            return groups_from_indices(lengths, mb.microbatches), mb.passes
+        raise AssertionError("unreachable")
 
     def _schedule(self, groups: list[Group], costs: PipelineCosts) -> Candidate:
         cfg = self.config
@@ -218,36 +253,28 @@ class IterationPlanner:
                     f"{len(groups)} micro-batches cannot feed {cfg.num_replicas} replicas"
                 )
             m = np.array(members)
-            comm = self._comm_times(costs, rows[m], seq[m], tgt[m])
+            comm = costs.p2p_times(rows[m], seq[m], tgt[m])
+            # Stored activations must leave room for the working memory of the op that runs.
+            transient = tra[m].max(axis=0)
             choice = search_schedule(
                 fwd[m],
                 bwd[m],
                 act[m],
-                avail,
+                avail - transient,
                 comm,
                 comm,
                 kind=cfg.schedule,
                 num_clusters=cfg.num_clusters,
+                inflight_options=cfg.injection_caps,
             )
-            if np.any(choice.peak + tra[m].max(axis=0) > avail):
-                raise PlanningError("the 1F1B schedule runs out of memory on some stage")
             choices.append(choice)
-            peak = np.maximum(peak, costs.static + choice.peak + tra[m].max(axis=0))
+            peak = np.maximum(peak, costs.static + choice.peak + transient)
         return Candidate(groups, costs, replicas, choices, peak)
-
-    def _comm_times(self, costs, rows, seq, tgt) -> np.ndarray:
-        c = self.num_stages
-        out = np.zeros((len(rows), max(c - 1, 0)))
-        for i in range(len(rows)):
-            for j in range(c - 1):
-                out[i, j] = costs.p2p_time(j, costs.boundary_shape(j, rows[i], seq[i], tgt[i]))
-        return out
 
     # ---- assembly --------------------------------------------------------------------
     def _assemble(self, cand: Candidate, lengths, ids, planning_s: float) -> ExecutionPlan:
         cfg, c, costs = self.config, self.num_stages, cand.costs
         microbatches, ranks, next_id = [], [], 0
-        busy = 0.0
         for r, (members, choice) in enumerate(zip(cand.replicas, cand.choices, strict=True)):
             mb_ids = list(range(next_id, next_id + len(members)))
             next_id += len(members)
@@ -268,7 +295,6 @@ class IterationPlanner:
                 choice.orders, tl.start, tl.end, mb_ids, shapes, cfg.dtype
             )
             ranks.extend(RankPlan(r, j, programs[j]) for j in range(c))
-            busy += float(np.sum(tl.busy))
         real = int(lengths.sum())
         padded = sum(g.num_rows * (g.seqlen + g.tgt_seqlen) for g in cand.groups)
         stats = {
@@ -277,7 +303,7 @@ class IterationPlanner:
             "tokens_per_s": real / cand.makespan,
             "padding_efficiency": real / padded,
             "peak_memory_bytes": [int(x) for x in cand.peak_memory],
-            "bubble_fraction": 1.0 - busy / (c * cfg.num_replicas * cand.makespan),
+            "bubble_fraction": cand.bubble,
             "num_microbatches": len(cand.groups),
             "recompute": costs.recompute,
             "batching": cand.label,
@@ -293,6 +319,10 @@ class IterationPlanner:
             stats,
             {"cost_model": self.cost_model.describe()},
         )
+
+
+def _no_passes(make, *args) -> tuple[list[Group], int]:
+    return make(*args), 0
 
 
 def _pow2(x: int) -> int:

@@ -241,6 +241,18 @@ class PipelineCosts:
         seq = {"src": s, "tgt": t, "both": s + t}[kind]
         return [b, seq, self.hidden_size]
 
+    def p2p_times(self, b: np.ndarray, s: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """`p2p_time` of many micro-batches across every boundary, shaped (M, num_stages - 1)."""
+        b, s, t = (np.asarray(x, dtype=np.float64)[:, None] for x in (b, s, t))
+        seq = {"src": s, "tgt": t, "both": s + t}
+        tokens = (
+            np.hstack([b * seq[kind] for kind in self.boundary_seq])
+            if self.boundary_seq
+            else b[:, :0]
+        )
+        nbytes = tokens * self.hidden_size * DTYPE_BYTES[self.dtype]
+        return self.p2p_latency + nbytes / self.p2p_bandwidth[None, :]
+
     def p2p_time(self, stage: int, shape: list[int]) -> float:
         nbytes = math.prod(shape) * DTYPE_BYTES[self.dtype]
         return self.p2p_latency + nbytes / float(self.p2p_bandwidth[stage])
