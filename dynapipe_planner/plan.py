@@ -91,6 +91,11 @@ class MicroBatch:
     tgt_seqlen: int = 0
     row_sizes: list[int] = field(default_factory=list)
 
+    @property
+    def num_rows(self) -> int:
+        """Rows of the micro-batch tensor (the `b` of its shape)."""
+        return len(self.row_sizes) if self.row_sizes else len(self.samples)
+
     def to_dict(self) -> dict[str, Any]:
         d = {
             "id": self.id,

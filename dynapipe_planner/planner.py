@@ -99,7 +99,8 @@ class Candidate:
     def __post_init__(self) -> None:
         self.makespan = max(c.timeline.makespan for c in self.choices)
         busy = sum(float(np.sum(c.timeline.busy)) for c in self.choices)
-        self.bubble = 1.0 - busy / (self.costs.num_stages * len(self.choices) * self.makespan)
+        idle = 1.0 - busy / (self.costs.num_stages * len(self.choices) * self.makespan)
+        self.bubble = max(0.0, idle)  # a one-stage pipeline rounds to -1e-16
 
 
 class IterationPlanner:
@@ -126,14 +127,14 @@ class IterationPlanner:
 
     def plan(self, lengths: np.ndarray, sample_ids: np.ndarray | None = None) -> ExecutionPlan:
         started = time.perf_counter()
-        lengths = validate_lengths(lengths)
         ids = np.arange(len(lengths)) if sample_ids is None else np.asarray(sample_ids)
         if len(ids) != len(lengths):
             raise PlanningError(f"{len(ids)} sample ids for {len(lengths)} lengths")
+        lengths = validate_lengths(lengths, ids)
         best, failures = None, []
         for mode in self._recompute_modes():
             try:
-                cand = self._best_candidate(lengths, self.costs(mode, lengths))
+                cand = self._best_candidate(lengths, ids, self.costs(mode, lengths))
             except PlanningError as e:
                 failures.append(f"recompute={mode}: {e}")
                 continue
@@ -155,9 +156,11 @@ class IterationPlanner:
         return wanted
 
     # ---- candidates ------------------------------------------------------------------
-    def _best_candidate(self, lengths: np.ndarray, costs: PipelineCosts) -> Candidate:
+    def _best_candidate(
+        self, lengths: np.ndarray, ids: np.ndarray, costs: PipelineCosts
+    ) -> Candidate:
         best, errors = None, []
-        for label, make_groups in self._candidate_groups(lengths, costs):
+        for label, make_groups in self._candidate_groups(lengths, ids, costs):
             try:
                 groups, passes = make_groups()
                 cand = self._schedule(groups, costs)
@@ -171,11 +174,11 @@ class IterationPlanner:
             raise PlanningError("; ".join(errors) or "no candidate micro-batching")
         return best
 
-    def _candidate_groups(self, lengths: np.ndarray, costs: PipelineCosts):
+    def _candidate_groups(self, lengths: np.ndarray, ids: np.ndarray, costs: PipelineCosts):
         """(label, thunk) pairs; each thunk returns (groups, DP passes) or raises."""
         cfg = self.config
         if cfg.batching == "dynamic":
-            yield "dp", partial(self._dynamic_groups, lengths, costs)
+            yield "dp", partial(self._dynamic_groups, lengths, ids, costs)
         elif cfg.batching == "padding":
             for size in [cfg.micro_batch_size] if cfg.micro_batch_size else _pow2_range(1, 256):
                 yield f"padding(mbs={size})", partial(_no_passes, padding_groups, lengths, size)
@@ -196,7 +199,9 @@ class IterationPlanner:
                     partial(_no_passes, token_budget_groups, lengths, budget, order),
                 )
 
-    def _dynamic_groups(self, lengths: np.ndarray, costs: PipelineCosts) -> tuple[list[Group], int]:
+    def _dynamic_groups(
+        self, lengths: np.ndarray, ids: np.ndarray, costs: PipelineCosts
+    ) -> tuple[list[Group], int]:
         """DP micro-batches under the schedule's memory rule (§4 "Limit memory consumption").
 
         1F1B keeps up to C - j micro-batches on stage j. The adaptive schedule needs only each
@@ -217,6 +222,7 @@ class IterationPlanner:
                     order=cfg.order,
                     bucket_rel=cfg.bucket_rel,
                     time_budget_s=cfg.dp_time_budget_s,
+                    sample_ids=ids,
                 )
             except PlanningError:
                 if k + 1 == len(rules):

@@ -243,7 +243,7 @@ class _Executor:
     def __init__(self, plan: ExecutionPlan, costs: PipelineCosts, check_memory: bool) -> None:
         self.costs = costs
         self.check_memory = check_memory
-        self.shapes = {m.id: (len(m.samples), m.seqlen, m.tgt_seqlen) for m in plan.microbatches}
+        self.shapes = {m.id: (m.num_rows, m.seqlen, m.tgt_seqlen) for m in plan.microbatches}
         self.mb_costs: dict[int, tuple[list[float], ...]] = {}
         self.ranks: dict[Rank, _RankState] = {}
         for rp in sorted(plan.ranks, key=lambda r: (r.replica, r.stage)):
@@ -297,7 +297,7 @@ class _Executor:
             c = self.costs.stage_costs(b, s, t)
             if not c.feasible:
                 raise PlanCheckError(
-                    f"micro-batch {mb} ({b} samples, seqlen {s}, tgt_seqlen {t}) lies beyond the "
+                    f"micro-batch {mb} ({b} rows, seqlen {s}, tgt_seqlen {t}) lies beyond the "
                     "cost tables"
                 )
             cached = tuple(

@@ -55,6 +55,14 @@ class AnalyticCostModel:
     distributed_optimizer: bool = False
     dtype: str = "bf16"
 
+    def __post_init__(self) -> None:
+        m, tp = self.model, self.cluster.tp
+        if m.num_heads % tp or m.ffn_hidden_size % tp:
+            raise PlanningError(
+                f"TP={tp} does not divide the {m.num_heads} heads of {m.name} or the FFN width "
+                f"{m.ffn_hidden_size}"
+            )
+
     def recompute_modes(self) -> list[str]:
         return list(RECOMPUTE_MODES)
 
@@ -188,11 +196,6 @@ class AnalyticCostModel:
         if recompute not in RECOMPUTE_MODES:
             raise PlanningError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
         m, c = self.model, self.cluster.num_stages
-        if m.num_heads % self.cluster.tp or m.ffn_hidden_size % self.cluster.tp:
-            raise PlanningError(
-                f"TP={self.cluster.tp} does not divide {m.num_heads} heads "
-                f"or the FFN width {m.ffn_hidden_size}"
-            )
         b_grid = geometric_grid(16, 1, 1.125, max(1, max_samples))
         s_grid = geometric_grid(128, 8, 1.0625, max(8, max_seqlen))
         t_grid = (

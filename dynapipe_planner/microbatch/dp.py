@@ -31,8 +31,8 @@ class MicroBatching:
     budget_exhausted: bool = False
 
 
-def validate_lengths(lengths: np.ndarray) -> np.ndarray:
-    """Lengths as int64 (N,) or (N, 2); names the first bad sample."""
+def validate_lengths(lengths: np.ndarray, sample_ids: np.ndarray | None = None) -> np.ndarray:
+    """Lengths as int64 (N,) or (N, 2); names the first bad sample (by its id if given)."""
     arr = np.asarray(lengths)
     if arr.size == 0:
         raise PlanningError("empty batch: there are no samples to plan")
@@ -45,8 +45,9 @@ def validate_lengths(lengths: np.ndarray) -> np.ndarray:
     arr = arr.astype(np.int64)
     bad = np.flatnonzero(arr.min(axis=1) <= 0 if arr.ndim == 2 else arr <= 0)
     if len(bad):
+        name = bad[0] if sample_ids is None else sample_ids[bad[0]]
         raise PlanningError(
-            f"sample {bad[0]} has length {arr[bad[0]].tolist()}; lengths must be positive"
+            f"sample {name} has length {arr[bad[0]].tolist()}; lengths must be positive"
         )
     return arr
 
@@ -72,14 +73,16 @@ def dynamic_microbatches(
     bucket_abs: float = 0.0,
     time_budget_s: float = 2.0,
     backend: str = "cpp",
+    sample_ids: np.ndarray | None = None,
 ) -> MicroBatching:
     """Split one global batch into micro-batches minimising (C-1) max t + sum t / |D|.
 
+    `sample_ids` (dataset ids of the samples) only serve error messages.
     `bucket_rel` spaces the t_max thresholds so the objective is within that fraction of the
     optimum over contiguous partitions (0 with bucket_abs 0: exact); `time_budget_s` stops the
     enumeration early and keeps the best partition found.
     """
-    lengths = validate_lengths(lengths)
+    lengths = validate_lengths(lengths, sample_ids)
     perm = order_samples(lengths, order)
     ordered = lengths[perm]
     src = np.ascontiguousarray(ordered if ordered.ndim == 1 else ordered[:, 0])
@@ -111,7 +114,8 @@ def dynamic_microbatches(
         raise PlanningError(f"unknown DP backend {backend!r}")
     if out["infeasible_position"] >= 0:
         sample = int(perm[out["infeasible_position"]])
-        raise PlanningError(_infeasible_message(sample, lengths[sample], costs, inflight))
+        name = sample if sample_ids is None else int(sample_ids[sample])
+        raise PlanningError(_infeasible_message(name, lengths[sample], costs, inflight))
     bounds = [0, *out["ends"]]
     return MicroBatching(
         [perm[a:b] for a, b in itertools.pairwise(bounds)],

@@ -1,0 +1,148 @@
+"""Plans from the whole planner pass every simulator check, for random batches, pipeline depths,
+replica counts, memory limits, schedules and micro-batching methods."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from dynapipe_planner.cluster import ClusterSpec, GiB, get_gpu
+from dynapipe_planner.cost import AnalyticCostModel
+from dynapipe_planner.errors import PlanningError
+from dynapipe_planner.model_spec import MODEL_PRESETS, ModelSpec
+from dynapipe_planner.plan import ExecutionPlan
+from dynapipe_planner.planner import IterationPlanner, PlannerConfig
+from dynapipe_planner.simulate import simulate
+
+T5_TINY = ModelSpec("t5-tiny", "t5", 4, 256, 4, 1024, 32128)
+
+
+def make_planner(model, stages, replicas, memory_gib, **config) -> IterationPlanner:
+    cluster = ClusterSpec(
+        get_gpu("A100-40GB"),
+        num_stages=stages,
+        num_replicas=replicas,
+        memory_limit_bytes=int(memory_gib * GiB),
+    )
+    return IterationPlanner(
+        AnalyticCostModel(model, cluster), stages, PlannerConfig(num_replicas=replicas, **config)
+    )
+
+
+def check_plan(planner: IterationPlanner, plan: ExecutionPlan, lengths: np.ndarray) -> None:
+    """Samples each used once; the simulator accepts the plan (order, shapes, deadlock, memory)
+    and its timeline agrees with the planner's prediction."""
+    used = sorted(s for m in plan.microbatches for s in m.samples)
+    assert used == list(range(len(lengths)))
+    for m in plan.microbatches:
+        own = lengths[m.samples]
+        if own.ndim == 1:
+            assert m.seqlen >= own.max() or m.row_sizes
+        else:
+            assert m.seqlen >= own[:, 0].max() and m.tgt_seqlen >= own[:, 1].max()
+    costs = planner.costs(plan.stats["recompute"], lengths)
+    result = simulate(plan, costs, check_memory=True)
+    predicted = plan.stats["predicted_iteration_s"]
+    if not any(m.row_sizes for m in plan.microbatches):  # packing's attention saving is plan-side
+        assert result.makespan == pytest.approx(predicted, rel=0.05)
+    assert 0.0 <= plan.stats["bubble_fraction"] < 1.0
+    assert 0.0 < plan.stats["padding_efficiency"] <= 1.0
+
+
+lengths_st = st.lists(st.integers(1, 2048), min_size=1, max_size=60).map(np.array)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=lengths_st,
+    stages=st.integers(1, 5),
+    replicas=st.integers(1, 3),
+    memory_gib=st.floats(4, 40),
+    schedule=st.sampled_from(["adaptive", "1f1b"]),
+    batching=st.sampled_from(["dynamic", "packing", "padding", "token-budget"]),
+)
+def test_plans_pass_the_simulator(lengths, stages, replicas, memory_gib, schedule, batching):
+    planner = make_planner(
+        MODEL_PRESETS["gpt-350m"],
+        stages,
+        replicas,
+        memory_gib,
+        schedule=schedule,
+        batching=batching,
+    )
+    try:
+        plan = planner.plan(lengths)
+    except PlanningError as e:
+        # Infeasible is a legitimate answer only with a reason that names what does not fit.
+        assert any(w in str(e) for w in ("sample", "micro-batch", "memory", "replicas")), str(e)
+        assume(False)
+    check_plan(planner, plan, lengths)
+    assert plan.num_stages == stages and plan.num_replicas == replicas
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    pairs=st.lists(st.tuples(st.integers(1, 512), st.integers(1, 128)), min_size=1, max_size=30),
+    stages=st.integers(1, 4),
+    schedule=st.sampled_from(["adaptive", "1f1b"]),
+)
+def test_encoder_decoder_plans_pass_the_simulator(pairs, stages, schedule):
+    lengths = np.array(pairs)
+    planner = make_planner(T5_TINY, stages, 1, 8, schedule=schedule)
+    check_plan(planner, planner.plan(lengths), lengths)
+
+
+def test_dynapipe_is_no_slower_than_its_own_1f1b_ablation():
+    rng = np.random.default_rng(0)
+    lengths = np.clip(np.exp(rng.normal(np.log(300), 1.0, 200)), 8, 4096).astype(int)
+    times = {}
+    for schedule in ("adaptive", "1f1b"):
+        planner = make_planner(MODEL_PRESETS["gpt-1.3b"], 4, 2, 36, schedule=schedule)
+        times[schedule] = planner.plan(lengths).stats["predicted_iteration_s"]
+    assert times["adaptive"] <= times["1f1b"] * 1.0001
+
+
+def test_sample_ids_are_carried_into_the_plan():
+    planner = make_planner(MODEL_PRESETS["gpt-125m"], 2, 1, 20)
+    ids = np.array([1000, 1001, 1002, 1003])
+    plan = planner.plan(np.array([10, 300, 20, 40]), ids)
+    assert sorted(s for m in plan.microbatches for s in m.samples) == ids.tolist()
+
+
+def test_recompute_auto_picks_recomputation_when_nothing_fits_without_it():
+    planner = make_planner(MODEL_PRESETS["gpt-1.3b"], 2, 1, 16)
+    lengths = np.array([4096, 100, 200])
+    with pytest.raises(PlanningError, match=r"sample 0 \(length 4096"):
+        make_planner(MODEL_PRESETS["gpt-1.3b"], 2, 1, 16, recompute="none").plan(lengths)
+    plan = planner.plan(lengths)
+    assert plan.stats["recompute"] in ("selective", "full")
+
+
+def test_deterministic():
+    lengths = np.random.default_rng(3).integers(1, 2000, 80)
+    a = make_planner(MODEL_PRESETS["gpt-350m"], 3, 2, 20).plan(lengths).to_dict()
+    b = make_planner(MODEL_PRESETS["gpt-350m"], 3, 2, 20).plan(lengths).to_dict()
+    for d in (a, b):
+        d["stats"].pop("planning_time_s")
+    assert a == b
+
+
+@pytest.mark.parametrize(
+    ("lengths", "message"),
+    [
+        (np.array([], dtype=int), "empty batch"),
+        (np.array([5, 0, 7]), "sample 1 has length 0"),
+        (np.array([5, -3]), "sample 1 has length -3"),
+    ],
+)
+def test_bad_lengths_are_named(lengths, message):
+    with pytest.raises(PlanningError, match=message):
+        make_planner(MODEL_PRESETS["gpt-125m"], 2, 1, 20).plan(lengths)
+
+
+def test_more_replicas_than_microbatches_is_explained():
+    planner = make_planner(MODEL_PRESETS["gpt-125m"], 2, 3, 20)
+    with pytest.raises(PlanningError, match="cannot feed 3 replicas"):
+        planner.plan(np.array([100]))
