@@ -19,7 +19,8 @@ import numpy as np
 from ..cluster import ClusterSpec, cluster_to_dict
 from ..errors import PlanningError
 from ..model_spec import ModelSpec
-from .table import DTYPE_BYTES, PipelineCosts, split_layers
+from .stages import assemble_pipeline
+from .table import DTYPE_BYTES, PipelineCosts
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 
@@ -195,7 +196,7 @@ class AnalyticCostModel:
         """Tabulate every stage over a grid that covers the given micro-batch shapes."""
         if recompute not in RECOMPUTE_MODES:
             raise PlanningError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
-        m, c = self.model, self.cluster.num_stages
+        m = self.model
         b_grid = geometric_grid(16, 1, 1.125, max(1, max_samples))
         s_grid = geometric_grid(128, 8, 1.0625, max(8, max_seqlen))
         t_grid = (
@@ -204,57 +205,20 @@ class AnalyticCostModel:
             else np.array([0.0])
         )
         b, s, t = np.meshgrid(b_grid, s_grid, t_grid, indexing="ij")
-        kinds = m.layer_kinds()
-        counts = split_layers(len(kinds), c)
-        shape = (c, *b.shape)
-        fwd, bwd, act, tra = (np.zeros(shape) for _ in range(4))
-        static, attn_coef, boundary = np.zeros(c), np.zeros(c), []
-        start = 0
-        cache = {}
-        for j, n in enumerate(counts):
-            stage_kinds = kinds[start : start + n]
-            start += n
-            for kind in stage_kinds:
-                if kind not in cache:
-                    cache[kind] = self._layer(kind, b, s, t, recompute)
-                parts = cache[kind]
-                fwd[j] += parts[0]
-                bwd[j] += parts[1]
-                act[j] += parts[2]
-                tra[j] = np.maximum(tra[j], parts[3])
-            extras = []
-            if j == 0:
-                extras.append(self._embedding(b, s, t))
-            if j == c - 1:
-                extras.append(self._output_layer(b, s, t))
-            for f_, b_, a_, t_ in extras:
-                fwd[j] += f_
-                bwd[j] += b_
-                act[j] += a_
-                tra[j] = np.maximum(tra[j], t_)
-            static[j] = self.static_bytes(stage_kinds, j == 0, j == c - 1)
-            attn_coef[j] = self._attention_coef(stage_kinds, recompute)
-            if j < c - 1:
-                has_decoder = "decoder" in kinds[:start] and m.is_encoder_decoder
-                boundary.append("both" if has_decoder else "src")
-        bandwidth = np.array([self.cluster.p2p_bandwidth(j) for j in range(c - 1)])
-        return PipelineCosts(
-            b_grid=b_grid,
-            s_grid=s_grid,
-            t_grid=t_grid,
-            forward=fwd,
-            backward=bwd,
-            activation=act,
-            transient=tra,
-            static=static,
-            attention_coef=attn_coef,
-            hidden_size=m.hidden_size,
-            memory_limit=float(self.cluster.memory_limit_bytes),
-            p2p_bandwidth=bandwidth,
-            p2p_latency=self.cluster.gpu.link_latency_s,
-            recompute=recompute,
-            dtype=self.dtype,
-            boundary_seq=tuple(boundary),
+        kinds = {"decoder"} | ({"encoder"} if m.is_encoder_decoder else set())
+        parts = {k: self._layer(k, b, s, t, recompute) for k in kinds}
+        parts["embedding"] = self._embedding(b, s, t)
+        parts["output"] = self._output_layer(b, s, t)
+        c = self.cluster.num_stages
+        return assemble_pipeline(
+            m,
+            self.cluster,
+            (b_grid, s_grid, t_grid),
+            parts,
+            lambda kinds, j: self.static_bytes(kinds, j == 0, j == c - 1),
+            lambda layout, _total: np.array([self._attention_coef(k, recompute) for k in layout]),
+            recompute,
+            self.dtype,
         )
 
     def _attention_coef(self, stage_kinds: list[str], recompute: str) -> float:

@@ -30,7 +30,8 @@ import numpy as np
 from ..cluster import ClusterSpec, cluster_to_dict
 from ..errors import PlanningError
 from ..model_spec import ModelSpec
-from .table import PipelineCosts, split_layers
+from .stages import assemble_pipeline
+from .table import PipelineCosts
 
 FORMAT = "dynapipe-cost-table"
 FIELDS = ("forward_s", "backward_s", "activation_bytes", "transient_bytes")
@@ -112,7 +113,7 @@ class ProfiledCostModel:
 
     def pipeline_costs(self, recompute: str = "none", **_grid_hints: int) -> PipelineCosts:
         """Stage tables on the profiled grid (grid hints are for the analytic model)."""
-        m, c = self.model, self.cluster.num_stages
+        m = self.model
         decoder = self._entry("decoder_layer", recompute)
         b_grid = np.array(decoder["microbatch_sizes"], dtype=np.float64)
         s_grid = np.array(decoder["seqlens"], dtype=np.float64)
@@ -133,47 +134,32 @@ class ProfiledCostModel:
             ):
                 raise PlanningError(f"{self.source}: {name} grid differs from decoder_layer's grid")
         nb, ns, nt = len(b_grid), len(s_grid), len(t_grid)
-        tables = {k: self._arrays(e, nb, ns, nt) for k, e in components.items()}
-        kinds = m.layer_kinds()
-        counts = split_layers(len(kinds), c)
-        fwd, bwd, act, tra = (np.zeros((c, nb, ns, nt)) for _ in range(4))
-        static, boundary, pos = np.zeros(c), [], 0
-        for j, n in enumerate(counts):
-            parts = [tables[k] for k in kinds[pos : pos + n]]
-            static[j] = sum(components[k]["static_bytes"] for k in kinds[pos : pos + n])
-            pos += n
-            if j == 0:
-                parts.append(tables["embedding"])
-                static[j] += components["embedding"]["static_bytes"]
-            if j == c - 1:
-                parts.append(tables["lm_head"])
-                static[j] += components["lm_head"]["static_bytes"]
-            for f_, b_, a_, t_ in parts:
-                fwd[j] += f_
-                bwd[j] += b_
-                act[j] += a_
-                tra[j] = np.maximum(tra[j], t_)
-            if j < c - 1:
-                boundary.append(
-                    "both" if m.is_encoder_decoder and "decoder" in kinds[:pos] else "src"
-                )
-        return PipelineCosts(
-            b_grid=b_grid,
-            s_grid=s_grid,
-            t_grid=t_grid,
-            forward=fwd,
-            backward=bwd,
-            activation=act,
-            transient=tra,
-            static=static,
-            attention_coef=_fit_attention(fwd + bwd, s_grid),
-            hidden_size=m.hidden_size,
-            memory_limit=float(self.cluster.memory_limit_bytes),
-            p2p_bandwidth=np.array([self.cluster.p2p_bandwidth(j) for j in range(c - 1)]),
-            p2p_latency=self.cluster.gpu.link_latency_s,
-            recompute=recompute,
-            dtype=self.dtype,
-            boundary_seq=tuple(boundary),
+        names = {
+            "decoder": "decoder",
+            "encoder": "encoder",
+            "embedding": "embedding",
+            "lm_head": "output",
+        }
+        parts = {names[k]: tuple(self._arrays(e, nb, ns, nt)) for k, e in components.items()}
+        last = self.cluster.num_stages - 1
+
+        def stage_static(kinds: list[str], j: int) -> float:
+            extra = [
+                k
+                for k, first_or_last in (("embedding", j == 0), ("lm_head", j == last))
+                if first_or_last
+            ]
+            return float(sum(components[k]["static_bytes"] for k in [*kinds, *extra]))
+
+        return assemble_pipeline(
+            m,
+            self.cluster,
+            (b_grid, s_grid, t_grid),
+            parts,
+            stage_static,
+            lambda _layout, total: _fit_attention(total, s_grid),
+            recompute,
+            self.dtype,
         )
 
 

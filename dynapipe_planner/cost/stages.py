@@ -1,0 +1,81 @@
+"""From per-layer costs to per-stage tables: the assembly both cost models share.
+
+A pipeline stage holds a contiguous run of layers (`split_layers`); the first stage also holds
+the embedding and the last the output layer with the loss. Times and stored activations add up
+over a stage's layers; transient memory does not (layers run one at a time), so it is the max.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..cluster import ClusterSpec
+from ..model_spec import ModelSpec
+from .table import PipelineCosts, split_layers
+
+# (forward s, backward s, stored bytes, transient bytes), each an array over the (b, s, t) grid.
+Parts = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def stage_layout(model: ModelSpec, num_stages: int) -> list[list[str]]:
+    """Layer kinds ('encoder', 'decoder') of each stage, in pipeline order."""
+    kinds = model.layer_kinds()
+    layout, start = [], 0
+    for n in split_layers(len(kinds), num_stages):
+        layout.append(kinds[start : start + n])
+        start += n
+    return layout
+
+
+def assemble_pipeline(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    grids: tuple[np.ndarray, np.ndarray, np.ndarray],
+    parts: dict[str, Parts],
+    stage_static: Callable[[list[str], int], float],
+    attention_coef: Callable[[list[list[str]], np.ndarray], np.ndarray],
+    recompute: str,
+    dtype: str,
+) -> PipelineCosts:
+    """`parts` maps 'encoder', 'decoder', 'embedding' and 'output' to their costs on `grids`;
+    `stage_static(kinds, stage)` gives a stage's static bytes and `attention_coef(layout,
+    forward + backward)` each stage's attention coefficient."""
+    c = cluster.num_stages
+    layout = stage_layout(model, c)
+    shape = (c, *(len(g) for g in grids))
+    fwd, bwd, act, tra = (np.zeros(shape) for _ in range(4))
+    boundary, seen_decoder = [], False
+    for j, kinds in enumerate(layout):
+        stage_parts = [parts[k] for k in kinds]
+        if j == 0:
+            stage_parts.append(parts["embedding"])
+        if j == c - 1:
+            stage_parts.append(parts["output"])
+        for f, b, a, t in stage_parts:
+            fwd[j] += f
+            bwd[j] += b
+            act[j] += a
+            tra[j] = np.maximum(tra[j], t)
+        seen_decoder = seen_decoder or "decoder" in kinds
+        if j < c - 1:
+            boundary.append("both" if model.is_encoder_decoder and seen_decoder else "src")
+    return PipelineCosts(
+        b_grid=grids[0],
+        s_grid=grids[1],
+        t_grid=grids[2],
+        forward=fwd,
+        backward=bwd,
+        activation=act,
+        transient=tra,
+        static=np.array([stage_static(kinds, j) for j, kinds in enumerate(layout)]),
+        attention_coef=attention_coef(layout, fwd + bwd),
+        hidden_size=model.hidden_size,
+        memory_limit=float(cluster.memory_limit_bytes),
+        p2p_bandwidth=np.array([cluster.p2p_bandwidth(j) for j in range(c - 1)]),
+        p2p_latency=cluster.gpu.link_latency_s,
+        recompute=recompute,
+        dtype=dtype,
+        boundary_seq=tuple(boundary),
+    )
