@@ -131,10 +131,11 @@ class IterationPlanner:
         if len(ids) != len(lengths):
             raise PlanningError(f"{len(ids)} sample ids for {len(lengths)} lengths")
         lengths = validate_lengths(lengths, ids)
+        order = order_samples(lengths, self.config.order)  # shared by every candidate below
         best, failures = None, []
         for mode in self._recompute_modes():
             try:
-                cand = self._best_candidate(lengths, ids, self.costs(mode, lengths))
+                cand = self._best_candidate(lengths, ids, order, self.costs(mode, lengths))
             except PlanningError as e:
                 failures.append(f"recompute={mode}: {e}")
                 continue
@@ -157,10 +158,10 @@ class IterationPlanner:
 
     # ---- candidates ------------------------------------------------------------------
     def _best_candidate(
-        self, lengths: np.ndarray, ids: np.ndarray, costs: PipelineCosts
+        self, lengths: np.ndarray, ids: np.ndarray, order: np.ndarray, costs: PipelineCosts
     ) -> Candidate:
         best, errors = None, []
-        for label, make_groups in self._candidate_groups(lengths, ids, costs):
+        for label, make_groups in self._candidate_groups(lengths, ids, order, costs):
             try:
                 groups, passes = make_groups()
                 cand = self._schedule(groups, costs)
@@ -174,11 +175,13 @@ class IterationPlanner:
             raise PlanningError("; ".join(errors) or "no candidate micro-batching")
         return best
 
-    def _candidate_groups(self, lengths: np.ndarray, ids: np.ndarray, costs: PipelineCosts):
+    def _candidate_groups(
+        self, lengths: np.ndarray, ids: np.ndarray, order: np.ndarray, costs: PipelineCosts
+    ):
         """(label, thunk) pairs; each thunk returns (groups, DP passes) or raises."""
         cfg = self.config
         if cfg.batching == "dynamic":
-            yield "dp", partial(self._dynamic_groups, lengths, ids, costs)
+            yield "dp", partial(self._dynamic_groups, lengths, ids, order, costs)
         elif cfg.batching == "padding":
             for size in [cfg.micro_batch_size] if cfg.micro_batch_size else _pow2_range(1, 256):
                 yield f"padding(mbs={size})", partial(_no_passes, padding_groups, lengths, size)
@@ -190,7 +193,6 @@ class IterationPlanner:
                     partial(_no_passes, packing_groups, lengths, max_len, size),
                 )
         else:
-            order = order_samples(lengths, cfg.order)
             longest = int(lengths.sum(axis=1).max() if lengths.ndim == 2 else lengths.max())
             budgets = [cfg.token_budget] if cfg.token_budget else _budget_grid(longest)
             for budget in budgets:
@@ -200,7 +202,7 @@ class IterationPlanner:
                 )
 
     def _dynamic_groups(
-        self, lengths: np.ndarray, ids: np.ndarray, costs: PipelineCosts
+        self, lengths: np.ndarray, ids: np.ndarray, order: np.ndarray, costs: PipelineCosts
     ) -> tuple[list[Group], int]:
         """DP micro-batches under the schedule's memory rule (§4 "Limit memory consumption").
 
@@ -219,7 +221,7 @@ class IterationPlanner:
                     costs,
                     inflight=inflight,
                     num_replicas=cfg.num_replicas,
-                    order=cfg.order,
+                    order=order,
                     bucket_rel=cfg.bucket_rel,
                     time_budget_s=cfg.dp_time_budget_s,
                     sample_ids=ids,

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from dynapipe_planner.cluster import ClusterSpec, GiB, get_gpu
 from dynapipe_planner.cost import AnalyticCostModel
 from dynapipe_planner.errors import PlanningError
+from dynapipe_planner.microbatch.ordering import order_samples
 from dynapipe_planner.model_spec import MODEL_PRESETS, ModelSpec
 from dynapipe_planner.plan import ExecutionPlan
 from dynapipe_planner.planner import IterationPlanner, PlannerConfig
@@ -146,3 +147,17 @@ def test_more_replicas_than_microbatches_is_explained():
     planner = make_planner(MODEL_PRESETS["gpt-125m"], 2, 3, 20)
     with pytest.raises(PlanningError, match="cannot feed 3 replicas"):
         planner.plan(np.array([100]))
+
+
+def test_tsp_order_is_a_permutation_and_plans_cleanly():
+    rng = np.random.default_rng(5)
+    lengths = np.stack([rng.integers(1, 512, 60), rng.integers(1, 128, 60)], axis=1)
+    perm = order_samples(lengths, "tsp")
+    assert sorted(perm.tolist()) == list(range(60))
+    # Equal (input, target) points stay adjacent: the path visits distinct points.
+    points = [tuple(p) for p in lengths[perm]]
+    assert len({p for i, p in enumerate(points) if i == 0 or points[i - 1] != p}) == len(
+        set(points)
+    )
+    planner = make_planner(T5_TINY, 2, 1, 8, order="tsp")
+    check_plan(planner, planner.plan(lengths), lengths)

@@ -68,7 +68,7 @@ def dynamic_microbatches(
     *,
     inflight: np.ndarray,
     num_replicas: int = 1,
-    order: str = "sort",
+    order: str | np.ndarray = "sort",
     bucket_rel: float = 1e-3,
     bucket_abs: float = 0.0,
     time_budget_s: float = 2.0,
@@ -77,13 +77,14 @@ def dynamic_microbatches(
 ) -> MicroBatching:
     """Split one global batch into micro-batches minimising (C-1) max t + sum t / |D|.
 
+    `order` is a method of `order_samples` or a permutation already computed with one.
     `sample_ids` (dataset ids of the samples) only serve error messages.
     `bucket_rel` spaces the t_max thresholds so the objective is within that fraction of the
     optimum over contiguous partitions (0 with bucket_abs 0: exact); `time_budget_s` stops the
     enumeration early and keeps the best partition found.
     """
     lengths = validate_lengths(lengths, sample_ids)
-    perm = order_samples(lengths, order)
+    perm = order if isinstance(order, np.ndarray) else order_samples(lengths, order)
     ordered = lengths[perm]
     src = np.ascontiguousarray(ordered if ordered.ndim == 1 else ordered[:, 0])
     tgt = np.ascontiguousarray(ordered[:, 1] if ordered.ndim == 2 else np.zeros(0, np.int64))

@@ -18,7 +18,7 @@ ORDER_METHODS = ("sort", "tsp")
 
 
 def order_samples(
-    lengths: np.ndarray, method: str = "sort", time_limit_s: float = 1.0
+    lengths: np.ndarray, method: str = "sort", time_limit_s: float = 0.2
 ) -> np.ndarray:
     """Permutation of sample indices in the order the DP partitions them."""
     if method not in ORDER_METHODS:
