@@ -264,11 +264,14 @@ py::dict microbatch_dp(py::array_t<int64_t, py::array::c_style | py::array::forc
         threshold = std::max(threshold, bands[j].cost[0]);
     }
     if (infeasible < 0) {
-      if (num_stages == 1) threshold = kInf;  // no bubble term: the loosest threshold is optimal
       const double bound = lower_bound_total(p) / replicas;
+      // (c-1) * (slowest single sample) + bound is at most the optimum, so spacing thresholds
+      // by bucket_rel of it keeps the answer within bucket_rel of the optimum.
+      const double width =
+          std::max(bucket_abs, bucket_rel * (bubble * threshold + bound) / std::max(1.0, bubble));
+      if (num_stages == 1) threshold = kInf;  // no bubble term: the loosest threshold is optimal
       std::vector<double> f(n + 1);
       std::vector<int64_t> take(n + 1);
-      double width = bucket_abs;
       while (true) {
         Pass pass = run_pass(p, &bands, threshold, &f, &take);
         passes += 1;
@@ -277,7 +280,6 @@ py::dict microbatch_dp(py::array_t<int64_t, py::array::c_style | py::array::forc
           objective = obj;
           best = std::move(pass);
         }
-        if (passes == 1) width = std::max(width, bucket_rel * objective / std::max(1.0, bubble));
         if (std::isinf(pass.next) || bubble * pass.next + bound >= objective) break;
         const double elapsed =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

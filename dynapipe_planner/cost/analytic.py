@@ -82,6 +82,7 @@ class AnalyticCostModel:
     def _gemm_time(self, flops, tokens):
         e, gpu = self.efficiency, self.cluster.gpu
         width = self.model.hidden_size / self.cluster.tp
+        tokens = np.maximum(tokens, 1.0)  # no tokens, no FLOPs: 0 s rather than 0/0
         rate = gpu.peak_flops * e.gemm * tokens / (tokens + e.tokens_half)
         return flops / (rate * width / (width + e.width_half))
 
@@ -90,7 +91,8 @@ class AnalyticCostModel:
         e, gpu, tp = self.efficiency, self.cluster.gpu, self.cluster.tp
         a, heads = self.model.attention_width, self.model.num_heads
         flops = 4.0 * b * sq * sk * a / tp
-        compute = flops / (gpu.peak_flops * e.gemm * sq / (sq + e.seq_half))
+        sq_eff = np.maximum(sq, 1.0)  # an empty query (T5 target length 0) costs 0 s, not 0/0
+        compute = flops / (gpu.peak_flops * e.gemm * sq_eff / (sq_eff + e.seq_half))
         if self.flash_attention:
             return compute
         score_bytes = 3 * 2.0 * b * heads / tp * sq * sk * 2  # write, softmax r/w, dropout
@@ -134,9 +136,9 @@ class AnalyticCostModel:
         act_rest = sq * b * dense
         if cross:
             src_tokens = b * s
-            gemm += self._gemm_time(
-                2.0 * (2 * tokens * h * a + 2 * src_tokens * h * a) / tp, tokens
-            )
+            # Q/output projections run over the target tokens, K/V over the encoder output.
+            gemm += self._gemm_time(2.0 * 2 * tokens * h * a / tp, tokens)
+            gemm += self._gemm_time(2.0 * 2 * src_tokens * h * a / tp, src_tokens)
             attn += self._attention_time(b, sq, s)
             elem += self._elementwise_time(tokens) * 0.5
             comm += self._allreduce_time(tokens, 1)

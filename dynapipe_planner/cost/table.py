@@ -133,6 +133,8 @@ class PipelineCosts:
             arr = np.ascontiguousarray(getattr(self, name), dtype=np.float64)
             if arr.shape != shape:
                 raise PlanningError(f"cost table {name}: shape {arr.shape}, expected {shape}")
+            if np.isnan(arr).any():  # NaN would poison the DP's max-accumulated tables silently
+                raise PlanningError(f"cost table {name} contains NaN (use inf for infeasible)")
             setattr(self, name, arr)
         for name in ("b_grid", "s_grid", "t_grid"):
             grid = np.ascontiguousarray(getattr(self, name), dtype=np.float64)

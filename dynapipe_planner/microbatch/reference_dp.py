@@ -127,18 +127,17 @@ def microbatch_dp_reference(
             return DPResult([], math.inf, 0.0, math.inf, 0, infeasible_position=j)
     bubble, replicas = float(num_stages - 1), float(num_replicas)
     threshold = max(band[0] for band in bands)
+    bound = _lower_bound_total(p) / replicas
+    width = max(bucket_abs, bucket_rel * (bubble * threshold + bound) / max(1.0, bubble))
     if num_stages == 1:
         threshold = math.inf
-    bound = _lower_bound_total(p) / replicas
-    objective, best, passes, width, exhausted = math.inf, None, 0, bucket_abs, False
+    objective, best, passes, exhausted = math.inf, None, 0, False
     while True:
         total, max_cost, nxt, ends = _pass(bands, threshold)
         passes += 1
         obj = bubble * max_cost + total / replicas
         if obj < objective:
             objective, best = obj, (ends, max_cost, total)
-        if passes == 1:
-            width = max(width, bucket_rel * objective / max(1.0, bubble))
         if math.isinf(nxt) or bubble * nxt + bound >= objective:
             break
         if time_budget_s > 0 and time.perf_counter() - start > time_budget_s:
