@@ -190,7 +190,7 @@ def test_stage_static_memory_counts_embedding_and_output_layer():
 
 
 def test_tp_that_does_not_divide_heads_is_rejected():
-    with pytest.raises(PlanningError, match=r"TP=3 does not divide 16 heads"):
+    with pytest.raises(PlanningError, match=r"TP=3 does not divide the 16 heads of gpt-1.3b"):
         analytic("gpt-1.3b", tp=3)
     with pytest.raises(PlanningError, match="recompute must be one of"):
         analytic("gpt-1.3b", "partial")

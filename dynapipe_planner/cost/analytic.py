@@ -201,8 +201,8 @@ class AnalyticCostModel:
         m = self.model
         b_grid = geometric_grid(16, 1, 1.125, max(1, max_samples))
         s_grid = geometric_grid(128, 8, 1.0625, max(8, max_seqlen))
-        t_grid = (
-            geometric_grid(64, 8, 1.0625, max(8, max_tgt_seqlen))
+        t_grid = (  # T5: a column at target length 0 so short targets interpolate, not clamp
+            np.concatenate([[0.0], geometric_grid(64, 8, 1.0625, max(8, max_tgt_seqlen))])
             if m.is_encoder_decoder
             else np.array([0.0])
         )
