@@ -1,0 +1,159 @@
+"""Lets unmodified megatron-core models, DDP and optimisers run on CPU with gloo.
+
+megatron-core hard-codes CUDA in a few dozen places (device queries, `device="cuda"` literals,
+stream synchronisation, the tensor-parallel RNG tracker). `install()` redirects exactly those
+to the CPU when no GPU is present, and does nothing at all when CUDA is available, so the same
+program runs on a laptop, in CI and on a cluster.
+
+Every intercepted call records its first megatron-core frame (`megatron/core/<file>:<function>`).
+`recorded_call_sites()` returns that set; a test compares it with a checked-in list, so a
+megatron-core upgrade that adds a new CUDA call site is noticed instead of silently patched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_CPU = torch.device("cpu")
+_call_sites: set[str] = set()
+_installed = False
+_mode: TorchFunctionMode | None = None
+
+
+def recorded_call_sites() -> set[str]:
+    """The megatron-core call sites (`megatron/core/<file>:<function>`) redirected so far."""
+    return set(_call_sites)
+
+
+def _record() -> None:
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename.replace("\\", "/")
+        if "/megatron/core/" in path:
+            rel = "megatron/core/" + path.rsplit("/megatron/core/", 1)[1]
+            _call_sites.add(f"{rel}:{frame.f_code.co_name}")
+            return
+        frame = frame.f_back
+
+
+def _is_cuda(device: Any) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    # A bare int names a CUDA ordinal in `device=` arguments.
+    return isinstance(device, int) and not isinstance(device, bool)
+
+
+class _CudaToCpu(TorchFunctionMode):
+    """Rewrites CUDA devices to the CPU in every torch call.
+
+    Attribute patches cannot reach literals such as `torch.zeros(1, device="cuda")` in the
+    schedules and optimiser, or `tensor.cuda()`; a function mode sees every call's arguments.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            _record()
+            return args[0]
+        if _is_cuda(kwargs.get("device")):
+            _record()
+            kwargs["device"] = _CPU
+        if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):
+            _record()
+            args = (args[0], _CPU, *args[2:])
+        return func(*args, **kwargs)
+
+
+class _NullStream:
+    """Stands in for a CUDA stream or event: CPU ops are already ordered, so waits do nothing."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        _record()
+
+    def wait_event(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait_stream(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def record_event(self, *args: Any, **kwargs: Any) -> _NullStream:
+        return _NullStream()
+
+    def record(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+def _recording(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _record()
+        return fn(*args, **kwargs)
+
+    wrapper.__name__ = getattr(fn, "__name__", "redirect")
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
+def _get_cpu_rng_state(*args: Any, **kwargs: Any) -> torch.Tensor:
+    state = torch.default_generator.get_state()
+    return state.clone() if kwargs.get("clone") else state
+
+
+def _set_cpu_rng_state(new_state: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+    torch.default_generator.set_state(new_state)
+
+
+def install() -> bool:
+    """Redirect megatron-core's CUDA call sites to the CPU. Idempotent.
+
+    Returns True when the redirects are active, False when CUDA is available (nothing patched).
+    """
+    global _installed, _mode
+    if torch.cuda.is_available():
+        return False
+    if _installed:
+        return True
+    cuda = torch.cuda
+    # Device queries: tensors are placed with `device=torch.cuda.current_device()`.
+    cuda.current_device = _recording(lambda: _CPU)
+    # Streams and events order GPU kernels; CPU work is synchronous, so they become no-ops.
+    cuda.synchronize = _recording(lambda *a, **k: None)
+    cuda.current_stream = cuda.default_stream = lambda *a, **k: _NullStream()
+    cuda.Stream = cuda.Event = _NullStream
+    cuda.stream = _recording(lambda *a, **k: contextlib.nullcontext())
+    # RNG: the "CUDA" generator becomes the CPU default generator. `torch.manual_seed` must not
+    # be used for `cuda.manual_seed`: it calls `cuda.manual_seed_all`, which would recurse.
+    cuda.get_rng_state = _recording(_get_cpu_rng_state)
+    cuda.set_rng_state = _recording(_set_cpu_rng_state)
+    cuda.manual_seed = _recording(lambda seed: torch.default_generator.manual_seed(seed))
+    cuda.manual_seed_all = _recording(lambda seed: None)
+    _patch_tensor_parallel_rng()
+    _mode = _CudaToCpu()
+    _mode.__enter__()
+    _installed = True
+    return True
+
+
+def _patch_tensor_parallel_rng() -> None:
+    """The TP RNG tracker reads CUDA generator state through two module-level helpers."""
+    from megatron.core.tensor_parallel import random as tp_random
+
+    tp_random._get_cuda_rng_state = _recording(_get_cpu_rng_state)
+    tp_random._set_cuda_rng_state = _recording(_set_cpu_rng_state)
+    # With one generator for "CPU" and "CUDA", every tracker fork changes the CPU state and
+    # the tracker would warn each time.
+    logging.getLogger(tp_random.__name__).setLevel(logging.ERROR)

@@ -1,0 +1,97 @@
+"""Fork-after-import gloo launcher for multi-rank tests.
+
+Importing torch and megatron-core costs seconds per process on small machines, so the test
+process imports them once and forks the ranks. Each rank runs single-threaded, joins a gloo
+group on a fresh local port and sends back its result (or its traceback). A rank that fails,
+dies or hangs fails the test with its rank id.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from multiprocessing.connection import wait
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(fn: Callable[..., Any], rank: int, world: int, port: int, conn, args) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=60),
+        )
+        result = fn(rank, world, *args)
+        conn.send((True, result))
+    except BaseException:
+        conn.send((False, traceback.format_exc()))
+    finally:
+        conn.close()
+        # Skip the parent's atexit handlers (pytest's among them) and gloo teardown barriers.
+        os._exit(0)
+
+
+def run_ranks(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 90.0
+) -> list[Any]:
+    """Run `fn(rank, world_size, *args)` on `world_size` forked gloo ranks; return the results.
+
+    `fn` and `args` reach the ranks through fork (no pickling); results must be picklable.
+    """
+    ctx = mp.get_context("fork")
+    port = free_port()
+    procs, conns = [], {}
+    for rank in range(world_size):
+        recv, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_rank_main, args=(fn, rank, world_size, port, send, args))
+        proc.start()
+        send.close()
+        procs.append(proc)
+        conns[recv] = rank
+    results: dict[int, Any] = {}
+    failures: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while conns and not failures:
+            ready = wait(list(conns), timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                failures.append(f"ranks {sorted(conns.values())} hung for more than {timeout_s} s")
+                break
+            for conn in ready:
+                rank = conns.pop(conn)
+                try:
+                    ok, payload = conn.recv()
+                except EOFError:
+                    procs[rank].join(timeout=1)
+                    ok, payload = False, f"died (exit code {procs[rank].exitcode})"
+                if ok:
+                    results[rank] = payload
+                else:
+                    failures.append(f"rank {rank} failed:\n{payload}")
+    finally:
+        for proc in procs:
+            proc.join(timeout=5 if not failures else 0.5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    if failures:
+        raise AssertionError("\n".join(failures))
+    return [results[r] for r in range(world_size)]
