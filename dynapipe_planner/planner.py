@@ -230,7 +230,8 @@ class IterationPlanner:
                 if k + 1 == len(rules):
                     raise
                 continue
-            return groups_from_indices(lengths, mb.microbatches), mb.passes
+            index_lists = split_for_replicas(list(mb.microbatches), cfg.num_replicas)
+            return groups_from_indices(lengths, index_lists), mb.passes
         raise AssertionError("unreachable")
 
     def _schedule(self, groups: list[Group], costs: PipelineCosts) -> Candidate:
@@ -345,3 +346,18 @@ def _budget_grid(longest: int) -> list[int]:
     """Token budgets from the longest sample up to 32x it, in half-octave steps."""
     base = _pow2(longest)
     return sorted({longest, *(int(base * 2 ** (k / 2)) for k in range(0, 11))})
+
+
+def split_for_replicas(index_lists: list[np.ndarray], num_replicas: int) -> list[np.ndarray]:
+    """At least one micro-batch per replica: when a small batch fits in fewer micro-batches than
+    there are replicas, halve the largest until every replica gets one. Halves of a feasible
+    micro-batch are feasible (fewer samples, no longer rows)."""
+    lists = list(index_lists)
+    while len(lists) < num_replicas:
+        k = max(range(len(lists)), key=lambda i: len(lists[i]))
+        if len(lists[k]) < 2:
+            total = sum(len(x) for x in lists)
+            raise PlanningError(f"{total} samples cannot feed {num_replicas} replicas")
+        half = len(lists[k]) // 2
+        lists[k : k + 1] = [lists[k][:half], lists[k][half:]]
+    return lists

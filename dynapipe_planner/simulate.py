@@ -116,17 +116,32 @@ def simulate(
     broken invariant of the plan contract: `PlanCheckError` (order rules, unwaited Starts, and
     with `check_memory` a rank above `costs.memory_limit`), `CommMismatchError` (two sides of a
     channel disagree), `DeadlockError` (ranks left waiting for posts that never come)."""
-    validate_structure(plan)
     if costs.num_stages != plan.num_stages:
         raise PlanningError(
             f"plan has {plan.num_stages} stages but the cost tables have {costs.num_stages}"
         )
+    _check_programs(plan)
+    return _Executor(plan, costs, check_memory).run()
+
+
+def verify_plan(plan: ExecutionPlan) -> None:
+    """Check the plan contract with no cost model: what a runtime runs before executing a plan.
+
+    Order rules, Start/Wait pairing, matching transfers on every channel and freedom from
+    deadlock do not depend on timing (channels are first-in-first-out and Waits block), so
+    the same event-driven execution with zero-length operations decides them. Raises the same
+    errors as `simulate`."""
+    _check_programs(plan)
+    _Executor(plan, None, check_memory=False).run()
+
+
+def _check_programs(plan: ExecutionPlan) -> None:
+    validate_structure(plan)
     mbs_of_replica: dict[int, set[int]] = {}
     for m in plan.microbatches:
         mbs_of_replica.setdefault(m.replica, set()).add(m.id)
     for rp in plan.ranks:
         _check_program(rp, plan.num_stages, mbs_of_replica.get(rp.replica, set()))
-    return _Executor(plan, costs, check_memory).run()
 
 
 # ---- static checks ----------------------------------------------------------------------------
@@ -240,14 +255,18 @@ class _RankState:
 
 
 class _Executor:
-    def __init__(self, plan: ExecutionPlan, costs: PipelineCosts, check_memory: bool) -> None:
+    def __init__(
+        self, plan: ExecutionPlan, costs: PipelineCosts | None, check_memory: bool
+    ) -> None:
+        """`costs=None` runs every operation in zero time (plan checks only)."""
         self.costs = costs
-        self.check_memory = check_memory
+        self.check_memory = check_memory and costs is not None
+        self.num_stages = plan.num_stages
         self.shapes = {m.id: (m.num_rows, m.seqlen, m.tgt_seqlen) for m in plan.microbatches}
         self.mb_costs: dict[int, tuple[list[float], ...]] = {}
         self.ranks: dict[Rank, _RankState] = {}
         for rp in sorted(plan.ranks, key=lambda r: (r.replica, r.stage)):
-            static = float(costs.static[rp.stage])
+            static = float(costs.static[rp.stage]) if costs is not None else 0.0
             self.ranks[(rp.replica, rp.stage)] = _RankState(rp, static, static)
         self.channels: dict[Rank, _Channel] = {}
         self.compute_events: list[Event] = []
@@ -292,6 +311,8 @@ class _Executor:
     def _costs_of(self, mb: int) -> tuple[list[float], ...]:
         """(forward, backward, activation, transient) per stage, looked up once per micro-batch."""
         cached = self.mb_costs.get(mb)
+        if cached is None and self.costs is None:
+            cached = self.mb_costs[mb] = ([0.0] * self.num_stages,) * 4
         if cached is None:
             b, s, t = self.shapes[mb]
             c = self.costs.stage_costs(b, s, t)
@@ -325,8 +346,7 @@ class _Executor:
     def _use_memory(self, rank: _RankState, transient: float) -> None:
         in_use = rank.static + rank.stored + transient
         rank.peak = max(rank.peak, in_use)
-        limit = self.costs.memory_limit
-        if self.check_memory and in_use > limit:
+        if self.check_memory and in_use > (limit := self.costs.memory_limit):
             raise PlanCheckError(
                 f"{_at(rank.plan, rank.pc)}: needs {in_use:.0f} bytes ({in_use / 2**30:.2f} GiB: "
                 f"static {rank.static:.0f} + stored activations {rank.stored:.0f} + transient "
@@ -359,7 +379,8 @@ class _Executor:
         """Both sides have posted: the transfer runs once the channel's previous one is done."""
         _check_pair(channel, low, high)
         start = max(low.time, high.time, channel.last_end)
-        end = start + self.costs.p2p_time(channel.stage, list(low.ins.shape))
+        duration = self.costs.p2p_time(channel.stage, list(low.ins.shape)) if self.costs else 0.0
+        end = start + duration
         low.end = high.end = channel.last_end = end
         channel.matched += 1
         sender, receiver = (low, high) if low.ins.op.startswith("Send") else (high, low)

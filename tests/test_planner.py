@@ -149,6 +149,15 @@ def test_more_replicas_than_microbatches_is_explained():
         planner.plan(np.array([100]))
 
 
+def test_every_replica_gets_a_microbatch_when_one_would_do():
+    # Four short samples fit in one micro-batch; two replicas still each need one.
+    planner = make_planner(MODEL_PRESETS["gpt-125m"], 2, 2, 20)
+    lengths = np.array([30, 40, 50, 60])
+    plan = planner.plan(lengths)
+    check_plan(planner, plan, lengths)
+    assert {m.replica for m in plan.microbatches} == {0, 1}
+
+
 def test_tsp_order_is_a_permutation_and_plans_cleanly():
     rng = np.random.default_rng(5)
     lengths = np.stack([rng.integers(1, 512, 60), rng.integers(1, 128, 60)], axis=1)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from dynapipe_planner.cost.table import PipelineCosts
 from dynapipe_planner.errors import CommMismatchError, DeadlockError, PlanCheckError
 from dynapipe_planner.plan import WAIT_FOR_START, ExecutionPlan, Instruction, MicroBatch, RankPlan
-from dynapipe_planner.simulate import PARTNER, simulate
+from dynapipe_planner.simulate import PARTNER, simulate, verify_plan
 from dynapipe_planner.trace import write_chrome_trace, write_timeline_png
 
 F, B = "F", "B"
@@ -325,6 +325,15 @@ def test_planned_order_of_the_same_schedule_runs():
     costs = make_costs(2, latency=0.1)
     result = simulate(make_plan([FIG_8B_ORDERS], microbatches(3), costs), costs)
     assert len(result.compute_events) == 12
+
+
+def test_verify_plan_needs_no_cost_model():
+    """The runtime's pre-flight check decides the same contract without any costs."""
+    costs = make_costs(2, latency=0.1)
+    verify_plan(make_plan([FIG_8B_ORDERS], microbatches(3), costs))
+    naive = make_plan([FIG_8B_ORDERS], microbatches(3), costs, naive=True)
+    with pytest.raises((DeadlockError, CommMismatchError), match="SendActStart mb 1"):
+        verify_plan(naive)
 
 
 def test_shape_mismatch_names_both_sides():

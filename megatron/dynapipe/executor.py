@@ -1,0 +1,226 @@
+"""Runs one rank's instruction list of an `ExecutionPlan` on a megatron-core model chunk.
+
+This is DynaPipe's instruction-driven executor (seed `dynapipe.txt` §3): the planner decided
+micro-batches, their order on every stage and where each transfer is posted; the executor does
+exactly that and nothing else, so a plan the simulator proved deadlock-free runs as proven.
+
+`LoadBatch` needs no action: as in megatron-core, `forward_step_func` takes the micro-batch from
+its iterator. `FreeBuffer` drops the activations a micro-batch held for its backward.
+
+It stands where `megatron.core.pipeline_parallel.get_forward_backward_func()` stood: it calls the
+same `forward_step_func(data_iterator, model) -> (output, loss_func)` on every stage, and at the
+end the config's `finalize_model_grads_func` (DP gradient sync, tied-embedding sync) with the
+iteration's real-token count. `loss_func(output)` must use Megatron's per-token form
+`(loss_sum, num_tokens, report)`: the summed losses are back-propagated and the gradients are
+divided once by the real tokens of the whole global batch, so micro-batches of any size weigh
+each token equally (megatron's `calculate_per_token_loss`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+from megatron.core.utils import get_attr_wrapped_model
+
+from dynapipe_planner.plan import ExecutionPlan, Instruction
+from dynapipe_planner.simulate import verify_plan
+
+from .p2p import PLAN_DTYPES, PeerToPeer, Transfer, TransferError
+
+ForwardStepFunc = Callable[[Iterator[Any], torch.nn.Module], tuple[torch.Tensor, Callable]]
+
+
+class PlanRejected(ValueError):
+    """The plan does not fit this job or breaks the plan contract; nothing was run."""
+
+
+def masked_token_loss(
+    loss_mask: torch.Tensor, per_token_loss: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Megatron's per-token loss form: (sum of real-token losses, real tokens, report)."""
+    mask = loss_mask.to(per_token_loss.dtype)
+    loss_sum = (per_token_loss.float() * mask).sum()
+    num_tokens = mask.sum().to(torch.int64)
+    report = torch.stack([loss_sum.detach().clone(), num_tokens.to(torch.float32)])
+    return loss_sum, num_tokens, {"lm loss": report}
+
+
+def gpt_forward_step(
+    data_iterator: Iterator[Any], model: torch.nn.Module
+) -> tuple[torch.Tensor, Callable]:
+    """Forward of one micro-batch of `megatron.dynapipe.data` tensors through a GPTModel stage.
+
+    Stages other than the first ignore the tokens (their input is the received activation) and
+    stages other than the last ignore the labels, as in megatron-core.
+    """
+    batch = next(data_iterator)
+    device = next(model.parameters()).device
+    output = model(
+        batch.tokens.to(device),
+        batch.position_ids.to(device),
+        batch.attention_mask.to(device),
+        labels=batch.labels.to(device),
+    )
+    return output, partial(masked_token_loss, batch.loss_mask.to(device))
+
+
+@dataclass
+class _MicroBatchState:
+    """Tensors one micro-batch holds on this rank between its instructions."""
+
+    input: torch.Tensor | None = None  # received activation (requires grad)
+    output: torch.Tensor | None = None  # stage output, or the loss sum on the last stage
+    output_grad: torch.Tensor | None = None
+    input_grad: torch.Tensor | None = None  # produced by the backward, lives until it is sent
+    transfers: dict[str, Transfer] = field(default_factory=dict)
+
+
+@dataclass
+class IterationResult:
+    """What one rank measured in one iteration: on the last stage, one report per micro-batch."""
+
+    reports: list[dict[str, torch.Tensor]]
+    num_tokens: int  # real tokens whose loss this rank computed (last stage only)
+    loss_sum: float
+
+
+class PlanExecutor:
+    """Executes plans on one rank: stage `stage` of replica `replica` of a `num_replicas` x
+    `num_stages` job, over `p2p` to the neighbouring stages."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: Any,
+        *,
+        stage: int,
+        num_stages: int,
+        replica: int,
+        num_replicas: int,
+        p2p: PeerToPeer,
+        forward_step_func: ForwardStepFunc = gpt_forward_step,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.stage, self.num_stages = stage, num_stages
+        self.replica, self.num_replicas = replica, num_replicas
+        self.p2p = p2p
+        self.forward_step_func = forward_step_func
+        self._set_input_tensor = get_attr_wrapped_model(model, "set_input_tensor")
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage == self.num_stages - 1
+
+    def check(self, plan: ExecutionPlan) -> None:
+        """Reject a plan for another job shape or one that breaks the plan contract, before any
+        instruction runs (a wrong order would otherwise deadlock or corrupt gradients)."""
+        if (plan.num_stages, plan.num_replicas) != (self.num_stages, self.num_replicas):
+            raise PlanRejected(
+                f"plan is for {plan.num_replicas} replicas x {plan.num_stages} stages, the job "
+                f"runs {self.num_replicas} x {self.num_stages}"
+            )
+        try:
+            verify_plan(plan)
+        except ValueError as err:
+            raise PlanRejected(f"plan rejected before running: {err}") from err
+        wanted = self.config.pipeline_dtype
+        for ins in plan.rank_plan(self.replica, self.stage).instructions:
+            if ins.dtype and PLAN_DTYPES[ins.dtype] != wanted:
+                raise PlanRejected(
+                    f"plan transfers {ins.dtype} ({ins.op} mb {ins.mb}) but the model's "
+                    f"pipeline dtype is {wanted}"
+                )
+
+    def run(
+        self, plan: ExecutionPlan, batches: Mapping[int, Any], *, iteration: int = 0
+    ) -> IterationResult:
+        """Run this rank's instructions of `plan`, then finalise gradients.
+
+        `batches` maps this replica's micro-batch ids to what `forward_step_func` consumes.
+        Gradients accumulate in the model (zero them before); the optimiser step is the
+        caller's, as with megatron-core's schedules.
+        """
+        self.check(plan)
+        states: dict[int, _MicroBatchState] = {}
+        reports: list[dict[str, torch.Tensor]] = []
+        tokens = torch.zeros((), dtype=torch.int64)
+        loss_sum = 0.0
+        rank_plan = plan.rank_plan(self.replica, self.stage)
+        for index, ins in enumerate(rank_plan.instructions):
+            state = states.setdefault(ins.mb, _MicroBatchState())
+            where = (
+                f"iteration {iteration}, replica {self.replica} stage {self.stage}, "
+                f"instruction {index} ({ins.op} mb {ins.mb})"
+            )
+            try:
+                if ins.op == "ForwardPass":
+                    result = self._forward(ins, state, batches)
+                    if result is not None:
+                        reports.append(result[1])
+                        tokens += result[0]
+                        loss_sum += float(state.output.detach())
+                elif ins.op == "BackwardPass":
+                    self._backward(state)
+                elif ins.op == "FreeBuffer":
+                    state.input = state.output = state.output_grad = None
+                elif ins.op.endswith("Start"):
+                    state.transfers[ins.op] = self._start(ins, state, where)
+                elif ins.op.startswith("Wait"):
+                    self._wait(ins, state)
+            except TransferError as err:
+                raise TransferError(f"{where}: {err}") from err
+        local_tokens = int(tokens)
+        finalize = getattr(self.config, "finalize_model_grads_func", None)
+        if finalize is not None:  # broadcasts `tokens` over the pipeline, sums it over replicas
+            finalize([self.model], num_tokens=tokens)
+        return IterationResult(reports, local_tokens, loss_sum)
+
+    # ---- instructions ----------------------------------------------------------------------
+
+    def _forward(
+        self, ins: Instruction, state: _MicroBatchState, batches: Mapping[int, Any]
+    ) -> tuple[torch.Tensor, dict] | None:
+        if not self.is_first:
+            self._set_input_tensor(state.input)
+        output, loss_func = self.forward_step_func(iter([batches[ins.mb]]), self.model)
+        if not self.is_last:
+            state.output = output
+            return None
+        result = loss_func(output)
+        if len(result) != 3:
+            raise ValueError(
+                "loss_func must return Megatron's per-token form (loss_sum, num_tokens, report)"
+            )
+        state.output, num_tokens, report = result
+        return num_tokens.detach().cpu(), report
+
+    def _backward(self, state: _MicroBatchState) -> None:
+        grad = None if self.is_last else state.output_grad
+        torch.autograd.backward(state.output, grad_tensors=grad)
+        if not self.is_first:
+            state.input_grad = state.input.grad
+
+    def _start(self, ins: Instruction, state: _MicroBatchState, where: str) -> Transfer:
+        if ins.op == "SendActStart":
+            return self.p2p.start_send(state.output, ins.peer, ins.shape, ins.dtype, where)
+        if ins.op == "SendGradStart":
+            grad, state.input_grad = state.input_grad, None
+            return self.p2p.start_send(grad, ins.peer, ins.shape, ins.dtype, where)
+        return self.p2p.start_recv(ins.peer, ins.shape, ins.dtype, where)
+
+    def _wait(self, ins: Instruction, state: _MicroBatchState) -> None:
+        start = ins.op.replace("Wait", "", 1) + "Start"
+        tensor = self.p2p.wait(state.transfers.pop(start))
+        if ins.op == "WaitRecvAct":
+            state.input = tensor.requires_grad_()
+        elif ins.op == "WaitRecvGrad":
+            state.output_grad = tensor

@@ -1,0 +1,90 @@
+"""Point-to-point transfers exactly as a plan posts them: non-blocking start, blocking wait.
+
+DynaPipe's executor (seed `dynapipe.txt` §3, §6) posts each transfer at the position the
+communication plan chose and carries its shape in the instruction, so nothing is exchanged at
+run time (megatron-core's `variable_seq_lengths` path sends a shape tensor before every
+transfer instead). Plans describe boundary tensors as [micro-batch, sequence, hidden]; megatron-core
+keeps activations as [sequence, micro-batch, hidden], so buffers take that layout.
+
+Each Start maps to one `isend`/`irecv`. Both torch backends match point-to-point operations
+between two ranks first-in-first-out, and the plan posts them in the same order on both sides,
+which is what makes it deadlock-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+PLAN_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class TransferError(RuntimeError):
+    """A transfer's tensor disagrees with its instruction, or its peer never completed it."""
+
+
+def megatron_shape(plan_shape: Sequence[int]) -> tuple[int, ...]:
+    """[b, s, h] of a plan instruction as megatron-core's [s, b, h]."""
+    if len(plan_shape) != 3:
+        raise TransferError(f"boundary shape {list(plan_shape)} is not [batch, sequence, hidden]")
+    b, s, h = plan_shape
+    return (s, b, h)
+
+
+@dataclass
+class Transfer:
+    """One posted transfer: the tensor sent or being filled, and its pending request."""
+
+    tensor: torch.Tensor
+    request: dist.Work
+    peer_rank: int
+    what: str
+
+
+class PeerToPeer:
+    """Posts a rank's transfers to the ranks of its pipeline neighbours.
+
+    `peer_rank(stage)` names the global rank of a stage in this rank's pipeline (same replica,
+    same tensor-parallel shard); `timeout_s` bounds every Wait, so a dead peer surfaces as an
+    error naming it instead of a hang.
+    """
+
+    def __init__(
+        self, peer_rank: Callable[[int], int], device: torch.device, timeout_s: float = 600.0
+    ) -> None:
+        self.peer_rank = peer_rank
+        self.device = device
+        self.timeout = timedelta(seconds=timeout_s)
+
+    def start_send(
+        self, tensor: torch.Tensor, peer_stage: int, shape: Sequence[int], dtype: str, what: str
+    ) -> Transfer:
+        expected = megatron_shape(shape)
+        if tuple(tensor.shape) != expected or tensor.dtype != PLAN_DTYPES[dtype]:
+            raise TransferError(
+                f"{what}: the plan sends {list(expected)} {dtype} (as [s, b, h]) but the tensor "
+                f"is {list(tensor.shape)} {tensor.dtype}"
+            )
+        tensor = tensor.detach().contiguous()
+        rank = self.peer_rank(peer_stage)
+        return Transfer(tensor, dist.isend(tensor, rank), rank, what)
+
+    def start_recv(self, peer_stage: int, shape: Sequence[int], dtype: str, what: str) -> Transfer:
+        buffer = torch.empty(megatron_shape(shape), dtype=PLAN_DTYPES[dtype], device=self.device)
+        rank = self.peer_rank(peer_stage)
+        return Transfer(buffer, dist.irecv(buffer, rank), rank, what)
+
+    def wait(self, transfer: Transfer) -> torch.Tensor:
+        """Block until the transfer completes; return its tensor."""
+        try:
+            transfer.request.wait(self.timeout)
+        except RuntimeError as err:
+            raise TransferError(
+                f"{transfer.what} with rank {transfer.peer_rank} did not complete within "
+                f"{self.timeout.total_seconds():.0f} s or failed: {err}"
+            ) from err
+        return transfer.tensor
