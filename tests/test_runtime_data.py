@@ -1,0 +1,388 @@
+"""Runtime data (megatron.dynapipe.data, tools/preprocess_data.py): exact micro-batch tensors for
+padded and packed rows, the built-in stdlib corpus, chunking that keeps every label, the jsonl ->
+Megatron .bin/.idx round trip, errors that name the file, and resumable global batches.
+
+Skipped when the `runtime` extra (torch, megatron-core) is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sysconfig
+from itertools import chain, islice
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("megatron.core")
+
+from dynapipe_planner.data import global_batches, load_lengths, sample_lengths  # noqa: E402
+from dynapipe_planner.plan import ExecutionPlan, MicroBatch  # noqa: E402
+from megatron.dynapipe.data import (  # noqa: E402
+    BYTE_EOD,
+    BYTE_PAD,
+    DataError,
+    GlobalBatchSampler,
+    build_dataset,
+    indexed_dataset,
+    jsonl_dataset,
+    microbatch_tensors,
+    rank_microbatches,
+    stdlib_corpus,
+    stdlib_files,
+    synthetic_dataset,
+)
+
+# megatron-core's index reader logs "on rank 0 only" and warns outside torch.distributed.
+pytestmark = pytest.mark.filterwarnings("ignore:Could not determine rank:UserWarning")
+
+PAD, EOD = BYTE_PAD, BYTE_EOD
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "preprocess_data.py"
+
+
+@pytest.fixture(scope="module")
+def preprocess():
+    spec = importlib.util.spec_from_file_location("preprocess_data", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _write_jsonl(path: Path, records: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+@pytest.fixture
+def abc(tmp_path: Path):
+    """Samples 0, 1, 2 with tokens [10 11 12 EOD], [20 21 EOD], [30 .. 34 EOD]."""
+    records = [
+        {"input_ids": [10, 11, 12]},
+        {"input_ids": [20, 21]},
+        {"input_ids": list(range(30, 35))},
+    ]
+    return jsonl_dataset(_write_jsonl(tmp_path / "abc.jsonl", records), max_seqlen=64)
+
+
+def _masked(*rows: str) -> torch.Tensor:
+    """An attention mask from rows of '.' (visible) and 'x' (masked)."""
+    return torch.tensor([[c == "x" for c in row] for row in rows])
+
+
+# ---------------------------------------------------------------- micro-batch tensors
+
+
+def test_padded_microbatch_tensors_exact(abc) -> None:
+    assert abc.lengths().tolist() == [3, 2, 5]
+    t = microbatch_tensors(MicroBatch(id=7, replica=0, samples=[1, 0], seqlen=4), abc)
+    assert t.tokens.tolist() == [[20, 21, PAD, PAD], [10, 11, 12, PAD]]
+    assert t.labels.tolist() == [[21, EOD, PAD, PAD], [11, 12, EOD, PAD]]
+    assert t.loss_mask.dtype == torch.float32
+    assert t.loss_mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 0]]
+    assert t.position_ids.tolist() == [[0, 1, 0, 1], [0, 1, 2, 0]]
+    assert t.attention_mask.shape == (2, 1, 4, 4) and t.attention_mask.dtype == torch.bool
+    assert torch.equal(t.attention_mask[0, 0], _masked(".xxx", "..xx", "xx.x", "xx.."))
+    assert torch.equal(t.attention_mask[1, 0], _masked(".xxx", "..xx", "...x", "xxx."))
+    assert t.num_tokens == 5
+    assert t.tokens.dtype == t.labels.dtype == t.position_ids.dtype == torch.int64
+    moved = t.to("cpu")
+    assert torch.equal(moved.tokens, t.tokens) and moved.num_tokens == 5
+
+
+def test_packed_microbatch_tensors_exact(abc) -> None:
+    mb = MicroBatch(id=3, replica=0, samples=[0, 1, 2], seqlen=6, row_sizes=[2, 1])
+    t = microbatch_tensors(mb, abc)
+    assert t.tokens.tolist() == [[10, 11, 12, 20, 21, PAD], [30, 31, 32, 33, 34, PAD]]
+    assert t.labels.tolist() == [[11, 12, EOD, 21, EOD, PAD], [31, 32, 33, 34, EOD, PAD]]
+    assert t.loss_mask.tolist() == [[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 0]]
+    assert t.position_ids.tolist() == [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 4, 0]]
+    block_diagonal = _masked(
+        ".xxxxx",
+        "..xxxx",
+        "...xxx",
+        "xxx.xx",  # the second sample sees none of the first
+        "xxx..x",
+        "xxxxx.",  # padding sees only itself
+    )
+    assert torch.equal(t.attention_mask[0, 0], block_diagonal)
+    causal_then_padding = _masked(".xxxxx", "..xxxx", "...xxx", "....xx", ".....x", "xxxxx.")
+    assert torch.equal(t.attention_mask[1, 0], causal_then_padding)
+    assert t.num_tokens == 10
+
+
+@pytest.mark.parametrize(
+    ("mb", "message"),
+    [
+        (
+            MicroBatch(id=5, replica=0, samples=[2], seqlen=4),
+            "micro-batch 5: sample 2 has training length 5",
+        ),
+        (
+            MicroBatch(id=6, replica=0, samples=[0, 1], seqlen=4, row_sizes=[2]),
+            "micro-batch 6: packed row 0 (samples [0, 1]) holds 5 tokens",
+        ),
+        (MicroBatch(id=8, replica=0, samples=[9], seqlen=4), "micro-batch 8: sample 9 is not in"),
+        (
+            MicroBatch(id=9, replica=0, samples=[0, 1], seqlen=8, row_sizes=[1]),
+            "micro-batch 9: row_sizes",
+        ),
+    ],
+)
+def test_microbatch_that_does_not_fit_names_microbatch_and_sample(abc, mb, message) -> None:
+    with pytest.raises(DataError, match=re.escape(message)):
+        microbatch_tensors(mb, abc)
+
+
+def test_rank_microbatches_takes_only_its_replica(abc) -> None:
+    mbs = [
+        MicroBatch(id=0, replica=0, samples=[0], seqlen=4),
+        MicroBatch(id=1, replica=1, samples=[1], seqlen=2),
+        MicroBatch(id=2, replica=0, samples=[2, 1], seqlen=5),
+    ]
+    plan = ExecutionPlan(num_stages=1, num_replicas=2, microbatches=mbs, ranks=[])
+    batches = rank_microbatches(plan, 0, abc)
+    assert sorted(batches) == [0, 2]
+    assert batches[2].tokens.shape == (2, 5) and batches[2].num_tokens == 7
+
+
+def _logits(model, dataset, **microbatch) -> torch.Tensor:
+    t = microbatch_tensors(MicroBatch(id=0, replica=0, **microbatch), dataset)
+    with torch.no_grad():
+        return model(t.tokens, t.position_ids, t.attention_mask)[0]
+
+
+def _packed_vs_alone(rank: int, world: int, dataset) -> dict[str, float]:
+    """Largest logit difference between samples 0 and 1 packed in one row and each run alone."""
+    from megatron.core import tensor_parallel
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+
+    from megatron.dynapipe import cpu_compat
+    from megatron.dynapipe import parallel_state as ps
+
+    cpu_compat.install()
+    ps.initialize(1, 1, 1)
+    config = TransformerConfig(
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        use_cpu_initialization=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+    )
+    n0, n1 = (int(n) for n in dataset.lengths()[:2])
+    differences = {}
+    for embedding in ("learned_absolute", "rope"):
+        tensor_parallel.model_parallel_cuda_manual_seed(0)
+        model = GPTModel(
+            config,
+            get_gpt_layer_local_spec(),
+            vocab_size=dataset.vocab_size,
+            max_sequence_length=16,
+            position_embedding_type=embedding,
+        ).eval()
+        packed = _logits(model, dataset, samples=[0, 1], seqlen=9, row_sizes=[2])
+        first = _logits(model, dataset, samples=[0], seqlen=4)
+        second = _logits(model, dataset, samples=[1], seqlen=4)
+        differences[embedding] = max(
+            (packed[:n0] - first[:n0]).abs().max().item(),
+            (packed[n0 : n0 + n1] - second[:n1]).abs().max().item(),
+            float(not torch.isfinite(packed).all()),  # padding rows must not produce NaN
+        )
+    ps.destroy()
+    return differences
+
+
+def test_packed_row_matches_its_samples_alone_in_gptmodel(abc) -> None:
+    """The mask convention as megatron-core's local attention reads it: packing is exact."""
+    from distributed import run_ranks
+
+    (differences,) = run_ranks(_packed_vs_alone, 1, abc)
+    assert differences == pytest.approx({"learned_absolute": 0.0, "rope": 0.0}, abs=1e-5)
+
+
+# ---------------------------------------------------------------- datasets
+
+
+def test_stdlib_corpus_is_deterministic_long_tailed_and_capped() -> None:
+    first = stdlib_corpus(1 << 20, max_documents=200)
+    again = stdlib_corpus(1 << 20, max_documents=200)
+    lengths = first.lengths()
+    assert np.array_equal(lengths, again.lengths())
+    assert all(np.array_equal(first.tokens(i), again.tokens(i)) for i in (0, 57, len(first) - 1))
+    assert lengths.max() > 8 * np.median(lengths)  # real source files: a long tail
+    tokens = first.tokens(int(np.argmax(lengths)))
+    assert tokens[-1] == EOD and tokens[:-1].max() < 256  # bytes, then EOD
+    assert (first.vocab_size, first.eod_id, first.pad_id) == (258, 256, 257)
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skipped = {"site-packages", "test", "tests"}
+    assert not any(skipped & set(path.relative_to(root).parts) for path in stdlib_files())
+    chunked = stdlib_corpus(512, max_bytes=200_000)
+    assert chunked.lengths().max() == 512 and chunked.lengths().min() >= 1
+
+
+@pytest.mark.parametrize("max_seqlen", [1, 3, 4])
+def test_chunking_keeps_every_label_once(tmp_path: Path, max_seqlen: int) -> None:
+    documents = [list(range(n)) for n in range(0, 12)]  # + EOD: 1..12 tokens
+    path = _write_jsonl(tmp_path / "docs.jsonl", [{"input_ids": d} for d in documents])
+    dataset = jsonl_dataset(path, max_seqlen)
+    assert dataset.lengths().min() >= 1 and dataset.lengths().max() <= max_seqlen
+    samples = [dataset.tokens(i) for i in range(len(dataset))]
+    assert [s.size - 1 for s in samples] == dataset.lengths().tolist()
+    labels = np.concatenate([s[1:] for s in samples])
+    expected = np.concatenate([np.array([*d, EOD])[1:] for d in documents])
+    assert np.array_equal(labels, expected)
+
+
+def test_jsonl_lengths_match_the_planners_reader(tmp_path: Path) -> None:
+    texts = ["def f():\n    return 1\n", "héllo wörld", "x" * 300]
+    path = _write_jsonl(tmp_path / "t.jsonl", [{"text": t} for t in texts])
+    assert np.array_equal(jsonl_dataset(path, 4096).lengths(), load_lengths(path))
+
+
+def test_preprocess_round_trip_gives_identical_tokens(tmp_path: Path, preprocess) -> None:
+    records = [{"text": "import os\n" * 7}, {"text": "ünïcode ✓"}, {"text": ""}, {"text": "a" * 40}]
+    path = _write_jsonl(tmp_path / "in.jsonl", records)
+    prefix = tmp_path / "out" / "corpus"
+    assert preprocess.main(["--input", str(path), "--output-prefix", str(prefix)]) == 0
+    assert sorted(p.name for p in prefix.parent.iterdir()) == ["corpus.bin", "corpus.idx"]
+    for max_seqlen in (16, 4096):
+        from_jsonl = jsonl_dataset(path, max_seqlen)
+        from_idx = indexed_dataset(prefix, max_seqlen)
+        assert np.array_equal(from_jsonl.lengths(), from_idx.lengths())
+        for i in range(len(from_jsonl)):
+            assert np.array_equal(from_jsonl.tokens(i), from_idx.tokens(i))
+    assert len(indexed_dataset(f"{prefix}.bin", 16)) == len(jsonl_dataset(path, 16))
+
+
+def test_preprocess_failure_leaves_no_output(tmp_path: Path, preprocess, capsys) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "fine"}\n{"text": broken\n')
+    assert preprocess.main(["--input", str(path), "--output-prefix", str(tmp_path / "o")]) == 1
+    assert f"{path} line 2: invalid JSON" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl"]
+
+
+def test_stdlib_preprocess_loads_like_the_builtin_corpus(tmp_path: Path, preprocess) -> None:
+    prefix = tmp_path / "stdlib"
+    args = ["--input", "stdlib", "--output-prefix", str(prefix), "--max-documents", "40"]
+    assert preprocess.main(args) == 0
+    builtin, stored = stdlib_corpus(256, max_documents=40), build_dataset(str(prefix), 256)
+    assert np.array_equal(builtin.lengths(), stored.lengths())
+    assert np.array_equal(builtin.tokens(len(builtin) - 1), stored.tokens(len(stored) - 1))
+
+
+def test_synthetic_dataset_follows_the_preset() -> None:
+    dataset = build_dataset("synthetic:flan", 1024, seed=3, num_samples=200, vocab_size=1000)
+    assert np.array_equal(dataset.lengths(), sample_lengths("flan", 200, seed=3, max_seqlen=1024))
+    tokens = dataset.tokens(17)
+    assert tokens[-1] == dataset.eod_id == 998 and tokens[:-1].max() < 998
+    assert dataset.pad_id == 999
+    again = synthetic_dataset("flan", 200, 1024, seed=3, vocab_size=1000)
+    assert np.array_equal(again.tokens(17), tokens)
+
+
+# ---------------------------------------------------------------- errors name the file
+
+
+def test_corrupt_index_is_reported_with_its_path(tmp_path: Path, preprocess) -> None:
+    path = _write_jsonl(tmp_path / "in.jsonl", [{"text": "some text"}, {"text": "more"}])
+    prefix = tmp_path / "d"
+    assert preprocess.main(["--input", str(path), "--output-prefix", str(prefix)]) == 0
+    index = Path(f"{prefix}.idx")
+    intact = index.read_bytes()
+    index.write_bytes(intact[: len(intact) - 5])
+    with pytest.raises(DataError, match=rf"{index}: truncated Megatron index"):
+        indexed_dataset(prefix, 16)
+    index.write_bytes(b"NOTMEGA" + intact[7:])
+    with pytest.raises(DataError, match=rf"{index}: not a Megatron index"):
+        indexed_dataset(prefix, 16)
+    index.write_bytes(intact)
+    data = Path(f"{prefix}.bin")
+    data.write_bytes(data.read_bytes()[:-2])
+    with pytest.raises(DataError, match=rf"{data}: corrupt Megatron data file"):
+        indexed_dataset(prefix, 16)
+
+
+def test_out_of_vocabulary_token_is_reported(tmp_path: Path) -> None:
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    prefix = str(tmp_path / "wide")
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.int32)
+    builder.add_document(np.array([1, 2, 5000, EOD]), [4])
+    builder.finalize(f"{prefix}.idx")
+    with pytest.raises(DataError, match=r"sample 0 has token id 5000 outside the vocabulary"):
+        indexed_dataset(prefix, 16).tokens(0)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"text": "ok"}\n\n{"text": "a"\n', r"line 3: invalid JSON"),
+        ('{"text": "ok"}\n{"body": "a"}\n', r"line 2: missing field 'text'"),
+        ('{"input_ids": [1, 2]}\n{"input_ids": [1, 999]}\n', r"line 2: field 'input_ids' must be"),
+        ("[1, 2]\n", r"line 1: expected a JSON object"),
+        ('{"body": "a"}\n', r"line 1: none of the fields text, input_ids"),
+        ("\n", r": no samples"),
+    ],
+)
+def test_bad_jsonl_is_reported_with_path_and_line(
+    tmp_path: Path, content: str, message: str
+) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    with pytest.raises(DataError, match=rf"{path}.*{message}"):
+        jsonl_dataset(path, 16)
+
+
+def test_missing_files_are_named(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=rf"{tmp_path / 'nope.jsonl'}: no such file"):
+        build_dataset(str(tmp_path / "nope.jsonl"), 16)
+    with pytest.raises(DataError, match=rf"{tmp_path / 'nope.idx'}: no such file"):
+        build_dataset(str(tmp_path / "nope"), 16)
+    with pytest.raises(DataError, match="unknown length preset 'zipf'"):
+        build_dataset("synthetic:zipf", 16)
+
+
+# ---------------------------------------------------------------- global batches
+
+
+def _take(sampler: GlobalBatchSampler, count: int) -> list[tuple[int, list[int]]]:
+    return [(iteration, batch.tolist()) for iteration, batch in islice(sampler, count)]
+
+
+def test_global_batch_sampler_is_deterministic_across_epochs() -> None:
+    lengths = sample_lengths("lognormal", 40, seed=1, max_seqlen=512)
+    sampler = GlobalBatchSampler(lengths, tokens_per_batch=2048, seed=5)
+    batches = _take(sampler, 30)
+    assert sampler.epoch >= 2  # crossed epoch boundaries
+    assert [i for i, _ in batches] == list(range(30))
+    assert batches == _take(GlobalBatchSampler(lengths, 2048, seed=5), 30)
+    assert batches != _take(GlobalBatchSampler(lengths, 2048, seed=6), 30)
+    epoch0 = [b.tolist() for b in global_batches(lengths, 2048, seed=5, epoch=0)]
+    assert [b for _, b in batches[: len(epoch0)]] == epoch0
+    assert sorted(chain(*epoch0)) == list(range(lengths.size))
+
+
+def test_global_batch_sampler_resumes_where_it_stopped() -> None:
+    lengths = sample_lengths("lognormal", 40, seed=1, max_seqlen=512)
+    uninterrupted = _take(GlobalBatchSampler(lengths, 2048, seed=5), 25)
+    first = GlobalBatchSampler(lengths, 2048, seed=5)
+    _take(first, 11)
+    state = json.loads(json.dumps(first.state_dict()))  # as a checkpoint would store it
+    resumed = GlobalBatchSampler(lengths, 2048, seed=5)
+    resumed.load_state_dict(state)
+    assert _take(resumed, 14) == uninterrupted[11:]
+    with pytest.raises(DataError, match="seed=5, this run has 6"):
+        GlobalBatchSampler(lengths, 2048, seed=6).load_state_dict(state)
