@@ -187,6 +187,26 @@ class VariableLengthDataset:
         return tokens
 
 
+def in_memory_dataset(
+    name: str,
+    documents: Sequence[np.ndarray],
+    max_seqlen: int,
+    *,
+    vocab_size: int,
+    eod_id: int,
+    pad_id: int,
+) -> VariableLengthDataset:
+    """A dataset over token documents already in memory (each ends with its EOD)."""
+    return VariableLengthDataset(
+        name,
+        _ArrayDocuments(documents, vocab_size),
+        max_seqlen,
+        vocab_size=vocab_size,
+        eod_id=eod_id,
+        pad_id=pad_id,
+    )
+
+
 def _chunk(lengths: np.ndarray, max_seqlen: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(document, start, token count) of every sample: chunks of at most max_seqlen + 1 tokens
     that overlap by one, so chunk j starts at j * max_seqlen and has at least 2 tokens."""
@@ -251,9 +271,8 @@ def stdlib_corpus(
     documents = list(stdlib_documents(max_documents, max_bytes))
     root = sysconfig.get_paths()["stdlib"]
     name = f"stdlib corpus {root} ({len(documents)} files, byte-level)"
-    store = _ArrayDocuments(documents, BYTE_VOCAB_SIZE)
-    return VariableLengthDataset(
-        name, store, max_seqlen, vocab_size=BYTE_VOCAB_SIZE, eod_id=BYTE_EOD, pad_id=BYTE_PAD
+    return in_memory_dataset(
+        name, documents, max_seqlen, vocab_size=BYTE_VOCAB_SIZE, eod_id=BYTE_EOD, pad_id=BYTE_PAD
     )
 
 
@@ -339,10 +358,9 @@ def jsonl_dataset(
 ) -> VariableLengthDataset:
     """One document per `.jsonl` record (see `read_jsonl_documents`), held in memory."""
     documents = list(read_jsonl_documents(path, tokenizer, field))
-    store = _ArrayDocuments(documents, tokenizer.vocab_size)
-    return VariableLengthDataset(
+    return in_memory_dataset(
         f"{path} ({len(documents)} records)",
-        store,
+        documents,
         max_seqlen,
         vocab_size=tokenizer.vocab_size,
         eod_id=tokenizer.eod_id,
@@ -445,9 +463,9 @@ def synthetic_dataset(
     flat = rng.integers(0, vocab_size - 2, size=int(ends[-1]), dtype=np.int64)
     flat[ends - 1] = vocab_size - 2
     documents = np.split(flat, ends[:-1])
-    return VariableLengthDataset(
+    return in_memory_dataset(
         f"synthetic:{preset} ({num_samples} samples, seed {seed}, SYNTHETIC)",
-        _ArrayDocuments(documents, vocab_size),
+        documents,
         max_seqlen,
         vocab_size=vocab_size,
         eod_id=vocab_size - 2,

@@ -1,0 +1,140 @@
+"""Command-line flags: Megatron's names for what Megatron users already set, plus DynaPipe's own.
+
+`add_dynapipe_args(parser)` adds only DynaPipe's group and returns the parser, so it also works as
+Megatron's `extra_args_provider`. `parse_args()` builds the full parser that `pretrain_gpt.py`
+uses: the Megatron flags this runtime honours (same names, same meaning) and DynaPipe's.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from dynapipe_planner.cluster import GPU_PRESETS
+from dynapipe_planner.planner import BATCHING, SCHEDULES
+
+
+def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """DynaPipe's flags, in their own group."""
+    g = parser.add_argument_group("dynapipe")
+    g.add_argument(
+        "--dynamic-micro-batching",
+        action="store_true",
+        help="plan micro-batches per iteration (same as --batching dynamic)",
+    )
+    g.add_argument(
+        "--batching",
+        choices=BATCHING,
+        default=None,
+        help="micro-batching method (default: dynamic with --dynamic-micro-batching, else "
+        "padding to --micro-batch-size)",
+    )
+    g.add_argument(
+        "--tokens-per-global-batch",
+        type=int,
+        default=None,
+        help="global batch size in tokens (default: --global-batch-size x --seq-length)",
+    )
+    g.add_argument("--pipeline-schedule", choices=SCHEDULES, default="adaptive")
+    g.add_argument(
+        "--dynapipe-memory-limit",
+        type=float,
+        default=None,
+        help="GiB each GPU may use for the planner (default: the device's memory minus a reserve)",
+    )
+    g.add_argument(
+        "--dynapipe-gpu",
+        default="A100-80GB",
+        help=f"device the analytic cost model describes: {', '.join(GPU_PRESETS)}",
+    )
+    g.add_argument(
+        "--dynapipe-cost-model",
+        default=None,
+        help="profiled cost table (JSON from tools/profile_costs.py) instead of the analytic model",
+    )
+    g.add_argument(
+        "--planner-workers",
+        type=int,
+        default=1,
+        help="planner processes planning ahead of training on rank 0 (0: plan inline)",
+    )
+    g.add_argument(
+        "--dynapipe-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a rank waits for a plan or a peer before failing with an error",
+    )
+    return parser
+
+
+def _add_megatron_args(parser: argparse.ArgumentParser) -> None:
+    m = parser.add_argument_group("model (Megatron names)")
+    m.add_argument("--num-layers", type=int, required=True)
+    m.add_argument("--hidden-size", type=int, required=True)
+    m.add_argument("--num-attention-heads", type=int, required=True)
+    m.add_argument("--ffn-hidden-size", type=int, default=None, help="default 4 x hidden")
+    m.add_argument("--seq-length", type=int, required=True, help="longest training sequence")
+    m.add_argument("--max-position-embeddings", type=int, default=None)
+    m.add_argument(
+        "--position-embedding-type",
+        choices=("learned_absolute", "rope"),
+        default="learned_absolute",
+    )
+    m.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    m.add_argument("--hidden-dropout", type=float, default=0.1)
+    m.add_argument("--attention-dropout", type=float, default=0.1)
+    m.add_argument("--bf16", action="store_true")
+    m.add_argument("--fp16", action="store_true")
+    p = parser.add_argument_group("parallelism and batch (Megatron names)")
+    p.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    p.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    p.add_argument("--micro-batch-size", type=int, default=1)
+    p.add_argument("--global-batch-size", type=int, default=None)
+    t = parser.add_argument_group("training (Megatron names)")
+    t.add_argument("--train-iters", type=int, required=True)
+    t.add_argument("--lr", type=float, default=1e-4)
+    t.add_argument("--min-lr", type=float, default=0.0)
+    t.add_argument("--lr-decay-style", choices=("constant", "linear", "cosine"), default="linear")
+    t.add_argument("--lr-warmup-iters", type=int, default=0)
+    t.add_argument("--weight-decay", type=float, default=0.01)
+    t.add_argument("--adam-beta1", type=float, default=0.9)
+    t.add_argument("--adam-beta2", type=float, default=0.999)
+    t.add_argument("--clip-grad", type=float, default=1.0)
+    t.add_argument("--seed", type=int, default=1234)
+    t.add_argument("--log-interval", type=int, default=1)
+    d = parser.add_argument_group("data and checkpoints (Megatron names)")
+    d.add_argument(
+        "--data-path",
+        default="stdlib",
+        help="'stdlib' (built-in corpus: the Python standard library's sources, byte tokens), "
+        "'synthetic:<preset>', a .jsonl file, or a Megatron .bin/.idx prefix",
+    )
+    d.add_argument("--save", default=None, help="checkpoint directory")
+    d.add_argument("--save-interval", type=int, default=None)
+    d.add_argument("--load", default=None, help="checkpoint directory to resume from")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse and check `pretrain_gpt.py`'s flags."""
+    parser = argparse.ArgumentParser(
+        prog="pretrain_gpt.py",
+        description="Train a megatron-core GPT with per-iteration DynaPipe plans.",
+    )
+    _add_megatron_args(parser)
+    add_dynapipe_args(parser)
+    args = parser.parse_args(argv)
+    if args.batching is None:
+        args.batching = "dynamic" if args.dynamic_micro_batching else "padding"
+    if args.ffn_hidden_size is None:
+        args.ffn_hidden_size = 4 * args.hidden_size
+    if args.max_position_embeddings is None:
+        args.max_position_embeddings = args.seq_length
+    if args.tokens_per_global_batch is None:
+        if args.global_batch_size is None:
+            parser.error("give --tokens-per-global-batch or --global-batch-size")
+        args.tokens_per_global_batch = args.global_batch_size * args.seq_length
+    if args.bf16 and args.fp16:
+        parser.error("--bf16 and --fp16 exclude each other")
+    if args.save_interval is None:
+        args.save_interval = args.train_iters
+    return args

@@ -1,0 +1,97 @@
+"""Save and resume training: weights, optimiser, LR schedule, data position and RNG, per rank.
+
+Layout (Megatron-like): `<dir>/iter_<NNNNNNN>/rank_<RRRRR>.pt` and `<dir>/latest_iteration.txt`.
+Each rank writes its own shard to a temporary name and renames it, and rank 0 moves the
+`latest` marker only after every rank has finished, so a crash mid-save leaves the previous
+checkpoint in force. The data sampler's position is saved too: a resumed run sees exactly the
+global batches the uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+LATEST = "latest_iteration.txt"
+
+
+@dataclass
+class TrainState:
+    """Where training stands, besides the weights and the optimiser."""
+
+    iteration: int = 0
+    consumed_tokens: int = 0
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, truncated or from a different job layout; names the path."""
+
+
+def _shard_path(directory: Path, iteration: int, rank: int) -> Path:
+    return directory / f"iter_{iteration:07d}" / f"rank_{rank:05d}.pt"
+
+
+def save(
+    directory: str | os.PathLike, state: TrainState, model, optimizer, scheduler, sampler
+) -> Path:
+    """Write this rank's shard of iteration `state.iteration`; returns its path."""
+    directory = Path(directory)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    path = _shard_path(directory, state.iteration, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "iteration": state.iteration,
+        "consumed_tokens": state.consumed_tokens,
+        "world_size": world,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "sampler": sampler.state_dict(),
+        "rng": {"torch": torch.get_rng_state()},
+    }
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+    dist.barrier()
+    if rank == 0:
+        marker = directory / LATEST
+        tmp_marker = marker.with_suffix(".tmp")
+        tmp_marker.write_text(f"{state.iteration}\n")
+        os.replace(tmp_marker, marker)
+    dist.barrier()
+    return path
+
+
+def load(directory: str | os.PathLike, model, optimizer, scheduler, sampler) -> TrainState:
+    """Restore this rank's shard of the latest checkpoint in `directory`; returns the state."""
+    directory = Path(directory)
+    marker = directory / LATEST
+    try:
+        iteration = int(marker.read_text().strip())
+    except FileNotFoundError as err:
+        raise CheckpointError(f"no checkpoint in {directory}: {marker} is missing") from err
+    except ValueError as err:
+        raise CheckpointError(f"{marker} does not hold an iteration number") from err
+    rank, world = dist.get_rank(), dist.get_world_size()
+    path = _shard_path(directory, iteration, rank)
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=False)
+    except FileNotFoundError as err:
+        raise CheckpointError(f"checkpoint shard {path} is missing") from err
+    except Exception as err:  # torch raises several types for a truncated or foreign file
+        raise CheckpointError(f"checkpoint shard {path} is corrupt: {err}") from err
+    if payload.get("world_size") != world:
+        raise CheckpointError(
+            f"checkpoint {path} was written by {payload.get('world_size')} ranks, this job has "
+            f"{world}"
+        )
+    model.load_state_dict(payload["model"])
+    optimizer.load_state_dict(payload["optimizer"])
+    scheduler.load_state_dict(payload["scheduler"])
+    sampler.load_state_dict(payload["sampler"])
+    torch.set_rng_state(payload["rng"]["torch"])
+    return TrainState(payload["iteration"], payload["consumed_tokens"])
