@@ -1,5 +1,6 @@
 """The planner's exceptions: one base type for bad input, so CLIs can print any of them cleanly,
-and subclasses for the plan checks of the simulator, so tests and callers can tell them apart."""
+and subclasses for the plan checks of the simulator, so tests and callers can tell them apart;
+apart from those, the failures of the planning service, which are not the input's fault."""
 
 
 class PlanningError(ValueError):
@@ -18,3 +19,12 @@ class CommMismatchError(PlanningError):
 
 class DeadlockError(PlanningError):
     """No rank can make progress although some still have instructions left."""
+
+
+class PlanningServiceError(RuntimeError):
+    """The planning service cannot deliver a plan: a worker died or crashed, the work source has
+    no such iteration, or the service is closed. The message names the iteration."""
+
+
+class PlanTimeoutError(PlanningServiceError, TimeoutError):
+    """A plan did not arrive in time (from the planner workers or from the planning rank)."""

@@ -1,0 +1,171 @@
+"""Each iteration's plan reaches every rank, planned once: rank 0 plans, the others read a store.
+
+DynaPipe's planners push every execution plan to an instruction store in the host memory of
+machine 0, and the executors fetch their instructions from it (seed `dynapipe.txt` §3; §7 uses
+Redis). torch.distributed's `TCPStore` already is such a store: a server inside the hosting
+rank's process that every rank reaches over TCP, with blocking waits that the server answers
+as soon as a key is set, so there is no extra service to deploy and no polling.
+
+`PlanChannel` on the publishing rank (rank 0 by default) takes plans from a
+`dynapipe_planner.service.PlanningService` (or from explicit `publish` calls) and sets
+`dynapipe/plan/{iteration}` to the plan's compact binary form; on the other ranks `fetch` waits
+for that key, logging while it waits and failing with an error that names the iteration and the
+planning rank when it never comes. Every reader then adds one to `dynapipe/plan/{iteration}/acks`;
+the last reader deletes both keys, so the store holds only plans some rank has still to read,
+and the publisher needs no extra round trip to clean up.
+
+torch's default store (`init_process_group`'s) is reachable only through a private function, so
+plans get their own store (`open_plan_store`, on MASTER_PORT + 1 unless told otherwise); any
+`torch.distributed.Store` works. c10d prints a warning of its own each time a wait times out,
+that is once per "waiting for plan" line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from dynapipe_planner.errors import PlanningServiceError, PlanTimeoutError
+from dynapipe_planner.plan import ExecutionPlan
+from dynapipe_planner.service import PlanningService
+
+_log = logging.getLogger(__name__)
+
+
+def open_plan_store(
+    rank: int,
+    world_size: int,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    publisher_rank: int = 0,
+    timeout_s: float = 600.0,
+) -> dist.TCPStore:
+    """A TCPStore for plans, served by `publisher_rank` at `host:port` (default: MASTER_ADDR and
+    MASTER_PORT + 1). Other ranks retry connecting until `timeout_s`."""
+    try:
+        host = host if host is not None else os.environ["MASTER_ADDR"]
+        port = port if port is not None else int(os.environ["MASTER_PORT"]) + 1
+    except KeyError as e:
+        raise PlanningServiceError(
+            f"the plan store needs a host and port: pass them or set {e.args[0]}"
+        ) from e
+    return dist.TCPStore(
+        host,
+        port,
+        world_size,
+        is_master=rank == publisher_rank,
+        timeout=timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
+
+
+class PlanChannel:
+    """Hands every rank the plan of each iteration; only `publisher_rank` plans.
+
+    On the publisher, `fetch(n)` returns a plan given to `publish(n, ...)` or else takes it from
+    `service` and publishes it; elsewhere it waits for the publisher's plan in `store`. Each rank
+    fetches each iteration once.
+    """
+
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        world_size: int,
+        *,
+        service: PlanningService | None = None,
+        publisher_rank: int = 0,
+        timeout_s: float = 600.0,
+        log_interval_s: float = 30.0,
+        prefix: str = "dynapipe/plan",
+        logger: logging.Logger | None = None,
+    ) -> None:
+        if not 0 <= publisher_rank < world_size or not 0 <= rank < world_size:
+            raise ValueError(
+                f"rank {rank} and publisher rank {publisher_rank} must be in [0, {world_size})"
+            )
+        if service is not None and rank != publisher_rank:
+            raise ValueError(
+                f"rank {rank} got a planning service; only rank {publisher_rank} plans"
+            )
+        self.store, self.rank, self.world_size = store, rank, world_size
+        self.service, self.publisher_rank = service, publisher_rank
+        self.timeout_s, self.log_interval_s, self.prefix = timeout_s, log_interval_s, prefix
+        self._log = logger or _log
+        self._published: dict[int, bytes] = {}  # the publisher's own copies, until it fetches
+
+    @property
+    def is_publisher(self) -> bool:
+        return self.rank == self.publisher_rank
+
+    def publish(self, iteration: int, plan: ExecutionPlan | bytes) -> None:
+        """Make `plan` the plan of `iteration` for every rank (publisher only)."""
+        if not self.is_publisher:
+            raise PlanningServiceError(
+                f"rank {self.rank} cannot publish iteration {iteration}: rank "
+                f"{self.publisher_rank} is the planner"
+            )
+        data = plan if isinstance(plan, bytes) else plan.to_bytes()
+        if self.world_size > 1:
+            self.store.set(self._key(iteration), data)
+        self._published[iteration] = data
+
+    def fetch(self, iteration: int, timeout_s: float | None = None) -> ExecutionPlan:
+        """This iteration's plan, waiting at most `timeout_s` (default: the channel's)."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        source = f"plan of iteration {iteration}"
+        if self.is_publisher:
+            if iteration not in self._published:
+                if self.service is None:
+                    raise PlanningServiceError(
+                        f"rank {self.rank} has no plan for iteration {iteration}: publish it "
+                        f"first or give the channel a planning service"
+                    )
+                self.publish(iteration, self.service.get_planned(iteration, timeout).data)
+            return ExecutionPlan.from_bytes(self._published.pop(iteration), source)
+        key = self._key(iteration)
+        self._wait(key, iteration, timeout)
+        data = self.store.get(key)
+        if self.store.add(f"{key}/acks", 1) == self.world_size - 1:
+            self.store.delete_key(key)
+            self.store.delete_key(f"{key}/acks")
+        return ExecutionPlan.from_bytes(data, source)
+
+    def _key(self, iteration: int) -> str:
+        return f"{self.prefix}/{iteration}"
+
+    def _wait(self, key: str, iteration: int, timeout: float) -> None:
+        started = time.monotonic()
+        deadline = started + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PlanTimeoutError(
+                    f"rank {self.rank}: no plan for iteration {iteration} after {timeout:.1f} s; "
+                    f"rank {self.publisher_rank} plans and publishes it (store key {key!r}): "
+                    f"is it alive, and is its planner keeping up?"
+                )
+            try:
+                self.store.wait([key], timedelta(seconds=min(remaining, self.log_interval_s)))
+                return
+            except dist.DistStoreError:
+                pass  # not there yet
+            except dist.DistNetworkError as e:
+                raise PlanningServiceError(
+                    f"rank {self.rank}: lost the plan store of rank {self.publisher_rank} (the "
+                    f"planner) while waiting for iteration {iteration}: {e}"
+                ) from e
+            if time.monotonic() < deadline:
+                self._log.warning(
+                    "rank %d waiting for plan of iteration %d from rank %d (the planner), "
+                    "%.1f s so far",
+                    self.rank,
+                    iteration,
+                    self.publisher_rank,
+                    time.monotonic() - started,
+                )

@@ -1,0 +1,96 @@
+"""Plans reach every rank through the plan store, planned once on rank 0: all ranks get the
+same bytes, read keys are deleted, and a plan that never comes fails within the timeout naming
+the iteration and the planning rank.
+
+Skipped when torch is not installed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+pytest.importorskip("torch")
+
+from distributed import free_port, run_ranks
+from test_service import RECIPE, comparable, work
+
+from dynapipe_planner.errors import PlanningServiceError, PlanTimeoutError
+from dynapipe_planner.plan import ExecutionPlan
+from dynapipe_planner.service import PlanningService
+
+
+def _fetch_all(rank: int, world: int, store_port: int) -> dict:
+    import torch.distributed as dist
+
+    from megatron.dynapipe.plan_distribution import PlanChannel, open_plan_store
+
+    store = open_plan_store(rank, world, host="127.0.0.1", port=store_port, timeout_s=30)
+    service = PlanningService(RECIPE, work(3), num_workers=1) if rank == 0 else None
+    try:
+        channel = PlanChannel(store, rank, world, service=service, timeout_s=30)
+        plans = [channel.fetch(i).to_bytes() for i in range(3)]
+    finally:
+        if service is not None:
+            service.close()
+    dist.barrier()  # every rank has read every plan
+    left = [store.check([f"dynapipe/plan/{i}", f"dynapipe/plan/{i}/acks"]) for i in range(3)]
+    dist.barrier()  # rank 0 serves the store: keep it up until all have looked
+    return {"plans": plans, "keys_left": left}
+
+
+def test_every_rank_gets_rank_0s_plans():
+    results = run_ranks(_fetch_all, 3, free_port(), timeout_s=60)
+    assert results[0]["plans"] == results[1]["plans"] == results[2]["plans"]
+    with PlanningService(RECIPE, work(3), num_workers=0) as inline:
+        expected = [comparable(inline.get(i)) for i in range(3)]
+    assert [comparable(ExecutionPlan.from_bytes(p)) for p in results[0]["plans"]] == expected
+    assert all(r["keys_left"] == [False, False, False] for r in results)
+
+
+def _miss_a_plan(rank: int, world: int, store_port: int) -> dict:
+    import time
+
+    import torch.distributed as dist
+
+    from megatron.dynapipe.plan_distribution import PlanChannel, open_plan_store
+
+    store = open_plan_store(rank, world, host="127.0.0.1", port=store_port, timeout_s=30)
+    messages: list[str] = []
+    logger = logging.getLogger(f"plan-channel-{rank}")
+    logger.addHandler(_ListHandler(messages))
+    channel = PlanChannel(store, rank, world, timeout_s=30, log_interval_s=0.2, logger=logger)
+    if rank == 0:
+        with PlanningService(RECIPE, work(1), num_workers=0) as inline:
+            channel.publish(0, inline.get(0))
+    channel.fetch(0)
+    started, error = time.monotonic(), "no error"
+    try:
+        channel.fetch(1, timeout_s=0.7)
+    except (PlanTimeoutError, PlanningServiceError) as e:
+        error = f"{type(e).__name__}: {e}"
+    spent = time.monotonic() - started
+    dist.barrier()
+    return {"error": error, "spent": spent, "log": messages}
+
+
+class _ListHandler(logging.Handler):
+    def __init__(self, messages: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.messages = messages
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_a_missing_plan_fails_in_time_naming_the_iteration():
+    results = run_ranks(_miss_a_plan, 3, free_port(), timeout_s=60)
+    assert results[0]["error"].startswith(
+        "PlanningServiceError: rank 0 has no plan for iteration 1"
+    )
+    for r in results[1:]:
+        assert r["error"].startswith("PlanTimeoutError: rank ")
+        assert "no plan for iteration 1 after 0.7 s; rank 0 plans and publishes it" in r["error"]
+        assert 0.6 < r["spent"] < 3
+        assert any("waiting for plan of iteration 1 from rank 0" in m for m in r["log"])
