@@ -123,7 +123,6 @@ def _pipelined(rank: int, world: int, tp: int, pp: int, plan: ExecutionPlan, wei
     from megatron.dynapipe.data import microbatch_tensors
     from megatron.dynapipe.executor import PlanExecutor
     from megatron.dynapipe.model import build_stage_model, stage_layer_counts
-    from megatron.dynapipe.p2p import PeerToPeer
 
     cpu_compat.install()
     ps.initialize(tp, pp, world // (tp * pp))
@@ -137,14 +136,8 @@ def _pipelined(rank: int, world: int, tp: int, pp: int, plan: ExecutionPlan, wei
                 param.copy_(_shard(weights[names[name]], param, ps.tp_rank(), tp))
         model = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
         config.finalize_model_grads_func = finalize_model_grads
-        executor = PlanExecutor(
-            model,
-            config,
-            stage=ps.stage(),
-            num_stages=pp,
-            replica=ps.replica(),
-            num_replicas=ps.num_replicas(),
-            p2p=PeerToPeer(ps.peer_rank, torch.device("cpu"), timeout_s=30),
+        executor = PlanExecutor.for_this_rank(
+            model, config, device=torch.device("cpu"), timeout_s=30
         )
         batches = {
             mb.id: microbatch_tensors(mb, DATA)
@@ -206,20 +199,13 @@ def test_wrong_order_is_rejected_before_running() -> None:
         from megatron.dynapipe import parallel_state as ps
         from megatron.dynapipe.executor import PlanExecutor, PlanRejected
         from megatron.dynapipe.model import build_stage_model
-        from megatron.dynapipe.p2p import PeerToPeer
 
         cpu_compat.install()
         ps.initialize(1, 2, 1)
         try:
             config, model = build_stage_model(SPEC, 64)
-            executor = PlanExecutor(
-                model,
-                config,
-                stage=ps.stage(),
-                num_stages=2,
-                replica=0,
-                num_replicas=1,
-                p2p=PeerToPeer(ps.peer_rank, torch.device("cpu"), timeout_s=5),
+            executor = PlanExecutor.for_this_rank(
+                model, config, device=torch.device("cpu"), timeout_s=5
             )
             with pytest.raises(PlanRejected, match="mb") as err:
                 executor.run(bad, {})

@@ -21,6 +21,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
 from dynapipe_planner.data import global_batches, load_lengths, sample_lengths  # noqa: E402
+from dynapipe_planner.model_spec import ModelSpec  # noqa: E402
 from dynapipe_planner.plan import ExecutionPlan, MicroBatch  # noqa: E402
 from megatron.dynapipe.data import (  # noqa: E402
     BYTE_EOD,
@@ -157,41 +158,18 @@ def _logits(model, dataset, **microbatch) -> torch.Tensor:
 
 def _packed_vs_alone(rank: int, world: int, dataset) -> dict[str, float]:
     """Largest logit difference between samples 0 and 1 packed in one row and each run alone."""
-    from megatron.core import tensor_parallel
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer import TransformerConfig
-
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
+    from megatron.dynapipe.model import ModelOptions, build_stage_model
 
     cpu_compat.install()
     ps.initialize(1, 1, 1)
-    config = TransformerConfig(
-        num_layers=2,
-        hidden_size=32,
-        num_attention_heads=4,
-        use_cpu_initialization=True,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        bias_activation_fusion=False,
-        masked_softmax_fusion=False,
-        bias_dropout_fusion=False,
-        apply_rope_fusion=False,
-        gradient_accumulation_fusion=False,
-        persist_layer_norm=False,
-    )
+    spec = ModelSpec("tiny", "gpt", 2, 32, 4, 128, dataset.vocab_size, max_position_embeddings=16)
     n0, n1 = (int(n) for n in dataset.lengths()[:2])
     differences = {}
     for embedding in ("learned_absolute", "rope"):
-        tensor_parallel.model_parallel_cuda_manual_seed(0)
-        model = GPTModel(
-            config,
-            get_gpt_layer_local_spec(),
-            vocab_size=dataset.vocab_size,
-            max_sequence_length=16,
-            position_embedding_type=embedding,
-        ).eval()
+        options = ModelOptions(position_embedding=embedding, seed=0)
+        model = build_stage_model(spec, 16, options)[1].eval()
         packed = _logits(model, dataset, samples=[0, 1], seqlen=9, row_sizes=[2])
         first = _logits(model, dataset, samples=[0], seqlen=4)
         second = _logits(model, dataset, samples=[1], seqlen=4)

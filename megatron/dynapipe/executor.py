@@ -29,6 +29,7 @@ from megatron.core.utils import get_attr_wrapped_model
 from dynapipe_planner.plan import ExecutionPlan, Instruction
 from dynapipe_planner.simulate import verify_plan
 
+from . import parallel_state as ps
 from .p2p import PLAN_DTYPES, PeerToPeer, Transfer, TransferError
 
 ForwardStepFunc = Callable[[Iterator[Any], torch.nn.Module], tuple[torch.Tensor, Callable]]
@@ -111,6 +112,28 @@ class PlanExecutor:
         self.p2p = p2p
         self.forward_step_func = forward_step_func
         self._set_input_tensor = get_attr_wrapped_model(model, "set_input_tensor")
+
+    @classmethod
+    def for_this_rank(
+        cls,
+        model: torch.nn.Module,
+        config: Any,
+        *,
+        device: torch.device,
+        timeout_s: float = 600.0,
+        forward_step_func: ForwardStepFunc = gpt_forward_step,
+    ) -> PlanExecutor:
+        """The executor of this rank's (replica, stage), as `parallel_state` laid out the job."""
+        return cls(
+            model,
+            config,
+            stage=ps.stage(),
+            num_stages=ps.num_stages(),
+            replica=ps.replica(),
+            num_replicas=ps.num_replicas(),
+            p2p=PeerToPeer(ps.peer_rank, device, timeout_s),
+            forward_step_func=forward_step_func,
+        )
 
     @property
     def is_first(self) -> bool:

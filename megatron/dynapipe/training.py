@@ -34,7 +34,6 @@ from .checkpointing import TrainState
 from .data import GlobalBatchSampler, build_dataset, rank_microbatches
 from .executor import PlanExecutor
 from .model import ModelOptions, build_stage_model
-from .p2p import PeerToPeer
 
 log = logging.getLogger("dynapipe")
 
@@ -127,7 +126,7 @@ def pretrain(args: argparse.Namespace) -> list[float]:
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     ps.initialize(tp, pp, max(1, _world_size() // (tp * pp)), timeout_s=args.dynapipe_timeout)
     try:
-        return _train(args, tp, pp)
+        return _train(args, tp)
     finally:
         ps.destroy()
 
@@ -136,7 +135,7 @@ def _world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
 
 
-def _train(args: argparse.Namespace, tp: int, pp: int) -> list[float]:
+def _train(args: argparse.Namespace, tp: int) -> list[float]:
     dp, rank = ps.num_replicas(), dist.get_rank()
     dataset = build_dataset(args.data_path, max_seqlen=args.seq_length, seed=args.seed)
     spec = ModelSpec(
@@ -169,14 +168,8 @@ def _train(args: argparse.Namespace, tp: int, pp: int) -> list[float]:
         _log0(rank, f"resumed from {args.load} at iteration {state.iteration}")
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    executor = PlanExecutor(
-        model,
-        config,
-        stage=ps.stage(),
-        num_stages=pp,
-        replica=ps.replica(),
-        num_replicas=dp,
-        p2p=PeerToPeer(ps.peer_rank, device, args.dynapipe_timeout),
+    executor = PlanExecutor.for_this_rank(
+        model, config, device=device, timeout_s=args.dynapipe_timeout
     )
     _log0(rank, f"dataset {dataset.name}: {len(dataset)} samples; model {spec.to_dict()}")
     losses = []
