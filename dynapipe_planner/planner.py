@@ -12,7 +12,9 @@ them (§8): every candidate micro-batch size or token budget is planned and the 
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -34,6 +36,7 @@ from .microbatch.ordering import order_samples
 from .microbatch.replicas import karmarkar_karp
 from .plan import ExecutionPlan, MicroBatch, RankPlan
 from .schedule import ScheduleChoice, search_schedule
+from .schedule.balance import rebalance_replicas, unbalanced
 
 BATCHING = ("dynamic", "packing", "padding", "token-budget")
 SCHEDULES = ("adaptive", "1f1b")
@@ -146,6 +149,10 @@ class IterationPlanner:
                 break
         if best is None:
             raise PlanningError("no feasible plan. " + " | ".join(failures))
+        if unbalanced([c.timeline.makespan for c in best.choices]):  # the winner only
+            rebalanced = self._schedule(best.groups, best.costs, rebalanced_from=best)
+            rebalanced.dp_passes, rebalanced.label = best.dp_passes, best.label
+            best = rebalanced
         return self._assemble(best, lengths, ids, time.perf_counter() - started)
 
     def _recompute_modes(self) -> list[str]:
@@ -234,7 +241,9 @@ class IterationPlanner:
             return groups_from_indices(lengths, index_lists), mb.passes
         raise AssertionError("unreachable")
 
-    def _schedule(self, groups: list[Group], costs: PipelineCosts) -> Candidate:
+    def _schedule(
+        self, groups: list[Group], costs: PipelineCosts, rebalanced_from: Candidate | None = None
+    ) -> Candidate:
         cfg = self.config
         rows = np.array([g.num_rows for g in groups])
         seq = np.array([g.seqlen for g in groups])
@@ -254,31 +263,69 @@ class IterationPlanner:
                 f"or beyond the cost table (recompute={costs.recompute})"
             )
         times = (fwd + bwd).max(axis=1)
-        replicas = karmarkar_karp(times, cfg.num_replicas)
-        choices, peak = [], np.zeros(self.num_stages)
-        for members in replicas:
-            if not members:
-                raise PlanningError(
-                    f"{len(groups)} micro-batches cannot feed {cfg.num_replicas} replicas"
-                )
+
+        def schedule(members: tuple[int, ...]) -> ScheduleChoice:
             m = np.array(members)
             comm = costs.p2p_times(rows[m], seq[m], tgt[m])
             # Stored activations must leave room for the working memory of the op that runs.
-            transient = tra[m].max(axis=0)
-            choice = search_schedule(
+            return search_schedule(
                 fwd[m],
                 bwd[m],
                 act[m],
-                avail - transient,
+                avail - tra[m].max(axis=0),
                 comm,
                 comm,
                 kind=cfg.schedule,
                 num_clusters=cfg.num_clusters,
                 inflight_options=cfg.injection_caps,
             )
-            choices.append(choice)
-            peak = np.maximum(peak, costs.static + choice.peak + transient)
+
+        replicas, choices = self._split_replicas(times, schedule, len(groups), rebalanced_from)
+        peak = np.zeros(self.num_stages)
+        for members, choice in zip(replicas, choices, strict=True):
+            peak = np.maximum(peak, costs.static + choice.peak + tra[list(members)].max(axis=0))
         return Candidate(groups, costs, replicas, choices, peak)
+
+    def _split_replicas(
+        self,
+        times: np.ndarray,
+        schedule: Callable[[tuple[int, ...]], ScheduleChoice],
+        num_groups: int,
+        rebalanced_from: Candidate | None,
+    ) -> tuple[list[list[int]], list[ScheduleChoice]]:
+        """Micro-batches per replica and each replica's schedule (§4 "Balance data parallel
+        model replicas"): Karmarkar-Karp balances work. Given `rebalanced_from` (the same
+        groups, already split that way and scheduled), micro-batches then move off a replica
+        whose long micro-batch makes it finish last (`rebalance_replicas`), priced by the same
+        schedule search, so the slowest replica never gets slower."""
+        start = karmarkar_karp(times, self.config.num_replicas)
+        if not all(start):
+            raise PlanningError(
+                f"{num_groups} micro-batches cannot feed {self.config.num_replicas} replicas"
+            )
+        priced: dict[tuple[int, ...], ScheduleChoice | PlanningError] = {}
+        if rebalanced_from is not None:
+            known = zip(rebalanced_from.replicas, rebalanced_from.choices, strict=True)
+            priced.update((tuple(members), c) for members, c in known)
+
+        def choice(members: tuple[int, ...]) -> ScheduleChoice | PlanningError:
+            if members not in priced:
+                try:
+                    priced[members] = schedule(members)
+                except PlanningError as err:
+                    priced[members] = err
+            return priced[members]
+
+        def makespan(members: tuple[int, ...]) -> float:
+            c = choice(members)
+            return math.inf if isinstance(c, PlanningError) else c.timeline.makespan
+
+        split = rebalance_replicas(start, makespan, times) if rebalanced_from else start
+        choices = [choice(tuple(members)) for members in split]
+        for c in choices:
+            if isinstance(c, PlanningError):
+                raise c
+        return [list(members) for members in split], choices
 
     # ---- assembly --------------------------------------------------------------------
     def _assemble(self, cand: Candidate, lengths, ids, planning_s: float) -> ExecutionPlan:
