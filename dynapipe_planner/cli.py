@@ -170,7 +170,7 @@ def _table(results: dict[str, list[dict]], args: argparse.Namespace, cluster: Cl
         "predicted by the cost model"
     )
     cols = f"{'method':<19}{'iter s':>9}{'tokens/s':>11}{'pad eff':>9}{'peak GiB':>10}"
-    cols += f"{'bubble':>8}{'#mb':>6}{'recompute':>11}{'plan ms':>9}"
+    cols += f"{'bubble':>8}{'#mb':>6}{'recompute':>20}{'plan ms':>9}"
     lines = [head, cols, "-" * len(cols)]
     base = None
     for label, runs in results.items():
@@ -191,7 +191,7 @@ def _table(results: dict[str, list[dict]], args: argparse.Namespace, cluster: Cl
         lines.append(
             f"{label:<19}{mean('predicted_iteration_s'):>9.3f}{tps:>11.0f}"
             f"{mean('padding_efficiency'):>9.3f}{peak:>10.1f}{mean('bubble_fraction'):>8.3f}"
-            f"{mean('num_microbatches'):>6.0f}{modes:>11}{1e3 * mean('planning_time_s'):>9.1f}"
+            f"{mean('num_microbatches'):>6.0f}{modes:>20}{1e3 * mean('planning_time_s'):>9.1f}"
         )
         failed = [r["error"] for r in runs if "error" in r]
         if failed:

@@ -1,7 +1,8 @@
 """Plan one training iteration end to end (DynaPipe seed dynapipe.txt §3-§7).
 
-lengths -> micro-batches (DP, or a baseline) -> replicas (Karmarkar-Karp) -> per-pipeline
-schedule (adaptive or 1F1B, with micro-batch ordering) -> communication plan -> ExecutionPlan.
+lengths -> micro-batches (DP, or a baseline) -> replicas (Karmarkar-Karp, then rebalanced by
+scheduled makespan) -> per-pipeline schedule (adaptive or 1F1B, with micro-batch ordering) ->
+communication plan -> ExecutionPlan.
 Dynamic recomputation (§7): recompute modes are tried from cheapest to most memory-saving. The
 paper keeps the first mode that fits; we also try the next mode while the best plan so far is
 memory-bound (peak above `memory_pressure` of the limit on some stage) and pipelines poorly
