@@ -1,0 +1,5 @@
+"""Hydraulis (seed hydraulis.txt): heterogeneous parallel strategies for long-tailed data.
+
+`schemes` profiles each pipeline layout (MaxLen, UtilLen, T(l)); `proposal` proposes the
+candidate strategies from the dataset's length distribution.
+"""

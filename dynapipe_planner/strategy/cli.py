@@ -1,0 +1,166 @@
+"""`dynapipe-strategy`: Hydraulis strategy planning from the command line.
+
+`dynapipe-strategy propose` profiles every parallel scheme of the model on the GPUs (MaxLen,
+UtilLen, T(l) fit) and proposes, for every maximum sequence length of the dataset's histogram,
+the candidate heterogeneous strategies the per-iteration selection will choose from (seed
+hydraulis.txt §7). It prints both tables and can write them as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..cluster import GPU_PRESETS, GiB, get_gpu
+from ..data import PRESETS, load_lengths, sample_lengths
+from ..errors import PlanningError
+from ..model_spec import MODEL_PRESETS, load_model_spec
+from ..plan import atomic_write
+from .proposal import IntervalWork, Proposal, interval_work, propose_strategies, unique_candidates
+from .schemes import SchemeProfile, analytic_scheme_costs, profile_schemes, scheme_space
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dynapipe-strategy", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    propose = sub.add_parser("propose", help="candidate heterogeneous strategies (§7)")
+    data = propose.add_argument_group("data")
+    src = data.add_mutually_exclusive_group()
+    src.add_argument("--lengths", help="lengths file: .txt, .npy, .jsonl, or Megatron .idx/.bin")
+    src.add_argument("--preset", choices=sorted(PRESETS), help="synthetic length distribution")
+    data.add_argument("--num-samples", type=int, default=100000, help="samples from a preset")
+    data.add_argument("--seed", type=int, default=0)
+    data.add_argument("--context-length", type=int, default=32768, help="truncate samples here")
+    data.add_argument("--tokens-per-iteration", type=int, default=200000)
+    data.add_argument("--length-step", type=int, default=128, help="histogram interval width")
+    job = propose.add_argument_group("model and cluster")
+    job.add_argument("--model", default="gpt-6.7b", help=f"{', '.join(MODEL_PRESETS)} or JSON")
+    job.add_argument("--gpu", default="A800", help=f"one of {', '.join(GPU_PRESETS)}")
+    job.add_argument("--num-gpus", type=int, default=64)
+    job.add_argument("--gpus-per-node", type=int, default=8)
+    job.add_argument("--max-tp", type=int, default=8, help="largest TP degree (NVLink island)")
+    job.add_argument("--memory-limit-gb", type=float, default=0, help="usable GiB per GPU")
+    job.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    out = propose.add_argument_group("output")
+    out.add_argument("--keep", type=int, default=3, help="strategies kept per maximum length")
+    out.add_argument("--output", help="write schemes and proposals as JSON")
+    return p
+
+
+def strategy_main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _propose(args)
+    except PlanningError as e:
+        print(f"dynapipe-strategy: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _propose(args: argparse.Namespace) -> int:
+    model = load_model_spec(args.model)
+    if args.lengths:
+        lengths = load_lengths(args.lengths)
+    else:
+        lengths = sample_lengths(args.preset or "webcode", args.num_samples, seed=args.seed)
+    lengths = np.minimum(lengths, args.context_length)
+    started = time.perf_counter()
+    costs_of = analytic_scheme_costs(
+        model,
+        get_gpu(args.gpu),
+        args.num_gpus,
+        max_len=args.context_length,
+        gpus_per_node=args.gpus_per_node,
+        memory_limit_bytes=int(args.memory_limit_gb * GiB),
+        recompute=args.recompute,
+    )
+    profiles = profile_schemes(scheme_space(model, args.num_gpus, max_tp=args.max_tp), costs_of)
+    profiled = time.perf_counter()
+    iw = interval_work(
+        lengths, profiles, step=args.length_step, tokens_per_iteration=args.tokens_per_iteration
+    )
+    proposals = propose_strategies(iw, args.num_gpus, keep=args.keep)
+    done = time.perf_counter()
+    print(_scheme_table(profiles))
+    print()
+    print(_proposal_table(proposals, iw))
+    print(
+        f"\n{len(unique_candidates(proposals))} candidate strategies on {args.num_gpus} "
+        f"{args.gpu}; profiling {profiled - started:.2f} s, proposal {done - profiled:.2f} s"
+    )
+    if args.output:
+        payload = json.dumps(_to_json(profiles, proposals), indent=1).encode()
+        atomic_write(Path(args.output), payload)
+    return 0
+
+
+def _scheme_table(profiles: list[SchemeProfile]) -> str:
+    lines = [
+        f"{'scheme':<10}{'GPUs':>6}{'MaxLen':>9}{'UtilLen':>9}"
+        f"{'T(l) = a l^2 + b l + c  (s, one stage)':>44}{'fit err':>9}"
+    ]
+    for p in profiles:
+        a, b, c = p.coef
+        lines.append(
+            f"{p.scheme!s:<10}{p.scheme.num_gpus:>6}{p.max_len:>9}{p.util_len:>9}"
+            f"{f'{a:.3e} l^2 + {b:.3e} l + {c:.3e}':>44}{p.fit_error:>9.1%}"
+        )
+    return "\n".join(lines)
+
+
+def _proposal_table(proposals: list[Proposal], iw: IntervalWork) -> str:
+    """One row per run of maximum lengths that share the same best strategy."""
+    lines = [f"{'max length':>18}  {'est. s':>7}  best strategy (then alternatives)"]
+    runs: list[list[Proposal]] = []
+    for p in proposals:
+        if runs and runs[-1][-1].strategies[0] == p.strategies[0]:
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    step = int(iw.upper[0])
+    for run in runs:
+        first, last = run[0], run[-1]
+        span = f"({first.max_len - step}, {last.max_len}]"
+        alternatives = "; ".join(str(s) for s in last.strategies[1:])
+        lines.append(
+            f"{span:>18}  {last.estimates[0]:>7.3f}  {last.strategies[0]}"
+            + (f"  (then {alternatives})" if alternatives else "")
+        )
+    return "\n".join(lines)
+
+
+def _to_json(profiles: list[SchemeProfile], proposals: list[Proposal]) -> dict:
+    return {
+        "schemes": [
+            {
+                "tp": p.scheme.tp,
+                "pp": p.scheme.pp,
+                "max_len": p.max_len,
+                "util_len": p.util_len,
+                "latency_coef": list(p.coef),
+            }
+            for p in profiles
+        ],
+        "proposals": [
+            {
+                "max_len": p.max_len,
+                "relaxed_latency_s": p.relaxed.latency,
+                "strategies": [
+                    {
+                        "pipelines": [
+                            {"tp": s.tp, "pp": s.pp, "count": d} for s, d in st.pipelines
+                        ],
+                        "num_gpus": st.num_gpus,
+                        "estimated_s": e,
+                    }
+                    for st, e in zip(p.strategies, p.estimates, strict=True)
+                ],
+            }
+            for p in proposals
+        ],
+    }

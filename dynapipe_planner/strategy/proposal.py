@@ -1,0 +1,309 @@
+"""Data-distribution-aware strategy proposal: Hydraulis (seed hydraulis.txt) §7.
+
+Before training, the dataset's length distribution proposes the few heterogeneous strategies
+S = sum_k d_k x P_k worth evaluating every iteration: for each maximum length L, the strategy
+that processes the dataset's sequences of length <= L fastest on N GPUs (Problem 1), rounded to
+whole pipelines.
+
+The paper's DP (Eq. 4): t[n][l] is the best latency with n GPUs for the sequences up to length
+l, each block of length intervals (l - l', l] going to d pipelines of one scheme P_k with
+MaxLen(P_k) >= l, at latency sum_{x in block} T(x, P_k) / d; the slowest block decides.
+`integer_proposal_dp` is that DP over whole GPUs and pipelines (exact; tests hold it to
+exhaustive enumeration).
+
+The continuous relaxation lets n and d be fractional. Then its optimum has a closed form, which
+`relaxed_proposal` computes in O(L K) instead of the DP's O(K N^2 L^2): with fractional d every
+block runs at the same latency T (a faster block could give GPUs to the slowest), so a block of
+work W on P_k takes W * N(P_k) / T GPUs, and sum over blocks of N(P_k) * W_block(P_k) = N * T.
+That sum is additive over length intervals and a block may always be split into its intervals,
+so each interval goes to the feasible scheme with the fewest GPU-seconds, T = (sum of those
+GPU-seconds) / N, and scheme k gets d_k = W_k / T pipelines. Rounding each d_k down or up (the
+"nearby integer solutions"), keeping a pipeline that holds the longest sequence and filling
+the GPUs left over, gives the candidates.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import PlanningError
+from .schemes import ParallelScheme, SchemeProfile
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A heterogeneous strategy: `pipelines` lists (scheme, number of pipelines)."""
+
+    pipelines: tuple[tuple[ParallelScheme, int], ...]
+
+    @classmethod
+    def of(cls, counts: dict[ParallelScheme, int]) -> Strategy:
+        return cls(tuple(sorted((s, d) for s, d in counts.items() if d > 0)))
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(s.num_gpus * d for s, d in self.pipelines)
+
+    @property
+    def num_pipelines(self) -> int:
+        return sum(d for _, d in self.pipelines)
+
+    def __str__(self) -> str:
+        return " + ".join(f"{d}x{s}" for s, d in sorted(self.pipelines, reverse=True))
+
+
+@dataclass(frozen=True)
+class IntervalWork:
+    """The dataset per length interval, priced on each scheme.
+
+    `upper[i]` is interval i's longest length ((i * step, (i + 1) * step]); `work[i, k]` the
+    expected seconds per iteration of its sequences on one stage of scheme k (sum of T(x, P_k)
+    scaled to `tokens_per_iteration`), inf where the scheme's MaxLen is shorter than upper[i].
+    """
+
+    upper: np.ndarray
+    work: np.ndarray
+    counts: np.ndarray  # sequences per interval
+    profiles: tuple[SchemeProfile, ...]
+
+    @property
+    def gpus(self) -> np.ndarray:
+        return np.array([p.scheme.num_gpus for p in self.profiles], dtype=np.float64)
+
+
+def interval_work(
+    lengths: np.ndarray,
+    profiles: list[SchemeProfile],
+    *,
+    step: int = 128,
+    tokens_per_iteration: float = 0.0,
+) -> IntervalWork:
+    """Histogram `lengths` into intervals of `step` tokens and price each on every scheme.
+
+    `tokens_per_iteration` scales the dataset to one iteration (0: the whole dataset once).
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if not profiles:
+        raise PlanningError("empty scheme space: no scheme to propose strategies from")
+    if lengths.size == 0 or lengths.sum() <= 0:
+        raise PlanningError("length histogram holds no tokens: nothing to propose for")
+    if (lengths <= 0).any():
+        bad = int(np.flatnonzero(lengths <= 0)[0])
+        raise PlanningError(f"sample {bad} has non-positive length {lengths[bad]}")
+    longest_fit = max(profiles, key=lambda p: p.max_len)
+    if lengths.max() > longest_fit.max_len:
+        bad = int(np.argmax(lengths))
+        raise PlanningError(
+            f"sample {bad} (length {lengths[bad]}) is longer than every scheme's MaxLen "
+            f"(largest: {longest_fit.scheme} holds {longest_fit.max_len}); truncate the data "
+            f"or allow larger TP / PP"
+        )
+    index = (lengths - 1) // step
+    num_intervals = int(index.max()) + 1
+    upper = (np.arange(num_intervals) + 1) * step
+    scale = tokens_per_iteration / lengths.sum() if tokens_per_iteration else 1.0
+    work = np.empty((num_intervals, len(profiles)))
+    for k, profile in enumerate(profiles):
+        per_sequence = profile.time(lengths.astype(np.float64)) * scale
+        work[:, k] = np.bincount(index, weights=per_sequence, minlength=num_intervals)
+        work[upper > profile.max_len, k] = math.inf
+    counts = np.bincount(index, minlength=num_intervals)
+    return IntervalWork(upper, work, counts, tuple(profiles))
+
+
+@dataclass(frozen=True)
+class RelaxedSolution:
+    """The continuous relaxation for sequences up to upper[`intervals` - 1]: latency, fractional
+    pipelines per scheme, and the scheme each length interval went to."""
+
+    latency: float
+    pipelines: np.ndarray
+    scheme_of_interval: np.ndarray
+
+
+def relaxed_proposal(iw: IntervalWork, intervals: int, num_gpus: float) -> RelaxedSolution:
+    """Closed-form optimum of Eq. 4 with fractional GPUs and pipelines (module docstring)."""
+    gpu_seconds = iw.work[:intervals] * iw.gpus[None, :]
+    choice = np.argmin(gpu_seconds, axis=1)  # inf for infeasible schemes; ties: first scheme
+    best = gpu_seconds[np.arange(intervals), choice]
+    total = float(best.sum())
+    pipelines = np.zeros(len(iw.profiles))
+    if total == 0.0:
+        return RelaxedSolution(0.0, pipelines, choice)
+    latency = total / num_gpus
+    np.add.at(pipelines, choice, iw.work[np.arange(intervals), choice] / latency)
+    return RelaxedSolution(latency, pipelines, choice)
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Candidates for global batches whose longest sequence falls in (max_len - step, max_len],
+    best first, with their estimated latency (`estimate_latency`)."""
+
+    max_len: int
+    relaxed: RelaxedSolution
+    strategies: tuple[Strategy, ...]
+    estimates: tuple[float, ...]
+
+
+def propose_strategies(iw: IntervalWork, num_gpus: int, *, keep: int = 3) -> list[Proposal]:
+    """For every maximum length the histogram holds, the `keep` best rounded strategies (§7)."""
+    proposals = []
+    for intervals in np.flatnonzero(iw.counts) + 1:
+        relaxed = relaxed_proposal(iw, intervals, num_gpus)
+        longest = int(iw.upper[intervals - 1])
+        strategies = round_strategy(relaxed.pipelines, iw.profiles, num_gpus, longest)
+        if not strategies:
+            raise PlanningError(
+                f"no whole-pipeline strategy on {num_gpus} GPUs holds sequences of {longest} "
+                f"tokens; relaxed: {_describe(relaxed.pipelines, iw.profiles)}"
+            )
+        ranked = sorted(
+            ((estimate_latency(s, iw, intervals), s) for s in strategies), key=lambda x: x[0]
+        )[:keep]
+        proposals.append(
+            Proposal(longest, relaxed, tuple(s for _, s in ranked), tuple(e for e, _ in ranked))
+        )
+    return proposals
+
+
+def unique_candidates(proposals: list[Proposal]) -> list[Strategy]:
+    """The proposed subset S^ (union over maximum lengths), in order of first appearance."""
+    return list(dict.fromkeys(s for p in proposals for s in p.strategies))
+
+
+def estimate_latency(strategy: Strategy, iw: IntervalWork, intervals: int) -> float:
+    """Expected latency of a whole-pipeline strategy on the sequences up to interval
+    `intervals`: intervals, longest first, go where they raise the load per pipeline least
+    among the schemes that hold them (a relaxed version of the per-iteration dispatch, §6.2)."""
+    index = {p.scheme: k for k, p in enumerate(iw.profiles)}
+    chosen = [(index[s], d) for s, d in strategy.pipelines]
+    load = np.zeros(len(chosen))
+    for i in range(intervals - 1, -1, -1):
+        if not iw.counts[i]:
+            continue
+        options = [
+            ((load[j] + iw.work[i, k]) / d, j)
+            for j, (k, d) in enumerate(chosen)
+            if math.isfinite(iw.work[i, k])
+        ]
+        if not options:
+            return math.inf
+        value, j = min(options)
+        load[j] = value * chosen[j][1]
+    return float(max(load[j] / d for j, (_, d) in enumerate(chosen)))
+
+
+def round_strategy(
+    pipelines: np.ndarray,
+    profiles: tuple[SchemeProfile, ...],
+    num_gpus: int,
+    longest: int,
+    max_choices: int = 5,
+) -> tuple[Strategy, ...]:
+    """Every floor/ceil rounding of the fractional pipeline counts, adjusted to `num_gpus`: a
+    rounding that holds no `longest`-token sequence is dropped, one over the GPU count gives up
+    pipelines where the relaxation put the least work per pipeline (never the last pipeline
+    that holds `longest`), and leftover GPUs get one more pipeline at a time where it put the
+    most."""
+    used = [k for k in range(len(profiles)) if pipelines[k] > 1e-9]
+    holds = {k for k in used if profiles[k].max_len >= longest}
+    # Floor and ceiling for the schemes that hold the longest sequence and the `max_choices`
+    # others whose rounding is least clear (fraction nearest 1/2); the rest round to nearest,
+    # keeping the enumeration small.
+    others = sorted(set(used) - holds, key=lambda k: abs(pipelines[k] % 1 - 0.5))
+    unclear = holds | set(others[:max_choices])
+    options = [
+        sorted({math.floor(pipelines[k]), math.ceil(pipelines[k])})
+        if k in unclear
+        else [round(pipelines[k])]
+        for k in used
+    ]
+    gpus_of = {k: profiles[k].scheme.num_gpus for k in used}
+
+    def load(k: int, count: dict[int, int], extra: int) -> float:
+        return pipelines[k] / max(count[k] + extra, 1e-9)
+
+    found: dict[Strategy, None] = {}
+    for counts in itertools.product(*options):
+        count = dict(zip(used, counts, strict=True))
+        if not any(count[k] for k in holds):
+            continue
+        while sum(gpus_of[k] * d for k, d in count.items()) > num_gpus:
+            spare = [
+                k
+                for k in used
+                if count[k] > (1 if k in holds and sum(count[h] for h in holds) == 1 else 0)
+            ]
+            if not spare:
+                break
+            k = min(spare, key=lambda k: (load(k, count, -1), k))
+            count[k] -= 1
+        gpus = sum(gpus_of[k] * d for k, d in count.items())
+        if gpus > num_gpus:
+            continue
+        while True:
+            fits = [k for k in used if gpus_of[k] <= num_gpus - gpus]
+            if not fits:
+                break
+            k = max(fits, key=lambda k: (load(k, count, 1), -k))
+            count[k] += 1
+            gpus += gpus_of[k]
+        found[Strategy.of({profiles[k].scheme: d for k, d in count.items()})] = None
+    return tuple(found)
+
+
+def _describe(pipelines: np.ndarray, profiles: tuple[SchemeProfile, ...]) -> str:
+    return " + ".join(
+        f"{pipelines[k]:.2f}x{profiles[k].scheme}"
+        for k in range(len(profiles))
+        if pipelines[k] > 1e-9
+    )
+
+
+def integer_proposal_dp(iw: IntervalWork, num_gpus: int) -> tuple[np.ndarray, list[Strategy]]:
+    """Eq. 4 over whole GPUs and pipelines: t[N][l] and S[N][l] for l = 1..L intervals.
+
+    Exact but O(K N^2 L^2): a reference for small instances (tests, `--exact`), where the
+    relaxation is what scales.
+    """
+    num_intervals, num_schemes = iw.work.shape
+    gpus = [p.scheme.num_gpus for p in iw.profiles]
+    prefix = np.vstack([np.zeros(num_schemes), np.cumsum(iw.work, axis=0)])
+    t = np.full((num_gpus + 1, num_intervals + 1), math.inf)
+    t[:, 0] = 0.0
+    back: dict[tuple[int, int], tuple[int, int, int] | None] = {}
+    for n in range(1, num_gpus + 1):
+        for ell in range(1, num_intervals + 1):
+            best, arg = t[n - 1][ell], None
+            for k in range(num_schemes):
+                if not math.isfinite(iw.work[ell - 1, k]):
+                    continue  # MaxLen(P_k) < upper bound of the block's longest interval
+                for start in range(ell):
+                    block = prefix[ell, k] - prefix[start, k]
+                    for d in range(1, (n // gpus[k]) + 1):
+                        value = max(t[n - d * gpus[k]][start], block / d)
+                        if value < best:
+                            best, arg = value, (k, d, start)
+            t[n][ell] = best
+            back[n, ell] = arg
+    strategies = [_backtrack(back, iw, num_gpus, ell) for ell in range(1, num_intervals + 1)]
+    return t[num_gpus, 1:], strategies
+
+
+def _backtrack(back: dict, iw: IntervalWork, n: int, ell: int) -> Strategy:
+    counts: dict[ParallelScheme, int] = {}
+    while ell > 0 and n > 0:
+        arg = back[n, ell]
+        if arg is None:
+            n -= 1
+            continue
+        k, d, start = arg
+        scheme = iw.profiles[k].scheme
+        counts[scheme] = counts.get(scheme, 0) + d
+        n, ell = n - d * scheme.num_gpus, start
+    return Strategy.of(counts)

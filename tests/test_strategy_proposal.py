@@ -1,0 +1,258 @@
+"""Hydraulis scheme profiles and strategy proposal (dynapipe_planner.strategy): the integer DP
+equals exhaustive enumeration, the closed-form relaxation is the limit of the fractional DP,
+rounding keeps strategies valid, and bad input is named."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dynapipe_planner.cluster import get_gpu
+from dynapipe_planner.data import sample_lengths
+from dynapipe_planner.errors import PlanningError
+from dynapipe_planner.model_spec import MODEL_PRESETS
+from dynapipe_planner.strategy.cli import strategy_main
+from dynapipe_planner.strategy.proposal import (
+    IntervalWork,
+    Strategy,
+    estimate_latency,
+    integer_proposal_dp,
+    interval_work,
+    propose_strategies,
+    relaxed_proposal,
+    round_strategy,
+    unique_candidates,
+)
+from dynapipe_planner.strategy.schemes import (
+    ParallelScheme,
+    SchemeProfile,
+    analytic_scheme_costs,
+    profile_scheme,
+    profile_schemes,
+    scheme_space,
+)
+
+GPT = MODEL_PRESETS["gpt-1.3b"]  # 24 layers, 16 heads
+
+
+def synthetic_work(seed: int, num_intervals: int, schemes: list[ParallelScheme]) -> IntervalWork:
+    """Random per-interval work; each scheme holds a random prefix of the intervals (MaxLen)."""
+    rng = np.random.default_rng(seed)
+    upper = np.arange(1, num_intervals + 1) * 100
+    work = rng.uniform(0.1, 5.0, size=(num_intervals, len(schemes)))
+    holds = rng.integers(1, num_intervals + 1, size=len(schemes))
+    holds[rng.integers(len(schemes))] = num_intervals  # some scheme holds everything
+    profiles = []
+    for k, scheme in enumerate(schemes):
+        work[holds[k] :, k] = math.inf
+        max_len = int(upper[holds[k] - 1])
+        profiles.append(SchemeProfile(scheme, max_len, 1, (0.0, 0.0, 1.0), upper[:1], upper[:1]))
+    return IntervalWork(upper, work, np.ones(num_intervals, dtype=int), tuple(profiles))
+
+
+def brute_force(iw: IntervalWork, num_gpus: int, intervals: int) -> float:
+    """Every split of the first `intervals` intervals into contiguous blocks, every scheme and
+    pipeline count per block, within `num_gpus`: the best slowest-block latency."""
+    best = math.inf
+    for cuts in itertools.product([False, True], repeat=intervals - 1):
+        bounds = [0] + [i + 1 for i, cut in enumerate(cuts) if cut] + [intervals]
+        blocks = list(itertools.pairwise(bounds))
+        choices = []
+        for a, b in blocks:
+            options = []
+            for k, p in enumerate(iw.profiles):
+                work = iw.work[a:b, k].sum()
+                if math.isfinite(work):
+                    options += [(p.scheme.num_gpus * d, work / d) for d in range(1, num_gpus + 1)]
+            choices.append(options)
+        for combo in itertools.product(*choices):
+            if sum(g for g, _ in combo) <= num_gpus:
+                best = min(best, max(t for _, t in combo))
+    return best
+
+
+SMALL_SCHEMES = [ParallelScheme(1, 1), ParallelScheme(2, 1), ParallelScheme(1, 3)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 4), st.integers(1, 6))
+def test_integer_dp_equals_exhaustive_enumeration(seed, num_intervals, num_gpus):
+    iw = synthetic_work(seed, num_intervals, SMALL_SCHEMES)
+    latencies, strategies = integer_proposal_dp(iw, num_gpus)
+    for ell in range(1, num_intervals + 1):
+        expected = brute_force(iw, num_gpus, ell)
+        assert latencies[ell - 1] == pytest.approx(expected, rel=1e-12) or (
+            math.isinf(expected) and math.isinf(latencies[ell - 1])
+        )
+        if math.isfinite(expected):
+            assert strategies[ell - 1].num_gpus <= num_gpus
+
+
+def fractional_dp(iw: IntervalWork, num_gpus: int, step: float) -> float:
+    """Eq. 4 with n and d on a grid of `step` (the paper's relaxation, 0.1 there)."""
+    units = round(num_gpus / step)
+    num_intervals = len(iw.upper)
+    prefix = np.vstack([np.zeros(len(iw.profiles)), np.cumsum(iw.work, axis=0)])
+    t = np.full((units + 1, num_intervals + 1), math.inf)
+    t[:, 0] = 0.0
+    for n in range(1, units + 1):
+        for ell in range(1, num_intervals + 1):
+            best = t[n - 1, ell]
+            for k, p in enumerate(iw.profiles):
+                if not math.isfinite(iw.work[ell - 1, k]):
+                    continue
+                g = p.scheme.num_gpus
+                for start in range(ell):
+                    block = prefix[ell, k] - prefix[start, k]
+                    for d_units in range(1, n // g + 1):  # d = d_units * step pipelines
+                        best = min(best, max(t[n - d_units * g, start], block / (d_units * step)))
+            t[n, ell] = best
+    return float(t[units, num_intervals])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_closed_form_relaxation_is_the_limit_of_the_fractional_dp(seed):
+    iw = synthetic_work(seed, 3, SMALL_SCHEMES[:2])
+    closed = relaxed_proposal(iw, 3, 4).latency
+    coarse, fine = fractional_dp(iw, 4, 0.5), fractional_dp(iw, 4, 0.1)
+    assert closed <= fine + 1e-12 and fine <= coarse + 1e-12  # a lower bound, approached
+    assert fine <= closed * 1.25
+    integer = integer_proposal_dp(iw, 4)[0][-1]
+    assert closed <= integer + 1e-12
+
+
+def test_relaxation_gives_every_interval_its_cheapest_feasible_scheme():
+    iw = synthetic_work(7, 4, SMALL_SCHEMES)
+    solution = relaxed_proposal(iw, 4, 8)
+    gpu_seconds = iw.work * iw.gpus[None, :]
+    assert list(solution.scheme_of_interval) == list(np.argmin(gpu_seconds, axis=1))
+    assert solution.latency == pytest.approx(gpu_seconds.min(axis=1).sum() / 8)
+    # Each scheme's pipelines carry its work at exactly that latency, using all 8 GPUs.
+    assert float(solution.pipelines @ iw.gpus) == pytest.approx(8.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(0.0, 12.0), min_size=3, max_size=3),
+    st.integers(4, 24),
+    st.sampled_from([100, 200, 300, 400]),
+)
+def test_rounded_strategies_fit_and_hold_the_longest_sequence(fractions, num_gpus, longest):
+    iw = synthetic_work(3, 4, SMALL_SCHEMES)
+    pipelines = np.array(fractions)
+    holders = [p for p in iw.profiles if p.max_len >= longest]
+    if not any(pipelines[k] > 0 for k, p in enumerate(iw.profiles) if p.max_len >= longest):
+        return  # the relaxation never leaves the longest interval without a scheme
+    strategies = round_strategy(pipelines, iw.profiles, num_gpus, longest)
+    assert len(set(strategies)) == len(strategies)
+    for s in strategies:
+        assert 0 < s.num_gpus <= num_gpus
+        assert any(scheme in {p.scheme for p in holders} for scheme, _ in s.pipelines)
+        # No GPU left that one more pipeline of a used scheme could take.
+        used = {scheme for k, scheme in enumerate(SMALL_SCHEMES) if pipelines[k] > 1e-9}
+        assert all(num_gpus - s.num_gpus < scheme.num_gpus for scheme in used)
+
+
+def test_whole_relaxed_solution_is_kept_as_is():
+    iw = synthetic_work(3, 4, SMALL_SCHEMES)
+    pipelines = np.array([2.0, 1.0, 0.0])
+    longest = max(p.max_len for p in iw.profiles[:2])
+    found = round_strategy(pipelines, iw.profiles, 4, longest)
+    assert Strategy.of({SMALL_SCHEMES[0]: 2, SMALL_SCHEMES[1]: 1}) in found
+
+
+def test_scheme_space_follows_divisibility_and_gpu_count():
+    schemes = scheme_space(GPT, 16, max_tp=8)
+    assert schemes and all(s.num_gpus <= 16 for s in schemes)
+    assert all(16 % s.tp == 0 and 24 % s.pp == 0 for s in schemes)
+    assert ParallelScheme(8, 2) in schemes and ParallelScheme(3, 1) not in schemes
+    with pytest.raises(PlanningError, match="at least one GPU"):
+        scheme_space(GPT, 0)
+
+
+def test_profile_max_len_is_the_longest_length_whose_1f1b_memory_fits():
+    scheme = ParallelScheme(1, 4)
+    costs = analytic_scheme_costs(GPT, get_gpu("A100-40GB"), 8, max_len=65536)(scheme)
+    profile = profile_scheme(scheme, costs, length_step=64)
+    assert 0 < profile.max_len < costs.s_grid[-1]
+    free = costs.memory_limit - costs.static
+    inflight = np.arange(4, 0, -1)
+
+    def fits(length: int) -> bool:
+        _, _, act, tra = costs.stage_costs_many(np.ones(1), np.array([length]), np.zeros(1))
+        return bool(np.all(act[0] * inflight + tra[0] <= free))
+
+    assert fits(profile.max_len) and not fits(profile.max_len + 64)
+    rate = profile.lengths / profile.stage_times
+    assert rate[profile.lengths == profile.util_len][0] >= 0.85 * rate.max()
+    assert rate[profile.lengths < profile.util_len].max(initial=0) < 0.85 * rate.max()
+    assert profile.fit_error < 0.02
+    assert np.all(np.diff(profile.time(profile.lengths)) > 0)
+
+
+def test_sequence_longer_than_every_max_len_is_named():
+    profiles = profile_schemes(
+        scheme_space(GPT, 2),
+        analytic_scheme_costs(GPT, get_gpu("RTX3090"), 2, max_len=65536),
+    )
+    longest = max(p.max_len for p in profiles)
+    with pytest.raises(PlanningError, match=rf"sample 2 \(length {longest + 1}\).*MaxLen"):
+        interval_work(np.array([10, 20, longest + 1]), profiles)
+
+
+def test_empty_scheme_space_and_empty_histogram_are_named():
+    with pytest.raises(PlanningError, match="empty scheme space"):
+        profile_schemes([], lambda s: None)
+    profiles = profile_schemes(
+        [ParallelScheme(1, 1)], analytic_scheme_costs(GPT, get_gpu("A100-80GB"), 1, max_len=4096)
+    )
+    with pytest.raises(PlanningError, match="no tokens"):
+        interval_work(np.array([], dtype=np.int64), profiles)
+    with pytest.raises(PlanningError, match="empty scheme space"):
+        interval_work(np.array([5]), [])
+
+
+def test_proposals_cover_every_maximum_length_with_valid_strategies():
+    profiles = profile_schemes(
+        scheme_space(GPT, 16), analytic_scheme_costs(GPT, get_gpu("A100-40GB"), 16, max_len=16384)
+    )
+    lengths = np.minimum(sample_lengths("webcode", 5000, seed=1), 16384)
+    iw = interval_work(lengths, profiles, step=256, tokens_per_iteration=100_000)
+    proposals = propose_strategies(iw, 16)
+    assert [p.max_len for p in proposals] == [int(u) for u in iw.upper[iw.counts > 0]]
+    max_len = {p.scheme: p.max_len for p in profiles}
+    for p in proposals:
+        assert list(p.estimates) == sorted(p.estimates) and len(p.strategies) <= 3
+        for s in p.strategies:
+            assert s.num_gpus <= 16
+            assert max(max_len[scheme] for scheme, _ in s.pipelines) >= p.max_len
+    best = proposals[-1]
+    assert best.estimates[0] == estimate_latency(best.strategies[0], iw, len(iw.upper))
+    assert best.estimates[0] >= best.relaxed.latency * (1 - 1e-9)  # rounding costs something
+    assert len(unique_candidates(proposals)) < 3 * len(proposals)
+
+
+def test_cli_propose_prints_tables_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "proposals.json"
+    argv = ["propose", "--model", "gpt-1.3b", "--gpu", "A100-40GB", "--num-gpus", "16"]
+    argv += ["--context-length", "8192", "--num-samples", "3000", "--output", str(out)]
+    assert strategy_main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "MaxLen" in printed and "candidate strategies on 16 A100-40GB" in printed
+    data = json.loads(out.read_text())
+    assert data["schemes"] and data["proposals"][-1]["max_len"] <= 8192
+    assert all(s["num_gpus"] <= 16 for p in data["proposals"] for s in p["strategies"])
+
+
+def test_cli_names_a_sequence_no_scheme_holds(tmp_path, capsys):
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("100\n500000\n")
+    argv = ["propose", "--lengths", str(lengths), "--context-length", "600000", "--num-gpus", "2"]
+    assert strategy_main([*argv, "--gpu", "RTX3090", "--model", "gpt-1.3b"]) == 2
+    assert "sample 1 (length 500000)" in capsys.readouterr().err
