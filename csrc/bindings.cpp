@@ -4,7 +4,8 @@
 #include "core.h"
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "C++ hot loops of the DynaPipe planner (micro-batching DP, schedules).";
+  m.doc() = "C++ hot loops of the planner (micro-batching DP, schedules, dispatch).";
   register_microbatch_dp(m);
   register_schedule(m);
+  register_dispatch(m);
 }

@@ -1,5 +1,6 @@
 """Hydraulis (seed hydraulis.txt): heterogeneous parallel strategies for long-tailed data.
 
 `schemes` profiles each pipeline layout (MaxLen, UtilLen, T(l)); `proposal` proposes the
-candidate strategies from the dataset's length distribution.
+candidate strategies from the dataset's length distribution; `dispatch` sends an iteration's
+sequences to a strategy's pipelines.
 """
