@@ -1,0 +1,127 @@
+"""Sequence packing within one pipeline: Hydraulis (seed hydraulis.txt) §6.1, Eq. 1 and
+Appendix C.
+
+A pipeline of scheme P packs its U sequences into V micro-batches (each at most MaxLen(P)
+tokens, variable-length attention, so a micro-batch costs the sum of its sequences' T) and takes
+about  max_j (micro-batch j's time) x (PP(P) - 1 + V)  (Eq. 1): the slowest micro-batch paces
+every pipeline step. V is enumerated only over [sum l / MaxLen, sum l / UtilLen] (App. C):
+fewer micro-batches would not fit, more would be too short to keep the GPUs busy. Each V is
+packed by longest-processing-time-first (the default, fast) or exactly by CP-SAT under a time
+limit.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import PlanningError
+from .schemes import SchemeProfile
+
+PACKING_METHODS = ("lpt", "exact")
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Micro-batches (indices into the pipeline's sequences) and their Eq. 1 latency."""
+
+    microbatches: tuple[tuple[int, ...], ...]
+    objective: float
+
+
+def micro_batch_range(lengths: np.ndarray, profile: SchemeProfile) -> range:
+    """The V worth trying (App. C), never empty for sequences that each fit."""
+    total = int(np.sum(lengths))
+    low = max(math.ceil(total / profile.max_len), 1)
+    high = min(total // max(profile.util_len, 1), len(lengths))
+    return range(low, max(low, high) + 1)
+
+
+def pack_lpt(times: np.ndarray, lengths: np.ndarray, max_len: int, count: int):
+    """Longest processing time first into `count` micro-batches of at most `max_len` tokens:
+    each sequence goes to the least loaded micro-batch with room. None when one does not fit."""
+    bins: list[list[int]] = [[] for _ in range(count)]
+    tokens = [0] * count
+    heap = [(0.0, j) for j in range(count)]
+    for i in sorted(range(len(times)), key=lambda i: (-times[i], i)):
+        waiting = []
+        while heap and tokens[heap[0][1]] + lengths[i] > max_len:
+            waiting.append(heapq.heappop(heap))
+        if not heap:
+            return None
+        load, j = heapq.heappop(heap)
+        bins[j].append(i)
+        tokens[j] += int(lengths[i])
+        heapq.heappush(heap, (load + times[i], j))
+        for item in waiting:
+            heapq.heappush(heap, item)
+    return [sorted(b) for b in bins if b]
+
+
+def pack_exact(times: np.ndarray, lengths: np.ndarray, max_len: int, count: int, time_limit_s):
+    """Eq. 1 for a fixed V by CP-SAT (microsecond resolution): the packing whose slowest
+    micro-batch is fastest. None when infeasible or not solved in time."""
+    from ortools.sat.python import cp_model
+
+    units = np.round(np.asarray(times) / 1e-6).astype(np.int64)
+    model = cp_model.CpModel()
+    x = [[model.new_bool_var(f"x{i}_{j}") for j in range(count)] for i in range(len(units))]
+    slowest = model.new_int_var(0, int(units.sum()), "slowest")
+    for i in range(len(units)):
+        model.add_exactly_one(x[i])
+    for j in range(count):
+        model.add(sum(int(lengths[i]) * x[i][j] for i in range(len(units))) <= max_len)
+        model.add(sum(int(units[i]) * x[i][j] for i in range(len(units))) <= slowest)
+    for j in range(1, count):  # micro-batches are interchangeable: sequence 0 goes to the first
+        model.add(x[0][j] == 0)
+    model.minimize(slowest)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = 1
+    if solver.solve(model) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    bins = [[i for i in range(len(units)) if solver.value(x[i][j])] for j in range(count)]
+    return [b for b in bins if b]
+
+
+def pack_pipeline(
+    lengths: np.ndarray,
+    profile: SchemeProfile,
+    *,
+    method: str = "lpt",
+    time_limit_s: float = 1.0,
+) -> Packing:
+    """Best packing of one pipeline's sequences over the pruned V range (Eq. 1)."""
+    if method not in PACKING_METHODS:
+        raise PlanningError(f"packing method must be one of {PACKING_METHODS}, got {method!r}")
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if len(lengths) == 0:
+        return Packing((), 0.0)
+    too_long = np.flatnonzero(lengths > profile.max_len)
+    if len(too_long):
+        i = int(too_long[0])
+        raise PlanningError(
+            f"sequence {i} (length {lengths[i]}) exceeds MaxLen {profile.max_len} of "
+            f"{profile.scheme}"
+        )
+    times = profile.time(lengths.astype(np.float64))
+    best = None
+    for count in micro_batch_range(lengths, profile):
+        if method == "lpt":
+            bins = pack_lpt(times, lengths, profile.max_len, count)
+        else:
+            bins = pack_exact(times, lengths, profile.max_len, count, time_limit_s)
+        if bins is None:
+            continue
+        slowest = max(float(times[b].sum()) for b in bins)
+        objective = slowest * (profile.scheme.pp - 1 + len(bins))
+        if best is None or objective < best.objective:
+            best = Packing(tuple(tuple(b) for b in bins), objective)
+    if best is None:  # one sequence per micro-batch always fits
+        bins = [[i] for i in range(len(lengths))]
+        slowest = float(times.max())
+        best = Packing(tuple(tuple(b) for b in bins), slowest * (profile.scheme.pp - 1 + len(bins)))
+    return best

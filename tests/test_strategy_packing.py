@@ -1,0 +1,89 @@
+"""Hydraulis packing within a pipeline (dynapipe_planner.strategy.packing): every sequence
+packed once within MaxLen, V from the pruned range, CP-SAT optimal against brute force, and the
+default heuristic never better than the exact packing."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dynapipe_planner.errors import PlanningError
+from dynapipe_planner.strategy.packing import micro_batch_range, pack_exact, pack_pipeline
+from dynapipe_planner.strategy.schemes import ParallelScheme, SchemeProfile
+
+
+def profile(max_len: int, util_len: int, pp: int = 4) -> SchemeProfile:
+    a, b, c = 2e-9, 1e-4, 5e-3
+    lengths = np.array([1.0, float(max_len)])
+    times = (a * lengths + b) * lengths + c
+    return SchemeProfile(ParallelScheme(1, pp), max_len, util_len, (a, b, c), lengths, times)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(1, 4000), min_size=1, max_size=40), st.sampled_from([1, 2, 4, 8]))
+def test_lpt_packs_every_sequence_once_within_max_len(lengths, pp):
+    lengths = np.array(lengths)
+    p = profile(4000, 500, pp)
+    packing = pack_pipeline(lengths, p)
+    flat = sorted(i for mb in packing.microbatches for i in mb)
+    assert flat == list(range(len(lengths)))
+    assert all(lengths[list(mb)].sum() <= p.max_len for mb in packing.microbatches)
+    times = p.time(lengths.astype(float))
+    slowest = max(times[list(mb)].sum() for mb in packing.microbatches)
+    assert packing.objective == pytest.approx(slowest * (pp - 1 + len(packing.microbatches)))
+    # V outside the pruned range is never produced, except the one-per-sequence fallback.
+    v = len(packing.microbatches)
+    assert v in micro_batch_range(lengths, p) or v == len(lengths)
+
+
+def brute_force_slowest(times: np.ndarray, lengths: np.ndarray, max_len: int, count: int):
+    best = np.inf
+    for choice in itertools.product(range(count), repeat=len(times)):
+        choice = np.array(choice)
+        if all(lengths[choice == j].sum() <= max_len for j in range(count)):
+            best = min(best, max(times[choice == j].sum() for j in range(count)))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_cp_sat_packing_is_optimal_for_each_v(seed):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(100, 1500, size=7)
+    p = profile(2000, 300)
+    times = p.time(lengths.astype(float))
+    for count in (2, 3, 4):
+        bins = pack_exact(times, lengths, p.max_len, count, time_limit_s=10)
+        expected = brute_force_slowest(times, lengths, p.max_len, count)
+        if not np.isfinite(expected):
+            assert bins is None
+            continue
+        assert max(times[b].sum() for b in bins) == pytest.approx(expected, abs=4e-6)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_heuristic_is_never_better_than_exact(seed):
+    lengths = np.random.default_rng(seed).integers(50, 1800, size=9)
+    p = profile(2000, 400, pp=2)
+    lpt = pack_pipeline(lengths, p)
+    exact = pack_pipeline(lengths, p, method="exact", time_limit_s=10)
+    assert exact.objective <= lpt.objective * (1 + 1e-5)
+
+
+def test_micro_batch_range_follows_appendix_c():
+    p = profile(4000, 500)
+    assert micro_batch_range(np.array([1000] * 10), p) == range(3, 11)  # 10000/4000 .. U = 10
+    assert micro_batch_range(np.array([100] * 50), p) == range(2, 11)  # 5000/4000 .. 5000/500
+    assert micro_batch_range(np.array([100, 100]), p) == range(1, 2)  # never empty
+
+
+def test_bad_packing_input_is_named():
+    p = profile(2000, 300)
+    with pytest.raises(PlanningError, match=r"sequence 1 \(length 2500\) exceeds MaxLen 2000"):
+        pack_pipeline(np.array([10, 2500]), p)
+    with pytest.raises(PlanningError, match="packing method"):
+        pack_pipeline(np.array([10]), p, method="greedy")
+    assert pack_pipeline(np.array([], dtype=np.int64), p).microbatches == ()
