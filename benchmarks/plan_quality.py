@@ -43,7 +43,7 @@ METHODS = {
 
 
 def lower_bound(plan: ExecutionPlan, planner: IterationPlanner, lengths: np.ndarray) -> float:
-    costs = planner.costs(plan.stats["recompute"], lengths)
+    costs = planner.costs_of(plan, lengths)
     best = 0.0
     for r in range(plan.num_replicas):
         mbs = [m for m in plan.microbatches if m.replica == r]
@@ -111,7 +111,7 @@ def main() -> None:
                     plan.stats["predicted_iteration_s"] / lower_bound(plan, planner, batch)
                 )
                 if name == "dynapipe":
-                    costs = planner.costs(plan.stats["recompute"], batch)
+                    costs = planner.costs_of(plan, batch)
                     sim.append(simulate(plan, costs).makespan / plan.stats["predicted_iteration_s"])
             if len(ratios) == len(chosen):
                 rows[name] = (tokens / seconds, np.mean(pad), np.mean(ratios), np.max(ratios), sim)

@@ -116,12 +116,13 @@ class IterationPlanner:
         self.config = config
         self._tables: dict[tuple, PipelineCosts] = {}
 
-    def costs(self, recompute: str, lengths: np.ndarray) -> PipelineCosts:
-        """Cost tables whose grid covers this batch, cached by power-of-two bounds."""
+    def costs(self, recompute: str, lengths: np.ndarray, longest: int = 0) -> PipelineCosts:
+        """Cost tables whose grid covers this batch (and rows of `longest` tokens, for packed
+        micro-batches longer than any sample), cached by power-of-two bounds."""
         src = lengths if lengths.ndim == 1 else lengths[:, 0]
         hints = {
             "max_samples": _pow2(len(lengths)),
-            "max_seqlen": _pow2(int(src.max())),
+            "max_seqlen": _pow2(max(int(src.max()), longest)),
             "max_tgt_seqlen": _pow2(int(lengths[:, 1].max())) if lengths.ndim == 2 else 0,
         }
         key = (recompute, *hints.values())
@@ -129,17 +130,34 @@ class IterationPlanner:
             self._tables[key] = self.cost_model.pipeline_costs(recompute, **hints)
         return self._tables[key]
 
-    def plan(self, lengths: np.ndarray, sample_ids: np.ndarray | None = None) -> ExecutionPlan:
+    def costs_of(self, plan: ExecutionPlan, lengths: np.ndarray) -> PipelineCosts:
+        """The cost tables `plan` (of this batch) was priced with, to simulate or bound it."""
+        longest = max(m.seqlen for m in plan.microbatches)
+        return self.costs(plan.stats["recompute"], lengths, longest)
+
+    def plan(
+        self,
+        lengths: np.ndarray,
+        sample_ids: np.ndarray | None = None,
+        groups: list[Group] | None = None,
+    ) -> ExecutionPlan:
+        """Plan one global batch; `groups` fixes the micro-batches (indices into `lengths`),
+        leaving the planner the replica split, schedule, recomputation and communication."""
         started = time.perf_counter()
         ids = np.arange(len(lengths)) if sample_ids is None else np.asarray(sample_ids)
         if len(ids) != len(lengths):
             raise PlanningError(f"{len(ids)} sample ids for {len(lengths)} lengths")
         lengths = validate_lengths(lengths, ids)
         order = order_samples(lengths, self.config.order)  # shared by every candidate below
+        if groups is not None:
+            longest = max(g.seqlen for g in groups)
+        else:
+            longest = self.config.max_seqlen if self.config.batching == "packing" else 0
         best, failures = None, []
         for mode in self._recompute_modes():
             try:
-                cand = self._best_candidate(lengths, ids, order, self.costs(mode, lengths))
+                costs = self.costs(mode, lengths, longest)
+                cand = self._best_candidate(lengths, ids, order, costs, groups)
             except PlanningError as e:
                 failures.append(f"recompute={mode}: {e}")
                 continue
@@ -166,13 +184,23 @@ class IterationPlanner:
 
     # ---- candidates ------------------------------------------------------------------
     def _best_candidate(
-        self, lengths: np.ndarray, ids: np.ndarray, order: np.ndarray, costs: PipelineCosts
+        self,
+        lengths: np.ndarray,
+        ids: np.ndarray,
+        order: np.ndarray,
+        costs: PipelineCosts,
+        groups: list[Group] | None = None,
     ) -> Candidate:
         best, errors = None, []
-        for label, make_groups in self._candidate_groups(lengths, ids, order, costs):
+        options = (
+            [("given", partial(_no_passes, list, groups))]
+            if groups is not None
+            else self._candidate_groups(lengths, ids, order, costs)
+        )
+        for label, make_groups in options:
             try:
-                groups, passes = make_groups()
-                cand = self._schedule(groups, costs)
+                made, passes = make_groups()
+                cand = self._schedule(made, costs)
             except PlanningError as e:
                 errors.append(f"{label}: {e}")
                 continue

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from dynapipe_planner.cluster import ClusterSpec, GiB, get_gpu
 from dynapipe_planner.cost import AnalyticCostModel
 from dynapipe_planner.errors import PlanningError
+from dynapipe_planner.microbatch.baselines import Group
 from dynapipe_planner.microbatch.ordering import order_samples
 from dynapipe_planner.model_spec import MODEL_PRESETS, ModelSpec
 from dynapipe_planner.plan import ExecutionPlan
@@ -43,7 +44,7 @@ def check_plan(planner: IterationPlanner, plan: ExecutionPlan, lengths: np.ndarr
             assert m.seqlen >= own.max() or m.row_sizes
         else:
             assert m.seqlen >= own[:, 0].max() and m.tgt_seqlen >= own[:, 1].max()
-    costs = planner.costs(plan.stats["recompute"], lengths)
+    costs = planner.costs_of(plan, lengths)
     result = simulate(plan, costs, check_memory=True)
     predicted = plan.stats["predicted_iteration_s"]
     if not any(m.row_sizes for m in plan.microbatches):  # packing's attention saving is plan-side
@@ -156,6 +157,31 @@ def test_every_replica_gets_a_microbatch_when_one_would_do():
     plan = planner.plan(lengths)
     check_plan(planner, plan, lengths)
     assert {m.replica for m in plan.microbatches} == {0, 1}
+
+
+def test_packing_rows_longer_than_every_sample_are_priced_not_rejected():
+    # Rows of 8192 tokens from samples of at most 700: the cost grid must cover the rows, not
+    # just the samples (it once followed the samples and called such rows out of memory).
+    planner = make_planner(MODEL_PRESETS["gpt-125m"], 2, 1, 40, batching="packing", max_seqlen=8192)
+    lengths = np.random.default_rng(2).integers(50, 700, size=60)
+    plan = planner.plan(lengths)
+    assert {m.seqlen for m in plan.microbatches} == {8192}
+    check_plan(planner, plan, lengths)
+
+
+def test_given_micro_batches_are_planned_as_given():
+    planner = make_planner(MODEL_PRESETS["gpt-125m"], 2, 1, 40, schedule="1f1b")
+    lengths = np.array([100, 300, 200, 50])
+    groups = [
+        Group(np.array([0, 3]), 150, rows=[[0, 3]], attention_saved=150**2 - 100**2 - 50**2),
+        Group(np.array([1, 2]), 300),
+    ]
+    plan = planner.plan(lengths, groups=groups)
+    assert [(m.samples, m.seqlen, m.row_sizes) for m in plan.microbatches] == [
+        ([0, 3], 150, [2]),
+        ([1, 2], 300, []),
+    ]
+    check_plan(planner, plan, lengths)
 
 
 def test_tsp_order_is_a_permutation_and_plans_cleanly():

@@ -96,7 +96,7 @@ def test_planner_plans_the_long_tailed_batch_faster_than_the_work_balanced_split
 
 
 def _makespan_of_work_split(planner: IterationPlanner, plan, lengths: np.ndarray) -> float:
-    costs = planner.costs(plan.stats["recompute"], lengths)
+    costs = planner.costs_of(plan, lengths)
     rows = np.array([m.num_rows for m in plan.microbatches])
     seq = np.array([m.seqlen for m in plan.microbatches])
     zero = np.zeros(len(rows))
