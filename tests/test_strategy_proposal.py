@@ -32,10 +32,11 @@ from dynapipe_planner.strategy.proposal import (
 from dynapipe_planner.strategy.schemes import (
     ParallelScheme,
     SchemeProfile,
-    analytic_scheme_costs,
+    analytic_scheme_models,
     profile_scheme,
     profile_schemes,
     scheme_space,
+    scheme_tables,
 )
 
 GPT = MODEL_PRESETS["gpt-1.3b"]  # 24 layers, 16 heads
@@ -75,6 +76,11 @@ def brute_force(iw: IntervalWork, num_gpus: int, intervals: int) -> float:
             if sum(g for g, _ in combo) <= num_gpus:
                 best = min(best, max(t for _, t in combo))
     return best
+
+
+def tables(gpu: str, num_gpus: int, max_len: int):
+    """Single-sequence cost tables of each GPT scheme on `num_gpus` GPUs of type `gpu`."""
+    return scheme_tables(analytic_scheme_models(GPT, get_gpu(gpu), num_gpus), max_len)
 
 
 SMALL_SCHEMES = [ParallelScheme(1, 1), ParallelScheme(2, 1), ParallelScheme(1, 3)]
@@ -178,7 +184,7 @@ def test_scheme_space_follows_divisibility_and_gpu_count():
 
 def test_profile_max_len_is_the_longest_length_whose_1f1b_memory_fits():
     scheme = ParallelScheme(1, 4)
-    costs = analytic_scheme_costs(GPT, get_gpu("A100-40GB"), 8, max_len=65536)(scheme)
+    costs = tables("A100-40GB", 8, 65536)(scheme)
     profile = profile_scheme(scheme, costs, length_step=64)
     assert 0 < profile.max_len < costs.s_grid[-1]
     free = costs.memory_limit - costs.static
@@ -199,7 +205,7 @@ def test_profile_max_len_is_the_longest_length_whose_1f1b_memory_fits():
 def test_sequence_longer_than_every_max_len_is_named():
     profiles = profile_schemes(
         scheme_space(GPT, 2),
-        analytic_scheme_costs(GPT, get_gpu("RTX3090"), 2, max_len=65536),
+        tables("RTX3090", 2, 65536),
     )
     longest = max(p.max_len for p in profiles)
     with pytest.raises(PlanningError, match=rf"sample 2 \(length {longest + 1}\).*MaxLen"):
@@ -210,7 +216,8 @@ def test_empty_scheme_space_and_empty_histogram_are_named():
     with pytest.raises(PlanningError, match="empty scheme space"):
         profile_schemes([], lambda s: None)
     profiles = profile_schemes(
-        [ParallelScheme(1, 1)], analytic_scheme_costs(GPT, get_gpu("A100-80GB"), 1, max_len=4096)
+        [ParallelScheme(1, 1)],
+        tables("A100-80GB", 1, 4096),
     )
     with pytest.raises(PlanningError, match="no tokens"):
         interval_work(np.array([], dtype=np.int64), profiles)
@@ -220,7 +227,8 @@ def test_empty_scheme_space_and_empty_histogram_are_named():
 
 def test_proposals_cover_every_maximum_length_with_valid_strategies():
     profiles = profile_schemes(
-        scheme_space(GPT, 16), analytic_scheme_costs(GPT, get_gpu("A100-40GB"), 16, max_len=16384)
+        scheme_space(GPT, 16),
+        tables("A100-40GB", 16, 16384),
     )
     lengths = np.minimum(sample_lengths("webcode", 5000, seed=1), 16384)
     iw = interval_work(lengths, profiles, step=256, tokens_per_iteration=100_000)

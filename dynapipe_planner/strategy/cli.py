@@ -23,7 +23,13 @@ from ..errors import PlanningError
 from ..model_spec import MODEL_PRESETS, load_model_spec
 from ..plan import atomic_write
 from .proposal import IntervalWork, Proposal, interval_work, propose_strategies, unique_candidates
-from .schemes import SchemeProfile, analytic_scheme_costs, profile_schemes, scheme_space
+from .schemes import (
+    SchemeProfile,
+    analytic_scheme_models,
+    profile_schemes,
+    scheme_space,
+    scheme_tables,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,15 +76,14 @@ def _propose(args: argparse.Namespace) -> int:
         lengths = sample_lengths(args.preset or "webcode", args.num_samples, seed=args.seed)
     lengths = np.minimum(lengths, args.context_length)
     started = time.perf_counter()
-    costs_of = analytic_scheme_costs(
+    models = analytic_scheme_models(
         model,
         get_gpu(args.gpu),
         args.num_gpus,
-        max_len=args.context_length,
         gpus_per_node=args.gpus_per_node,
         memory_limit_bytes=int(args.memory_limit_gb * GiB),
-        recompute=args.recompute,
     )
+    costs_of = scheme_tables(models, args.context_length, args.recompute)
     profiles = profile_schemes(scheme_space(model, args.num_gpus, max_tp=args.max_tp), costs_of)
     profiled = time.perf_counter()
     iw = interval_work(

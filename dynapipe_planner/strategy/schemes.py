@@ -29,6 +29,7 @@ from ..cluster import ClusterSpec, GpuSpec
 from ..cost import AnalyticCostModel, PipelineCosts
 from ..errors import PlanningError
 from ..model_spec import ModelSpec
+from ..planner import CostModel
 
 LATENCY_MODES = ("fit", "table")
 
@@ -137,20 +138,18 @@ def _fit_quadratic(lengths: np.ndarray, times: np.ndarray) -> tuple[float, float
     return tuple(float(x) for x in np.concatenate([np.zeros(2 - degree), solution]))
 
 
-def analytic_scheme_costs(
+def analytic_scheme_models(
     model: ModelSpec,
     gpu: GpuSpec,
     num_gpus: int,
     *,
-    max_len: int,
     gpus_per_node: int = 8,
     memory_limit_bytes: int = 0,
-    recompute: str = "none",
-) -> Callable[[ParallelScheme], PipelineCosts]:
-    """Cost tables of each scheme from the analytic model, with flash attention (activations
+) -> Callable[[ParallelScheme], AnalyticCostModel]:
+    """The analytic cost model of each scheme's pipeline, with flash attention (activations
     linear in length, as Hydraulis assumes) and optimiser states sharded over `num_gpus`."""
 
-    def costs(scheme: ParallelScheme) -> PipelineCosts:
+    def cost_model(scheme: ParallelScheme) -> AnalyticCostModel:
         cluster = ClusterSpec(
             gpu,
             num_stages=scheme.pp,
@@ -159,12 +158,16 @@ def analytic_scheme_costs(
             gpus_per_node=gpus_per_node,
             memory_limit_bytes=memory_limit_bytes,
         )
-        model_costs = AnalyticCostModel(
-            model, cluster, flash_attention=True, distributed_optimizer=True
-        )
-        return model_costs.pipeline_costs(recompute, max_samples=1, max_seqlen=max_len)
+        return AnalyticCostModel(model, cluster, flash_attention=True, distributed_optimizer=True)
 
-    return costs
+    return cost_model
+
+
+def scheme_tables(
+    cost_model_of: Callable[[ParallelScheme], CostModel], max_len: int, recompute: str = "none"
+) -> Callable[[ParallelScheme], PipelineCosts]:
+    """Single-sequence cost tables up to `max_len` tokens, what `profile_scheme` reads."""
+    return lambda s: cost_model_of(s).pipeline_costs(recompute, max_samples=1, max_seqlen=max_len)
 
 
 def profile_schemes(
