@@ -1,0 +1,88 @@
+"""Per-iteration strategy selection (dynapipe_planner.strategy.selection): the lowest estimate
+wins among the windowed candidates, every pipeline's plan passes the simulator, every sample is
+planned exactly once, and impossible batches are named."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dynapipe_planner.cluster import get_gpu
+from dynapipe_planner.data import global_batches, sample_lengths
+from dynapipe_planner.errors import PlanningError
+from dynapipe_planner.model_spec import MODEL_PRESETS
+from dynapipe_planner.simulate import simulate, verify_plan
+from dynapipe_planner.strategy.proposal import interval_work, propose_strategies
+from dynapipe_planner.strategy.schemes import (
+    analytic_scheme_models,
+    profile_schemes,
+    scheme_space,
+    scheme_tables,
+)
+from dynapipe_planner.strategy.selection import SelectionConfig, StrategySelector
+
+GPT = MODEL_PRESETS["gpt-1.3b"]
+NUM_GPUS, CONTEXT, TOKENS = 8, 16384, 40_000
+
+
+@pytest.fixture(scope="module")
+def setting():
+    models = analytic_scheme_models(GPT, get_gpu("RTX4090"), NUM_GPUS)
+    profiles = profile_schemes(scheme_space(GPT, NUM_GPUS), scheme_tables(models, CONTEXT))
+    lengths = np.minimum(sample_lengths("webcode", 20000, seed=3), CONTEXT)
+    proposals = propose_strategies(
+        interval_work(lengths, profiles, step=256, tokens_per_iteration=TOKENS), NUM_GPUS
+    )
+    return models, profiles, proposals, lengths
+
+
+@pytest.mark.parametrize("inside", ["packing", "dynapipe"])
+def test_selected_plans_pass_the_simulator_and_cover_the_batch(setting, inside):
+    models, profiles, proposals, lengths = setting
+    selector = StrategySelector(
+        profiles, proposals, models, SelectionConfig(inside=inside, trials=20)
+    )
+    batches = global_batches(lengths, TOKENS, seed=4)
+    for _ in range(3):
+        ids = next(batches)
+        batch = lengths[ids]
+        choice = selector.select(batch, ids)
+        assert choice.estimates[choice.strategy] == min(choice.estimates.values())
+        assert set(choice.estimates) <= set(selector.candidates(int(batch.max())))
+        assert choice.strategy.num_gpus <= NUM_GPUS
+        planned = []
+        for pipeline in choice.pipelines:
+            if pipeline.plan is None:
+                continue
+            plan = pipeline.plan
+            verify_plan(plan)
+            own = batch[pipeline.sequences]
+            costs = selector._planner(pipeline.scheme).costs_of(plan, own)
+            result = simulate(plan, costs, check_memory=True)
+            if inside == "dynapipe":
+                assert result.makespan == pytest.approx(pipeline.latency, rel=0.05)
+            else:  # plans carry no sample lengths: the simulator prices packed rows densely
+                assert result.makespan >= pipeline.latency * (1 - 1e-9)
+            planned += [s for m in plan.microbatches for s in m.samples]
+        assert sorted(planned) == sorted(ids.tolist())
+        assert choice.latency == max(p.latency for p in choice.pipelines)
+
+
+def test_candidates_come_from_the_window_above_the_batch_maximum(setting):
+    models, profiles, proposals, _ = setting
+    selector = StrategySelector(profiles, proposals, models, SelectionConfig(window=0))
+    longest = proposals[len(proposals) // 2].max_len - 1
+    own = next(p for p in proposals if p.max_len >= longest)
+    assert selector.candidates(longest) == list(own.strategies)
+
+
+def test_batch_beyond_every_proposal_and_bad_config_are_named(setting):
+    models, profiles, proposals, _ = setting
+    selector = StrategySelector(profiles, proposals, models)
+    top = proposals[-1].max_len
+    with pytest.raises(PlanningError, match=rf"longest sequence \({top + 1} tokens\)"):
+        selector.select(np.array([100, top + 1]))
+    with pytest.raises(PlanningError, match="inside must be one of"):
+        SelectionConfig(inside="ring")
+    with pytest.raises(PlanningError, match="no proposed strategies"):
+        StrategySelector(profiles, [], models)
