@@ -94,7 +94,15 @@ def _gpt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
     return ModelSpec(name, "gpt", layers, hidden, heads, 4 * hidden, 51200)
 
 
-# GPT-3 family shapes (Brown et al. 2020, Table 2.1) and DynaPipe's T5 scaling (Table 1).
+def _llama(name: str, layers: int, hidden: int, heads: int, swiglu_width: int) -> ModelSpec:
+    """LLaMA-2 style shape. Its SwiGLU MLP has three h x f matrices; a two-matrix MLP of width
+    1.5 f has the same parameters and FLOPs, which is what the cost models count."""
+    return ModelSpec(name, "gpt", layers, hidden, heads, 3 * swiglu_width // 2, 32000)
+
+
+# GPT-3 family shapes (Brown et al. 2020, Table 2.1), DynaPipe's T5 scaling (Table 1) and the
+# LLaMA-2 style models Hydraulis trains (7B, 13B; its 32B-class shape is not published, so
+# ours has 60 layers of width 6656 with 64 heads, about 32B parameters).
 MODEL_PRESETS: dict[str, ModelSpec] = {
     m.name: m
     for m in (
@@ -107,6 +115,9 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         _gpt("gpt-13b", 40, 5120, 40),
         ModelSpec("t5-5.5b", "t5", 12, 1024, 128, 65536, 32128, kv_channels=128),
         ModelSpec("t5-11b", "t5", 24, 1024, 128, 65536, 32128, kv_channels=128),
+        _llama("llama-7b", 32, 4096, 32, 11008),
+        _llama("llama-13b", 40, 5120, 40, 13824),
+        _llama("llama-32b", 60, 6656, 64, 17920),
     )
 }
 

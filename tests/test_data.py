@@ -316,7 +316,7 @@ def test_idx_empty_and_zero_length(tmp_path):
 
 
 def test_presets_are_labelled_synthetic():
-    assert set(PRESETS) == {"flan", "webcode", "lognormal"}
+    assert set(PRESETS) == {"flan", "webcode", "commoncrawl", "lognormal"}
     assert all("SYNTHETIC" in description for description in PRESETS.values())
 
 
@@ -335,6 +335,12 @@ def test_lognormal_preset_median_and_clip():
     assert lengths.min() >= 8 and lengths.max() == 4096
     narrow = sample_lengths("lognormal", 20000, seed=1, median=1000, sigma=0.1, lo=1, hi=10**6)
     assert 980 <= np.median(narrow) <= 1020 and narrow.max() < 1500
+
+
+def test_commoncrawl_preset_is_the_web_part_of_webcode():
+    lengths = sample_lengths("commoncrawl", 50000, seed=2)
+    assert 480 <= np.median(lengths) <= 520 and lengths.max() <= 32768
+    assert 0.0005 < np.mean(lengths > 16384) < 0.005  # the rare long tail Hydraulis targets
 
 
 def test_flan_preset_shape_and_targets():
@@ -367,7 +373,7 @@ def test_preset_truncation_matches_truncate():
 @pytest.mark.parametrize(
     ("args", "kwargs", "message"),
     [
-        (("gamma", 10), {}, "unknown length preset 'gamma'; known: flan, webcode, lognormal"),
+        (("gamma", 10), {}, "unknown length preset 'gamma'; known: flan, webcode, commoncrawl, lognormal"),
         (("flan", 10), {"median": 3}, "preset 'flan' has no parameter.* median; it accepts: none"),
         (("lognormal", 10), {"mu": 3}, "it accepts: median, sigma, lo, hi, target_median"),
         (("lognormal", 10), {"lo": 50, "hi": 10}, "1 <= lo <= hi"),

@@ -127,6 +127,11 @@ _PRESETS = {
         "(default 0.3) of code files with a Pareto-like tail, capped at 32768; decoder-only.",
         _webcode,
     ),
+    "commoncrawl": _Preset(
+        "SYNTHETIC CommonCrawl-like web text: lognormal (median 500, sigma 1.2) capped at 32768 "
+        "(the web part of 'webcode'); decoder-only.",
+        lambda rng, n, with_targets: _webcode(rng, n, with_targets, code_fraction=0.0),
+    ),
     "lognormal": _Preset(
         "SYNTHETIC parametric lognormal(median=256, sigma=1) clipped to [lo=8, hi=4096] "
         "(the planner benchmark default); targets lognormal(target_median=32, target_sigma=1) "
