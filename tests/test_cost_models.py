@@ -180,6 +180,18 @@ def test_distributed_optimizer_shards_optimizer_state_over_replicas():
     np.testing.assert_allclose(sharded.static, plain.static * 9 / 18)
 
 
+def test_sequence_parallel_splits_the_activations_outside_tensor_parallel_regions():
+    h, stages, tp = MODEL_PRESETS["gpt-1.3b"].hidden_size, 4, 4
+    plain = analytic("gpt-1.3b", stages=stages, tp=tp)
+    split = analytic("gpt-1.3b", stages=stages, tp=tp, sequence_parallel=True)
+    b, s = np.array([2.0]), np.array([1024.0])
+    stored = [pc.stage_costs_many(b, s, np.zeros(1))[2][0, 1] for pc in (plain, split)]
+    # A middle stage holds 6 layers; each keeps 10 h bytes per token outside TP regions.
+    assert stored[0] - stored[1] == pytest.approx(6 * 10 * h * (1 - 1 / tp) * 2 * 1024)
+    same = analytic("gpt-1.3b", stages=stages, tp=1, sequence_parallel=True)
+    np.testing.assert_allclose(same.activation, analytic("gpt-1.3b", stages=stages).activation)
+
+
 def test_stage_static_memory_counts_embedding_and_output_layer():
     m = MODEL_PRESETS["gpt-1.3b"]
     pc = analytic("gpt-1.3b")  # 24 layers on 4 stages: 6 each

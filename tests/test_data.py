@@ -373,7 +373,11 @@ def test_preset_truncation_matches_truncate():
 @pytest.mark.parametrize(
     ("args", "kwargs", "message"),
     [
-        (("gamma", 10), {}, "unknown length preset 'gamma'; known: flan, webcode, commoncrawl, lognormal"),
+        (
+            ("gamma", 10),
+            {},
+            "unknown length preset 'gamma'; known: flan, webcode, commoncrawl, lognormal",
+        ),
         (("flan", 10), {"median": 3}, "preset 'flan' has no parameter.* median; it accepts: none"),
         (("lognormal", 10), {"mu": 3}, "it accepts: median, sigma, lo, hi, target_median"),
         (("lognormal", 10), {"lo": 50, "hi": 10}, "1 <= lo <= hi"),

@@ -35,6 +35,7 @@ def cost_model_from_description(desc: dict[str, Any]) -> AnalyticCostModel | Pro
                 cluster,
                 flash_attention=desc.get("flash_attention", False),
                 distributed_optimizer=desc.get("distributed_optimizer", False),
+                sequence_parallel=desc.get("sequence_parallel", False),
                 dtype=desc.get("dtype", "bf16"),
             )
         if desc["kind"] == "profiled":

@@ -55,6 +55,8 @@ class AnalyticCostModel:
     flash_attention: bool = False
     distributed_optimizer: bool = False
     dtype: str = "bf16"
+    # Megatron's --sequence-parallel: activations outside the TP regions are split over TP too.
+    sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
         m, tp = self.model, self.cluster.tp
@@ -75,6 +77,7 @@ class AnalyticCostModel:
             "cluster": cluster_to_dict(self.cluster),
             "flash_attention": self.flash_attention,
             "distributed_optimizer": self.distributed_optimizer,
+            "sequence_parallel": self.sequence_parallel,
             "dtype": self.dtype,
         }
 
@@ -130,7 +133,7 @@ class AnalyticCostModel:
         attn = self._attention_time(b, sq, sq)
         elem = self._elementwise_time(tokens)
         comm = self._allreduce_time(tokens, 2)
-        dense = 10 * h + 24 * h / tp
+        dense = (10 * h if not self.sequence_parallel else 10 * h / tp) + 24 * h / tp
         scores = 0.0 if self.flash_attention else 5.0 * heads * sq / tp
         act_core = sq * b * scores
         act_rest = sq * b * dense

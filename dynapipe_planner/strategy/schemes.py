@@ -146,8 +146,9 @@ def analytic_scheme_models(
     gpus_per_node: int = 8,
     memory_limit_bytes: int = 0,
 ) -> Callable[[ParallelScheme], AnalyticCostModel]:
-    """The analytic cost model of each scheme's pipeline, with flash attention (activations
-    linear in length, as Hydraulis assumes) and optimiser states sharded over `num_gpus`."""
+    """The analytic cost model of each scheme's pipeline as Hydraulis's memory model sees it
+    (App. B.1): flash attention and sequence parallelism (activations linear in length and
+    split over TP) and optimiser states sharded over `num_gpus`."""
 
     def cost_model(scheme: ParallelScheme) -> AnalyticCostModel:
         cluster = ClusterSpec(
@@ -158,7 +159,13 @@ def analytic_scheme_models(
             gpus_per_node=gpus_per_node,
             memory_limit_bytes=memory_limit_bytes,
         )
-        return AnalyticCostModel(model, cluster, flash_attention=True, distributed_optimizer=True)
+        return AnalyticCostModel(
+            model,
+            cluster,
+            flash_attention=True,
+            distributed_optimizer=True,
+            sequence_parallel=True,
+        )
 
     return cost_model
 
