@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -70,9 +71,14 @@ class IntervalWork:
     counts: np.ndarray  # sequences per interval
     profiles: tuple[SchemeProfile, ...]
 
-    @property
+    @cached_property
     def gpus(self) -> np.ndarray:
         return np.array([p.scheme.num_gpus for p in self.profiles], dtype=np.float64)
+
+    @cached_property
+    def column(self) -> dict[ParallelScheme, int]:
+        """Column of `work` of each scheme."""
+        return {p.scheme: k for k, p in enumerate(self.profiles)}
 
 
 def interval_work(
@@ -102,16 +108,17 @@ def interval_work(
             f"(largest: {longest_fit.scheme} holds {longest_fit.max_len}); truncate the data "
             f"or allow larger TP / PP"
         )
-    index = (lengths - 1) // step
+    distinct, multiplicity = np.unique(lengths, return_counts=True)  # T once per length
+    index = (distinct - 1) // step
     num_intervals = int(index.max()) + 1
     upper = (np.arange(num_intervals) + 1) * step
     scale = tokens_per_iteration / lengths.sum() if tokens_per_iteration else 1.0
     work = np.empty((num_intervals, len(profiles)))
     for k, profile in enumerate(profiles):
-        per_sequence = profile.time(lengths.astype(np.float64)) * scale
-        work[:, k] = np.bincount(index, weights=per_sequence, minlength=num_intervals)
+        per_length = profile.time(distinct.astype(np.float64)) * multiplicity * scale
+        work[:, k] = np.bincount(index, weights=per_length, minlength=num_intervals)
         work[upper > profile.max_len, k] = math.inf
-    counts = np.bincount(index, minlength=num_intervals)
+    counts = np.bincount(index, weights=multiplicity, minlength=num_intervals).astype(np.int64)
     return IntervalWork(upper, work, counts, tuple(profiles))
 
 
@@ -162,9 +169,8 @@ def propose_strategies(iw: IntervalWork, num_gpus: int, *, keep: int = 3) -> lis
                 f"no whole-pipeline strategy on {num_gpus} GPUs holds sequences of {longest} "
                 f"tokens; relaxed: {_describe(relaxed.pipelines, iw.profiles)}"
             )
-        ranked = sorted(
-            ((estimate_latency(s, iw, intervals), s) for s in strategies), key=lambda x: x[0]
-        )[:keep]
+        estimates = estimate_latencies(list(strategies), iw, intervals)
+        ranked = sorted(zip(estimates.tolist(), strategies, strict=True), key=lambda x: x[0])[:keep]
         proposals.append(
             Proposal(longest, relaxed, tuple(s for _, s in ranked), tuple(e for e, _ in ranked))
         )
@@ -178,24 +184,29 @@ def unique_candidates(proposals: list[Proposal]) -> list[Strategy]:
 
 def estimate_latency(strategy: Strategy, iw: IntervalWork, intervals: int) -> float:
     """Expected latency of a whole-pipeline strategy on the sequences up to interval
-    `intervals`: intervals, longest first, go where they raise the load per pipeline least
-    among the schemes that hold them (a relaxed version of the per-iteration dispatch, §6.2)."""
-    index = {p.scheme: k for k, p in enumerate(iw.profiles)}
-    chosen = [(index[s], d) for s, d in strategy.pipelines]
-    load = np.zeros(len(chosen))
-    for i in range(intervals - 1, -1, -1):
-        if not iw.counts[i]:
-            continue
-        options = [
-            ((load[j] + iw.work[i, k]) / d, j)
-            for j, (k, d) in enumerate(chosen)
-            if math.isfinite(iw.work[i, k])
-        ]
-        if not options:
-            return math.inf
-        value, j = min(options)
-        load[j] = value * chosen[j][1]
-    return float(max(load[j] / d for j, (_, d) in enumerate(chosen)))
+    `intervals`: the relaxation restricted to its pipelines. Intervals from u upwards can only
+    run on the schemes that hold interval u (capability is nested in length), so
+    T >= (their cheapest GPU-seconds) / (those schemes' GPUs) for every u; the largest such
+    bound is the estimate (exact for the unrestricted relaxation at u = 0)."""
+    return float(estimate_latencies([strategy], iw, intervals)[0])
+
+
+def estimate_latencies(strategies: list[Strategy], iw: IntervalWork, intervals: int) -> np.ndarray:
+    """`estimate_latency` of several strategies at once (one array pass per maximum length)."""
+    rows = np.flatnonzero(iw.counts[:intervals])
+    gpu_seconds = iw.work[rows] * iw.gpus[None, :]  # (R, K), inf where a scheme cannot hold
+    capable = np.isfinite(gpu_seconds)
+    gpus = np.zeros((len(strategies), len(iw.profiles)))  # GPUs per strategy and scheme
+    for n, strategy in enumerate(strategies):
+        for scheme, d in strategy.pipelines:
+            gpus[n, iw.column[scheme]] = scheme.num_gpus * d
+    used = gpus > 0
+    cheapest = np.where(used[:, None, :], gpu_seconds[None, :, :], math.inf).min(axis=2)
+    suffix = np.cumsum(cheapest[:, ::-1], axis=1)[:, ::-1]  # inf once some row has no holder
+    capacity = gpus @ capable.T.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bound = np.where(capacity > 0, suffix / capacity, math.inf)
+    return bound.max(axis=1)
 
 
 def round_strategy(
@@ -203,7 +214,7 @@ def round_strategy(
     profiles: tuple[SchemeProfile, ...],
     num_gpus: int,
     longest: int,
-    max_choices: int = 5,
+    max_choices: int = 3,
 ) -> tuple[Strategy, ...]:
     """Every floor/ceil rounding of the fractional pipeline counts, adjusted to `num_gpus`: a
     rounding that holds no `longest`-token sequence is dropped, one over the GPU count gives up
@@ -228,33 +239,30 @@ def round_strategy(
     def load(k: int, count: dict[int, int], extra: int) -> float:
         return pipelines[k] / max(count[k] + extra, 1e-9)
 
-    found: dict[Strategy, None] = {}
+    found: dict[tuple[tuple[int, int], ...], None] = {}
     for counts in itertools.product(*options):
         count = dict(zip(used, counts, strict=True))
         if not any(count[k] for k in holds):
             continue
-        while sum(gpus_of[k] * d for k, d in count.items()) > num_gpus:
-            spare = [
-                k
-                for k in used
-                if count[k] > (1 if k in holds and sum(count[h] for h in holds) == 1 else 0)
-            ]
+        gpus = sum(gpus_of[k] * d for k, d in count.items())
+        while gpus > num_gpus:
+            holders = sum(count[h] for h in holds)
+            spare = [k for k in used if count[k] > (1 if k in holds and holders == 1 else 0)]
             if not spare:
                 break
             k = min(spare, key=lambda k: (load(k, count, -1), k))
             count[k] -= 1
-        gpus = sum(gpus_of[k] * d for k, d in count.items())
+            gpus -= gpus_of[k]
         if gpus > num_gpus:
             continue
-        while True:
-            fits = [k for k in used if gpus_of[k] <= num_gpus - gpus]
-            if not fits:
-                break
+        fits = [k for k in used if gpus_of[k] <= num_gpus - gpus]
+        while fits:
             k = max(fits, key=lambda k: (load(k, count, 1), -k))
             count[k] += 1
             gpus += gpus_of[k]
-        found[Strategy.of({profiles[k].scheme: d for k, d in count.items()})] = None
-    return tuple(found)
+            fits = [k for k in fits if gpus_of[k] <= num_gpus - gpus]
+        found[tuple(sorted((k, d) for k, d in count.items() if d))] = None
+    return tuple(Strategy.of({profiles[k].scheme: d for k, d in key}) for key in found)
 
 
 def _describe(pipelines: np.ndarray, profiles: tuple[SchemeProfile, ...]) -> str:

@@ -97,7 +97,7 @@ def profile_scheme(
     scheme: ParallelScheme,
     costs: PipelineCosts,
     *,
-    length_step: int = 64,
+    length_step: int = 128,
     util_threshold: float = 0.85,
     latency: str = "fit",
 ) -> SchemeProfile:
