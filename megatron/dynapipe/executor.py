@@ -30,7 +30,7 @@ from dynapipe_planner.plan import ExecutionPlan, Instruction
 from dynapipe_planner.simulate import verify_plan
 
 from . import parallel_state as ps
-from .p2p import PLAN_DTYPES, PeerToPeer, Transfer, TransferError
+from .p2p import PLAN_DTYPES, PeerToPeer, Transfer
 
 ForwardStepFunc = Callable[[Iterator[Any], torch.nn.Module], tuple[torch.Tensor, Callable]]
 
@@ -180,27 +180,24 @@ class PlanExecutor:
         rank_plan = plan.rank_plan(self.replica, self.stage)
         for index, ins in enumerate(rank_plan.instructions):
             state = states.setdefault(ins.mb, _MicroBatchState())
-            where = (
-                f"iteration {iteration}, replica {self.replica} stage {self.stage}, "
-                f"instruction {index} ({ins.op} mb {ins.mb})"
-            )
-            try:
-                if ins.op == "ForwardPass":
-                    result = self._forward(ins, state, batches)
-                    if result is not None:
-                        reports.append(result[1])
-                        tokens += result[0]
-                        loss_sum += float(state.output.detach())
-                elif ins.op == "BackwardPass":
-                    self._backward(state)
-                elif ins.op == "FreeBuffer":
-                    state.input = state.output = state.output_grad = None
-                elif ins.op.endswith("Start"):
-                    state.transfers[ins.op] = self._start(ins, state, where)
-                elif ins.op.startswith("Wait"):
-                    self._wait(ins, state)
-            except TransferError as err:
-                raise TransferError(f"{where}: {err}") from err
+            if ins.op == "ForwardPass":
+                result = self._forward(ins, state, batches)
+                if result is not None:
+                    reports.append(result[1])
+                    tokens += result[0]
+                    loss_sum += float(state.output.detach())
+            elif ins.op == "BackwardPass":
+                self._backward(state)
+            elif ins.op == "FreeBuffer":
+                state.input = state.output = state.output_grad = None
+            elif ins.op.endswith("Start"):
+                where = (  # errors of this transfer, up to its Wait, name it so
+                    f"iteration {iteration}, replica {self.replica} stage {self.stage}, "
+                    f"instruction {index} ({ins.op} mb {ins.mb})"
+                )
+                state.transfers[ins.op] = self._start(ins, state, where)
+            elif ins.op.startswith("Wait"):
+                self._wait(ins, state)
         local_tokens = int(tokens)
         finalize = getattr(self.config, "finalize_model_grads_func", None)
         if finalize is not None:  # broadcasts `tokens` over the pipeline, sums it over replicas

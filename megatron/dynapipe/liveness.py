@@ -97,7 +97,8 @@ class Liveness:
         silent = [str(r) for r, b, a in zip(others, before, after, strict=True) if a == b]
         if not silent:
             return "every other rank still answers"
-        return f"rank{'s' if len(silent) > 1 else ''} {', '.join(silent)} stopped answering"
+        ranks = f"rank{'s' if len(silent) > 1 else ''} {', '.join(silent)}"
+        return f"{ranks} stopped answering (no heartbeat for {self.window_s:g} s)"
 
     @contextlib.contextmanager
     def step(self, iteration: int) -> Iterator[None]:
