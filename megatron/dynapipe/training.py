@@ -106,7 +106,7 @@ def _world_size() -> int:
 
 
 def _train(args: argparse.Namespace, tp: int) -> list[float]:
-    dp, rank = ps.num_replicas(), dist.get_rank()
+    rank = dist.get_rank()
     dataset = build_dataset(args.data_path, max_seqlen=args.seq_length, seed=args.seed)
     spec = ModelSpec(
         "pretrain_gpt",
@@ -118,31 +118,13 @@ def _train(args: argparse.Namespace, tp: int) -> list[float]:
         _vocab_size(dataset.vocab_size, tp),
         max_position_embeddings=args.max_position_embeddings,
     )
-    options = ModelOptions(
-        dtype=dtype_name(args),
-        position_embedding=args.position_embedding_type,
-        tie_embeddings=not args.untie_embeddings_and_output_weights,
-        hidden_dropout=args.hidden_dropout,
-        attention_dropout=args.attention_dropout,
-        seed=args.seed,
-    )
-    config, model = build_stage_model(spec, args.seq_length, options)
-    model = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
-    config.finalize_model_grads_func = finalize_model_grads
-    optimizer, scheduler = _optimizer(args, model)
     sampler = GlobalBatchSampler(dataset.lengths(), args.tokens_per_global_batch, args.seed)
-    state = TrainState()
-    if args.load:
-        state = checkpointing.load(args.load, model, optimizer, scheduler, sampler)
-        _log0(rank, f"resumed from {args.load} at iteration {state.iteration}")
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    executor = PlanExecutor.for_this_rank(
-        model, config, device=device, timeout_s=args.dynapipe_timeout
-    )
-    _log0(rank, f"dataset {dataset.name}: {len(dataset)} samples; model {spec.to_dict()}")
+    checkpoint = checkpointing.read(args.load) if args.load else None
+    if checkpoint is not None:
+        sampler.load_state_dict(checkpoint.sampler_state)
+    # Rank 0's planner workers start here and plan the first iterations while the model builds.
     plans = open_plan_source(
-        planner_recipe(args, spec, dp) if rank == PLANNING_RANK else None,
+        planner_recipe(args, spec, ps.num_replicas()) if rank == PLANNING_RANK else None,
         sampler,
         dataset.lengths(),
         stop_iteration=args.train_iters,
@@ -150,8 +132,20 @@ def _train(args: argparse.Namespace, tp: int) -> list[float]:
         timeout_s=args.dynapipe_timeout,
     )
     liveness = Liveness(plans.store, rank, dist.get_world_size(), server_rank=PLANNING_RANK)
-    losses = []
     with plans, liveness:
+        config, model, optimizer, scheduler = _model_and_optimizer(args, spec)
+        state = TrainState()
+        if checkpoint is not None:
+            checkpoint.restore(model, optimizer, scheduler)
+            state = checkpoint.state
+            _log0(rank, f"resumed from {args.load} at iteration {state.iteration}")
+        cuda = torch.cuda.is_available()
+        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        executor = PlanExecutor.for_this_rank(
+            model, config, device=device, timeout_s=args.dynapipe_timeout
+        )
+        _log0(rank, f"dataset {dataset.name}: {len(dataset)} samples; model {spec.to_dict()}")
+        losses = []
         while state.iteration < args.train_iters:
             iteration = state.iteration
             _, batch = next(sampler)
@@ -178,6 +172,23 @@ def _train(args: argparse.Namespace, tp: int) -> list[float]:
                 with liveness.step(iteration):
                     checkpointing.save(args.save, state, model, optimizer, scheduler, sampler)
     return losses
+
+
+def _model_and_optimizer(args: argparse.Namespace, spec: ModelSpec):
+    """This rank's stage of the model in Megatron DDP, its optimiser and LR schedule."""
+    options = ModelOptions(
+        dtype=dtype_name(args),
+        position_embedding=args.position_embedding_type,
+        tie_embeddings=not args.untie_embeddings_and_output_weights,
+        hidden_dropout=args.hidden_dropout,
+        attention_dropout=args.attention_dropout,
+        seed=args.seed,
+    )
+    config, model = build_stage_model(spec, args.seq_length, options)
+    model = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
+    config.finalize_model_grads_func = finalize_model_grads
+    optimizer, scheduler = _optimizer(args, model)
+    return config, model, optimizer, scheduler
 
 
 def _iteration_line(args, state, stats, loss, tokens, measured_s, waited_s) -> str:
