@@ -4,8 +4,10 @@ This is DynaPipe's instruction-driven executor (seed `dynapipe.txt` §3): the pl
 micro-batches, their order on every stage and where each transfer is posted; the executor does
 exactly that and nothing else, so a plan the simulator proved deadlock-free runs as proven.
 
-`LoadBatch` needs no action: as in megatron-core, `forward_step_func` takes the micro-batch from
-its iterator. `FreeBuffer` drops the activations a micro-batch held for its backward.
+Before running, the model is switched to the recomputation mode the plan chose
+(`stats["recompute"]`, §7 "Dynamic recomputation"). `LoadBatch` needs no action: as in
+megatron-core, `forward_step_func` takes the micro-batch from its iterator. `FreeBuffer` drops
+the activations a micro-batch held for its backward.
 
 It stands where `megatron.core.pipeline_parallel.get_forward_backward_func()` stood: it calls the
 same `forward_step_func(data_iterator, model) -> (output, loss_func)` on every stage, and at the
@@ -31,6 +33,7 @@ from dynapipe_planner.simulate import verify_plan
 
 from . import parallel_state as ps
 from .p2p import PLAN_DTYPES, PeerToPeer, Transfer
+from .recompute import RECOMPUTE_MODES, apply_recompute
 
 ForwardStepFunc = Callable[[Iterator[Any], torch.nn.Module], tuple[torch.Tensor, Callable]]
 
@@ -155,6 +158,9 @@ class PlanExecutor:
             verify_plan(plan)
         except ValueError as err:
             raise PlanRejected(f"plan rejected before running: {err}") from err
+        recompute = plan.stats.get("recompute")
+        if recompute is not None and recompute not in RECOMPUTE_MODES:
+            raise PlanRejected(f"plan asks for recompute={recompute!r}; modes: {RECOMPUTE_MODES}")
         wanted = self.config.pipeline_dtype
         for ins in plan.rank_plan(self.replica, self.stage).instructions:
             if ins.dtype and PLAN_DTYPES[ins.dtype] != wanted:
@@ -170,9 +176,12 @@ class PlanExecutor:
 
         `batches` maps this replica's micro-batch ids to what `forward_step_func` consumes.
         Gradients accumulate in the model (zero them before); the optimiser step is the
-        caller's, as with megatron-core's schedules.
+        caller's, as with megatron-core's schedules. The model recomputes activations as the
+        plan's `stats["recompute"]` says (a plan without it leaves the model's setting alone).
         """
         self.check(plan)
+        if "recompute" in plan.stats:
+            apply_recompute(self.model, self.config, plan.stats["recompute"])
         states: dict[int, _MicroBatchState] = {}
         reports: list[dict[str, torch.Tensor]] = []
         tokens = torch.zeros((), dtype=torch.int64)

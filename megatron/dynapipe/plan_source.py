@@ -67,7 +67,7 @@ def planner_recipe(args: argparse.Namespace, spec: ModelSpec, num_replicas: int)
         num_replicas=num_replicas,
         batching=args.batching,
         schedule=args.pipeline_schedule if args.batching == "dynamic" else "1f1b",
-        recompute="none",  # the runtime does not switch recomputation per iteration yet
+        recompute=args.dynapipe_recompute,  # the executor applies each plan's choice
         dtype=dtype_name(args),
         max_seqlen=args.seq_length,
         micro_batch_size=args.micro_batch_size if args.batching != "dynamic" else 0,

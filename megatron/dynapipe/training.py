@@ -192,15 +192,17 @@ def _model_and_optimizer(args: argparse.Namespace, spec: ModelSpec):
 
 
 def _iteration_line(args, state, stats, loss, tokens, measured_s, waited_s) -> str:
-    """`planning`: the planner's time for this plan (spent ahead of training when planner
-    workers run); `waited`: how long the loop waited for the plan (rank 0's view)."""
+    """`recompute`: the plan's recomputation mode; `planning`: the planner's time for this plan
+    (spent ahead of training when planner workers run); `waited`: how long the loop waited for
+    the plan (rank 0's view)."""
     width = len(str(args.train_iters))
     done = state.iteration / args.train_iters
     bar = "#" * int(20 * done) + "." * (20 - int(20 * done))
     return (
         f"[{bar}] iteration {state.iteration:>{width}}/{args.train_iters} | lm loss {loss:.4f} | "
         f"tokens/s {tokens / measured_s:,.0f} | padding eff {stats['padding_efficiency']:.3f} | "
-        f"micro-batches {stats['num_microbatches']} | iteration {measured_s * 1e3:,.0f} ms "
+        f"micro-batches {stats['num_microbatches']} | recompute {stats['recompute']} | "
+        f"iteration {measured_s * 1e3:,.0f} ms "
         f"(predicted {stats['predicted_iteration_s'] * 1e3:,.0f} ms on {args.dynapipe_gpu}) | "
         f"planning {stats['planning_time_s'] * 1e3:,.1f} ms (waited {waited_s * 1e3:,.1f} ms)"
     )
