@@ -2,8 +2,9 @@
 
 Forked gloo ranks train with `--dynapipe-timeout 5`: (a) a rank exits in the middle of an
 iteration (a pipeline neighbour, a data-parallel peer in the gradient all-reduce, or rank 0,
-which serves the plan store) and every survivor raises naming it and the iteration; (b) rank 0's
-planner worker never delivers a plan and every rank raises naming the iteration. Times are
+which serves the plan store) and every survivor raises naming it and the iteration; a rank that
+hangs instead ends the job when the transfer or the all-reduce waiting for it times out; (b)
+rank 0's planner worker never delivers a plan and every rank raises naming the iteration. Times are
 checked loosely (under 3x the timeout) only to show nothing waits for a default timeout.
 Corrupt checkpoints and dataset indexes are covered by test_training and test_runtime_data.
 """
@@ -12,7 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -26,9 +30,11 @@ TIMEOUT_S = 5.0
 FAULTY = [*TINY, "--train-iters", "3", "--dynapipe-timeout", str(TIMEOUT_S)]
 
 
-def _train_until(rank: int, dying_rank: int, argv: list[str]) -> tuple[str, float]:
-    """Train; `dying_rank` exits at its first forward pass of iteration 1. Returns this rank's
-    error and the seconds from the start of iteration 1 to it."""
+def _train_until(
+    rank: int, faulty_rank: int, fault: Callable[[], None], layout: list[str]
+) -> tuple[str, float]:
+    """Train; `faulty_rank` calls `fault` at its first forward pass of iteration 1. Returns
+    this rank's error and the seconds from the start of iteration 1 to it."""
     from megatron.dynapipe.arguments import parse_args
     from megatron.dynapipe.executor import PlanExecutor
     from megatron.dynapipe.training import pretrain
@@ -36,22 +42,22 @@ def _train_until(rank: int, dying_rank: int, argv: list[str]) -> tuple[str, floa
     begun: dict[int, float] = {}
     run = PlanExecutor.run
 
-    def run_and_maybe_die(self, plan, batches, *, iteration=0):
+    def run_with_fault(self, plan, batches, *, iteration=0):
         begun[iteration] = time.monotonic()
-        if iteration == 1 and rank == dying_rank:
-            self._forward = lambda *args: os._exit(1)
+        if iteration == 1 and rank == faulty_rank:
+            self._forward = lambda *args: fault()
         return run(self, plan, batches, iteration=iteration)
 
-    PlanExecutor.run = run_and_maybe_die
+    PlanExecutor.run = run_with_fault
     try:
-        pretrain(parse_args(argv))
+        pretrain(parse_args([*FAULTY, "--planner-workers", "0", *layout]))
     except Exception as err:
         return f"{type(err).__name__}: {err}", time.monotonic() - begun[1]
     return "no error", 0.0
 
 
 def _dies(rank: int, world: int, dying_rank: int, layout: list[str]) -> tuple[str, float]:
-    return _train_until(rank, dying_rank, [*FAULTY, "--planner-workers", "0", *layout])
+    return _train_until(rank, dying_rank, lambda: os._exit(1), layout)
 
 
 @pytest.mark.parametrize(
@@ -72,6 +78,31 @@ def test_a_rank_that_dies_is_named_by_the_survivors(layout, dying_rank, p2p) -> 
     ), error
     assert p2p == (f"rank {dying_rank} did not complete the transfer" in error)
     assert spent < 3 * TIMEOUT_S
+
+
+def _hangs(rank: int, world: int, layout: list[str], pid_file: Path) -> tuple[str, float] | None:
+    """Rank 1 hangs (alive, heartbeating) in iteration 1; rank 0 stops it once it has failed."""
+    if rank == 1:
+        pid_file.write_text(str(os.getpid()))
+        return _train_until(rank, 1, lambda: time.sleep(3600), layout)
+    result = _train_until(rank, 1, lambda: None, layout)
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    return result
+
+
+@pytest.mark.parametrize(
+    ("layout", "p2p"),
+    [
+        (["--pipeline-model-parallel-size", "2"], True),  # a plan's transfer times out
+        (["--pipeline-model-parallel-size", "1"], False),  # the DP group's all-reduce does
+    ],
+)
+def test_a_rank_that_hangs_ends_the_job_within_the_timeout(tmp_path, layout, p2p) -> None:
+    results = run_ranks(_hangs, 2, layout, tmp_path / "pid", timeout_s=60, may_die={1})
+    error, spent = results[0]
+    assert error.startswith("PeerFailure: rank 0, iteration 1: every other rank still answers")
+    assert p2p == ("rank 1 did not complete the transfer within 5 s" in error), error
+    assert TIMEOUT_S <= spent < 3 * TIMEOUT_S
 
 
 def _planner_hangs(rank: int, world: int) -> tuple[str, float]:
