@@ -3,7 +3,8 @@
 On forked PP=2 ranks one model runs the same micro-batches under plans whose `recompute` is
 "none", "full", "selective" and "none" again: the loss and every parameter gradient are equal,
 and forward hooks show the mode really changed each time (full recomputation runs every
-transformer layer twice per micro-batch, selective runs the core attention twice).
+transformer layer twice per micro-batch, selective runs the core attention twice). A mode the
+runtime does not know is rejected before anything runs.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def _run_modes(rank: int, world: int, plan) -> list[tuple[float, dict, dict, int
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
     from megatron.dynapipe.data import rank_microbatches
-    from megatron.dynapipe.executor import PlanExecutor
+    from megatron.dynapipe.executor import PlanExecutor, PlanRejected
     from megatron.dynapipe.model import build_stage_model
 
     cpu_compat.install()
@@ -56,6 +57,9 @@ def _run_modes(rank: int, world: int, plan) -> list[tuple[float, dict, dict, int
             result = executor.run(dataclasses.replace(plan, stats=stats), batches)
             grads = {n: p.main_grad.numpy().copy() for n, p in model.module.named_parameters()}
             runs.append((result.loss_sum, grads, dict(calls), len(batches)))
+        unknown = dataclasses.replace(plan, stats={**plan.stats, "recompute": "partial"})
+        with pytest.raises(PlanRejected, match="plan asks for recompute='partial'"):
+            executor.run(unknown, batches)
         return runs
     finally:
         ps.destroy()
