@@ -13,7 +13,7 @@ import os
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import Any
@@ -50,11 +50,16 @@ def _rank_main(fn: Callable[..., Any], rank: int, world: int, port: int, conn, a
 
 
 def run_ranks(
-    fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 90.0
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout_s: float = 90.0,
+    may_die: Collection[int] = (),
 ) -> list[Any]:
     """Run `fn(rank, world_size, *args)` on `world_size` forked gloo ranks; return the results.
 
     `fn` and `args` reach the ranks through fork (no pickling); results must be picklable.
+    Ranks in `may_die` (fault tests) may end without a result; theirs is then None.
     """
     ctx = mp.get_context("fork")
     port = free_port()
@@ -81,7 +86,8 @@ def run_ranks(
                     ok, payload = conn.recv()
                 except EOFError:
                     procs[rank].join(timeout=1)
-                    ok, payload = False, f"died (exit code {procs[rank].exitcode})"
+                    ok, payload = rank in may_die, f"died (exit code {procs[rank].exitcode})"
+                    payload = None if ok else payload
                 if ok:
                     results[rank] = payload
                 else:

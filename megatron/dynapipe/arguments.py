@@ -11,7 +11,7 @@ import argparse
 from collections.abc import Sequence
 
 from dynapipe_planner.cluster import GPU_PRESETS
-from dynapipe_planner.planner import BATCHING, SCHEDULES
+from dynapipe_planner.planner import BATCHING, RECOMPUTE, SCHEDULES
 
 
 def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -36,6 +36,13 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         help="global batch size in tokens (default: --global-batch-size x --seq-length)",
     )
     g.add_argument("--pipeline-schedule", choices=SCHEDULES, default="adaptive")
+    g.add_argument(
+        "--dynapipe-recompute",
+        choices=RECOMPUTE,
+        default="auto",
+        help="activation recomputation; auto: per iteration, the cheapest mode whose plan fits "
+        "in memory (Megatron's --recompute-granularity, chosen by the planner)",
+    )
     g.add_argument(
         "--dynapipe-memory-limit",
         type=float,

@@ -66,8 +66,32 @@ def save(
     return path
 
 
-def load(directory: str | os.PathLike, model, optimizer, scheduler, sampler) -> TrainState:
-    """Restore this rank's shard of the latest checkpoint in `directory`; returns the state."""
+@dataclass
+class Checkpoint:
+    """One rank's shard, read but not yet applied: the data position is needed before the model
+    exists, so that planning can start while the model is built."""
+
+    path: Path
+    payload: dict
+
+    @property
+    def state(self) -> TrainState:
+        return TrainState(self.payload["iteration"], self.payload["consumed_tokens"])
+
+    @property
+    def sampler_state(self) -> dict:
+        return self.payload["sampler"]
+
+    def restore(self, model, optimizer, scheduler) -> None:
+        """Load weights, optimiser, LR schedule and the RNG (after the model drew its init)."""
+        model.load_state_dict(self.payload["model"])
+        optimizer.load_state_dict(self.payload["optimizer"])
+        scheduler.load_state_dict(self.payload["scheduler"])
+        torch.set_rng_state(self.payload["rng"]["torch"])
+
+
+def read(directory: str | os.PathLike) -> Checkpoint:
+    """This rank's shard of the latest checkpoint in `directory`."""
     directory = Path(directory)
     marker = directory / LATEST
     try:
@@ -89,9 +113,4 @@ def load(directory: str | os.PathLike, model, optimizer, scheduler, sampler) -> 
             f"checkpoint {path} was written by {payload.get('world_size')} ranks, this job has "
             f"{world}"
         )
-    model.load_state_dict(payload["model"])
-    optimizer.load_state_dict(payload["optimizer"])
-    scheduler.load_state_dict(payload["scheduler"])
-    sampler.load_state_dict(payload["sampler"])
-    torch.set_rng_state(payload["rng"]["torch"])
-    return TrainState(payload["iteration"], payload["consumed_tokens"])
+    return Checkpoint(path, payload)

@@ -4,8 +4,10 @@ This is DynaPipe's instruction-driven executor (seed `dynapipe.txt` §3): the pl
 micro-batches, their order on every stage and where each transfer is posted; the executor does
 exactly that and nothing else, so a plan the simulator proved deadlock-free runs as proven.
 
-`LoadBatch` needs no action: as in megatron-core, `forward_step_func` takes the micro-batch from
-its iterator. `FreeBuffer` drops the activations a micro-batch held for its backward.
+Before running, the model is switched to the recomputation mode the plan chose
+(`stats["recompute"]`, §7 "Dynamic recomputation"). `LoadBatch` needs no action: as in
+megatron-core, `forward_step_func` takes the micro-batch from its iterator. `FreeBuffer` drops
+the activations a micro-batch held for its backward.
 
 It stands where `megatron.core.pipeline_parallel.get_forward_backward_func()` stood: it calls the
 same `forward_step_func(data_iterator, model) -> (output, loss_func)` on every stage, and at the
@@ -30,7 +32,8 @@ from dynapipe_planner.plan import ExecutionPlan, Instruction
 from dynapipe_planner.simulate import verify_plan
 
 from . import parallel_state as ps
-from .p2p import PLAN_DTYPES, PeerToPeer, Transfer, TransferError
+from .p2p import PLAN_DTYPES, PeerToPeer, Transfer
+from .recompute import RECOMPUTE_MODES, apply_recompute
 
 ForwardStepFunc = Callable[[Iterator[Any], torch.nn.Module], tuple[torch.Tensor, Callable]]
 
@@ -155,6 +158,9 @@ class PlanExecutor:
             verify_plan(plan)
         except ValueError as err:
             raise PlanRejected(f"plan rejected before running: {err}") from err
+        recompute = plan.stats.get("recompute")
+        if recompute is not None and recompute not in RECOMPUTE_MODES:
+            raise PlanRejected(f"plan asks for recompute={recompute!r}; modes: {RECOMPUTE_MODES}")
         wanted = self.config.pipeline_dtype
         for ins in plan.rank_plan(self.replica, self.stage).instructions:
             if ins.dtype and PLAN_DTYPES[ins.dtype] != wanted:
@@ -170,9 +176,12 @@ class PlanExecutor:
 
         `batches` maps this replica's micro-batch ids to what `forward_step_func` consumes.
         Gradients accumulate in the model (zero them before); the optimiser step is the
-        caller's, as with megatron-core's schedules.
+        caller's, as with megatron-core's schedules. The model recomputes activations as the
+        plan's `stats["recompute"]` says (a plan without it leaves the model's setting alone).
         """
         self.check(plan)
+        if "recompute" in plan.stats:
+            apply_recompute(self.model, self.config, plan.stats["recompute"])
         states: dict[int, _MicroBatchState] = {}
         reports: list[dict[str, torch.Tensor]] = []
         tokens = torch.zeros((), dtype=torch.int64)
@@ -180,27 +189,24 @@ class PlanExecutor:
         rank_plan = plan.rank_plan(self.replica, self.stage)
         for index, ins in enumerate(rank_plan.instructions):
             state = states.setdefault(ins.mb, _MicroBatchState())
-            where = (
-                f"iteration {iteration}, replica {self.replica} stage {self.stage}, "
-                f"instruction {index} ({ins.op} mb {ins.mb})"
-            )
-            try:
-                if ins.op == "ForwardPass":
-                    result = self._forward(ins, state, batches)
-                    if result is not None:
-                        reports.append(result[1])
-                        tokens += result[0]
-                        loss_sum += float(state.output.detach())
-                elif ins.op == "BackwardPass":
-                    self._backward(state)
-                elif ins.op == "FreeBuffer":
-                    state.input = state.output = state.output_grad = None
-                elif ins.op.endswith("Start"):
-                    state.transfers[ins.op] = self._start(ins, state, where)
-                elif ins.op.startswith("Wait"):
-                    self._wait(ins, state)
-            except TransferError as err:
-                raise TransferError(f"{where}: {err}") from err
+            if ins.op == "ForwardPass":
+                result = self._forward(ins, state, batches)
+                if result is not None:
+                    reports.append(result[1])
+                    tokens += result[0]
+                    loss_sum += float(state.output.detach())
+            elif ins.op == "BackwardPass":
+                self._backward(state)
+            elif ins.op == "FreeBuffer":
+                state.input = state.output = state.output_grad = None
+            elif ins.op.endswith("Start"):
+                where = (  # errors of this transfer, up to its Wait, name it so
+                    f"iteration {iteration}, replica {self.replica} stage {self.stage}, "
+                    f"instruction {index} ({ins.op} mb {ins.mb})"
+                )
+                state.transfers[ins.op] = self._start(ins, state, where)
+            elif ins.op.startswith("Wait"):
+                self._wait(ins, state)
         local_tokens = int(tokens)
         finalize = getattr(self.config, "finalize_model_grads_func", None)
         if finalize is not None:  # broadcasts `tokens` over the pipeline, sums it over replicas

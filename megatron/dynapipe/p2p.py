@@ -84,7 +84,7 @@ class PeerToPeer:
             transfer.request.wait(self.timeout)
         except RuntimeError as err:
             raise TransferError(
-                f"{transfer.what} with rank {transfer.peer_rank} did not complete within "
-                f"{self.timeout.total_seconds():.0f} s or failed: {err}"
+                f"{transfer.what}: rank {transfer.peer_rank} did not complete the transfer within "
+                f"{self.timeout.total_seconds():g} s, or it failed: {err}"
             ) from err
         return transfer.tensor

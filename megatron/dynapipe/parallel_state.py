@@ -58,7 +58,8 @@ def initialize(
     If torch.distributed is not initialised yet, initialise it from the usual environment
     (`MASTER_ADDR`, `MASTER_PORT`, `RANK`, `WORLD_SIZE`) with `backend` (default: nccl when CUDA
     is available, else gloo); `destroy()` then tears it down again. Sub-groups use the world
-    group's backend.
+    group's backend. Collectives of every group built here fail after `timeout_s` instead of
+    waiting for a dead peer forever (a world group the caller made keeps the caller's timeout).
     """
     global _layout
     if _layout is not None:
@@ -82,7 +83,7 @@ def initialize(
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         order="tp-cp-ep-dp-pp",  # tensor-parallel fastest, pipeline slowest: ClusterSpec.rank
-        distributed_timeout_minutes=max(1, round(timeout_s / 60)),
+        distributed_timeout_minutes=timeout_s / 60,  # a timedelta inside: fractions hold
     )
     _layout = _Layout(tp, pp, dp, dist.get_rank(), owns_world_group)
 

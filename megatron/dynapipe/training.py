@@ -1,10 +1,13 @@
 """The training loop of `pretrain_gpt.py`: one plan per iteration, run by every rank's executor.
 
 Each iteration takes the next global batch (a token budget, not a sample count), gets its plan
-(micro-batches, schedule and communication of every pipeline; seed `dynapipe.txt` §3), builds
-this rank's micro-batch tensors from it, runs the plan, steps the optimiser and logs what a
-Megatron user watches plus what DynaPipe changes: real tokens/s, padding efficiency, the
-planner's predicted iteration time next to the measured one, and planning time.
+(micro-batches, schedule and communication of every pipeline; seed `dynapipe.txt` §3), planned
+ahead of time on rank 0 and fetched by the others (`plan_source`), builds this rank's
+micro-batch tensors from it, runs the plan, steps the optimiser and logs what a Megatron user
+watches plus what DynaPipe changes: real tokens/s, padding efficiency, the planner's predicted
+iteration time next to the measured one, the planner's time for the plan and how long training
+waited for it. A step that fails because a peer died names that rank and the iteration
+(`liveness`); every wait is bounded by `--dynapipe-timeout`.
 """
 
 from __future__ import annotations
@@ -23,17 +26,16 @@ from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-from dynapipe_planner.cluster import ClusterSpec, GiB, get_gpu
-from dynapipe_planner.cost import AnalyticCostModel, ProfiledCostModel
 from dynapipe_planner.model_spec import ModelSpec
-from dynapipe_planner.planner import IterationPlanner, PlannerConfig
 
 from . import checkpointing, cpu_compat
 from . import parallel_state as ps
 from .checkpointing import TrainState
 from .data import GlobalBatchSampler, build_dataset, rank_microbatches
 from .executor import PlanExecutor
+from .liveness import Liveness
 from .model import ModelOptions, build_stage_model
+from .plan_source import PLANNING_RANK, dtype_name, open_plan_source, planner_recipe
 
 log = logging.getLogger("dynapipe")
 
@@ -42,38 +44,6 @@ def _vocab_size(dataset_vocab: int, tp: int) -> int:
     """Megatron pads the vocabulary so each tensor-parallel shard is a multiple of 128 rows."""
     multiple = 128 * tp
     return math.ceil(dataset_vocab / multiple) * multiple
-
-
-def _cost_model(args: argparse.Namespace, spec: ModelSpec, cluster: ClusterSpec):
-    if args.dynapipe_cost_model:
-        return ProfiledCostModel.load(args.dynapipe_cost_model, spec, cluster)
-    return AnalyticCostModel(spec, cluster)
-
-
-def _dtype(args: argparse.Namespace) -> str:
-    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
-
-
-def build_planner(args: argparse.Namespace, spec: ModelSpec, dp: int) -> IterationPlanner:
-    """The planner every rank would build identically (plans are deterministic)."""
-    memory = int(args.dynapipe_memory_limit * GiB) if args.dynapipe_memory_limit else 0
-    cluster = ClusterSpec(
-        get_gpu(args.dynapipe_gpu),
-        num_stages=args.pipeline_model_parallel_size,
-        num_replicas=dp,
-        tp=args.tensor_model_parallel_size,
-        memory_limit_bytes=memory,
-    )
-    config = PlannerConfig(
-        num_replicas=dp,
-        batching=args.batching,
-        schedule=args.pipeline_schedule if args.batching == "dynamic" else "1f1b",
-        recompute="none",  # the runtime does not switch recomputation per iteration yet
-        dtype=_dtype(args),
-        max_seqlen=args.seq_length,
-        micro_batch_size=args.micro_batch_size if args.batching != "dynamic" else 0,
-    )
-    return IterationPlanner(_cost_model(args, spec, cluster), cluster.num_stages, config)
 
 
 def _optimizer(args: argparse.Namespace, model: torch.nn.Module):
@@ -136,7 +106,7 @@ def _world_size() -> int:
 
 
 def _train(args: argparse.Namespace, tp: int) -> list[float]:
-    dp, rank = ps.num_replicas(), dist.get_rank()
+    rank = dist.get_rank()
     dataset = build_dataset(args.data_path, max_seqlen=args.seq_length, seed=args.seed)
     spec = ModelSpec(
         "pretrain_gpt",
@@ -148,8 +118,66 @@ def _train(args: argparse.Namespace, tp: int) -> list[float]:
         _vocab_size(dataset.vocab_size, tp),
         max_position_embeddings=args.max_position_embeddings,
     )
+    sampler = GlobalBatchSampler(dataset.lengths(), args.tokens_per_global_batch, args.seed)
+    checkpoint = checkpointing.read(args.load) if args.load else None
+    if checkpoint is not None:
+        sampler.load_state_dict(checkpoint.sampler_state)
+    # Rank 0's planner workers start here and plan the first iterations while the model builds.
+    plans = open_plan_source(
+        planner_recipe(args, spec, ps.num_replicas()) if rank == PLANNING_RANK else None,
+        sampler,
+        dataset.lengths(),
+        stop_iteration=args.train_iters,
+        num_workers=args.planner_workers,
+        timeout_s=args.dynapipe_timeout,
+    )
+    liveness = Liveness(plans.store, rank, dist.get_world_size(), server_rank=PLANNING_RANK)
+    with plans, liveness:
+        config, model, optimizer, scheduler = _model_and_optimizer(args, spec)
+        state = TrainState()
+        if checkpoint is not None:
+            checkpoint.restore(model, optimizer, scheduler)
+            state = checkpoint.state
+            _log0(rank, f"resumed from {args.load} at iteration {state.iteration}")
+        cuda = torch.cuda.is_available()
+        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        executor = PlanExecutor.for_this_rank(
+            model, config, device=device, timeout_s=args.dynapipe_timeout
+        )
+        _log0(rank, f"dataset {dataset.name}: {len(dataset)} samples; model {spec.to_dict()}")
+        losses = []
+        while state.iteration < args.train_iters:
+            iteration = state.iteration
+            _, batch = next(sampler)
+            plan, waited_s = plans.get(iteration, batch)
+            batches = rank_microbatches(plan, ps.replica(), dataset)
+            model.zero_grad_buffer()
+            optimizer.zero_grad()
+            started = time.perf_counter()
+            with liveness.step(iteration):
+                result = executor.run(plan, batches, iteration=iteration)
+                optimizer.step()
+                scheduler.step(increment=1)
+                measured_s = time.perf_counter() - started
+                loss, tokens = _global_loss(result.loss_sum, result.num_tokens, tp)
+            losses.append(loss)
+            state.iteration += 1
+            state.consumed_tokens += tokens
+            if state.iteration % args.log_interval == 0 or state.iteration == args.train_iters:
+                line = _iteration_line(args, state, plan.stats, loss, tokens, measured_s, waited_s)
+                _log0(rank, line)
+            if args.save and (
+                state.iteration % args.save_interval == 0 or state.iteration == args.train_iters
+            ):
+                with liveness.step(iteration):
+                    checkpointing.save(args.save, state, model, optimizer, scheduler, sampler)
+    return losses
+
+
+def _model_and_optimizer(args: argparse.Namespace, spec: ModelSpec):
+    """This rank's stage of the model in Megatron DDP, its optimiser and LR schedule."""
     options = ModelOptions(
-        dtype=_dtype(args),
+        dtype=dtype_name(args),
         position_embedding=args.position_embedding_type,
         tie_embeddings=not args.untie_embeddings_and_output_weights,
         hidden_dropout=args.hidden_dropout,
@@ -160,58 +188,23 @@ def _train(args: argparse.Namespace, tp: int) -> list[float]:
     model = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
     config.finalize_model_grads_func = finalize_model_grads
     optimizer, scheduler = _optimizer(args, model)
-    planner = build_planner(args, spec, dp)
-    sampler = GlobalBatchSampler(dataset.lengths(), args.tokens_per_global_batch, args.seed)
-    state = TrainState()
-    if args.load:
-        state = checkpointing.load(args.load, model, optimizer, scheduler, sampler)
-        _log0(rank, f"resumed from {args.load} at iteration {state.iteration}")
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    executor = PlanExecutor.for_this_rank(
-        model, config, device=device, timeout_s=args.dynapipe_timeout
-    )
-    _log0(rank, f"dataset {dataset.name}: {len(dataset)} samples; model {spec.to_dict()}")
-    losses = []
-    while state.iteration < args.train_iters:
-        iteration = state.iteration
-        _, indices = next(sampler)
-        lengths = dataset.lengths()[indices]
-        started = time.perf_counter()
-        plan = planner.plan(lengths, indices)
-        planning_s = time.perf_counter() - started
-        batches = rank_microbatches(plan, ps.replica(), dataset)
-        model.zero_grad_buffer()
-        optimizer.zero_grad()
-        started = time.perf_counter()
-        result = executor.run(plan, batches, iteration=iteration)
-        optimizer.step()
-        scheduler.step(increment=1)
-        measured_s = time.perf_counter() - started
-        loss, tokens = _global_loss(result.loss_sum, result.num_tokens, tp)
-        losses.append(loss)
-        state.iteration += 1
-        state.consumed_tokens += tokens
-        if state.iteration % args.log_interval == 0 or state.iteration == args.train_iters:
-            line = _iteration_line(args, state, plan.stats, loss, tokens, measured_s, planning_s)
-            _log0(rank, line)
-        if args.save and (
-            state.iteration % args.save_interval == 0 or state.iteration == args.train_iters
-        ):
-            checkpointing.save(args.save, state, model, optimizer, scheduler, sampler)
-    return losses
+    return config, model, optimizer, scheduler
 
 
-def _iteration_line(args, state, stats, loss, tokens, measured_s, planning_s) -> str:
+def _iteration_line(args, state, stats, loss, tokens, measured_s, waited_s) -> str:
+    """`recompute`: the plan's recomputation mode; `planning`: the planner's time for this plan
+    (spent ahead of training when planner workers run); `waited`: how long the loop waited for
+    the plan (rank 0's view)."""
     width = len(str(args.train_iters))
     done = state.iteration / args.train_iters
     bar = "#" * int(20 * done) + "." * (20 - int(20 * done))
     return (
         f"[{bar}] iteration {state.iteration:>{width}}/{args.train_iters} | lm loss {loss:.4f} | "
         f"tokens/s {tokens / measured_s:,.0f} | padding eff {stats['padding_efficiency']:.3f} | "
-        f"micro-batches {stats['num_microbatches']} | iteration {measured_s * 1e3:,.0f} ms "
+        f"micro-batches {stats['num_microbatches']} | recompute {stats['recompute']} | "
+        f"iteration {measured_s * 1e3:,.0f} ms "
         f"(predicted {stats['predicted_iteration_s'] * 1e3:,.0f} ms on {args.dynapipe_gpu}) | "
-        f"planning {planning_s * 1e3:,.1f} ms"
+        f"planning {stats['planning_time_s'] * 1e3:,.1f} ms (waited {waited_s * 1e3:,.1f} ms)"
     )
 
 

@@ -1,0 +1,171 @@
+"""Where every rank gets each iteration's plan: planned once, on rank 0, ahead of training.
+
+DynaPipe plans on CPUs while the GPUs train (seed `dynapipe.txt` §3, last paragraph) and hands
+the plans to the executors through an instruction store (§3, §7). Here rank 0 alone runs a
+`dynapipe_planner.service.PlanningService` over the data sampler's global batches
+(`--planner-workers` processes planning `lookahead` iterations ahead; 0 plans inline) and
+publishes each plan through a `plan_distribution.PlanChannel`; every other rank fetches it and
+builds no planner at all.
+
+Plans must not depend on where or when they were made: the DP runs without its wall-clock
+budget (`PlannerConfig.dp_time_budget_s=0`), so a plan is a function of the seed and the batch
+alone, and the service reads batches from a copy of the sampler taken at its current, possibly
+resumed, position, so a run resumed from a checkpoint plans exactly the batches the
+uninterrupted run would have planned. Each rank still advances its own sampler, which is what
+checkpoints record, and `PlanSource.get` checks that the plan covers that batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import os
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import torch.distributed as dist
+
+from dynapipe_planner.cluster import ClusterSpec, GiB, get_gpu
+from dynapipe_planner.cost import AnalyticCostModel, ProfiledCostModel
+from dynapipe_planner.model_spec import ModelSpec
+from dynapipe_planner.plan import ExecutionPlan
+from dynapipe_planner.planner import PlannerConfig
+from dynapipe_planner.service import PlannerRecipe, PlanningService
+
+from .data import GlobalBatchSampler
+from .plan_distribution import PlanChannel, open_plan_store
+
+PLANNING_RANK = 0
+
+
+class PlanMismatch(RuntimeError):
+    """A plan covers other samples than the sampler's batch of its iteration."""
+
+
+def dtype_name(args: argparse.Namespace) -> str:
+    """The plan's dtype name for the job's precision flags."""
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+
+
+def planner_recipe(args: argparse.Namespace, spec: ModelSpec, num_replicas: int) -> PlannerRecipe:
+    """What the planning rank's planners are built from (picklable for worker processes)."""
+    memory = int(args.dynapipe_memory_limit * GiB) if args.dynapipe_memory_limit else 0
+    cluster = ClusterSpec(
+        get_gpu(args.dynapipe_gpu),
+        num_stages=args.pipeline_model_parallel_size,
+        num_replicas=num_replicas,
+        tp=args.tensor_model_parallel_size,
+        memory_limit_bytes=memory,
+    )
+    if args.dynapipe_cost_model:
+        cost_model = ProfiledCostModel.load(args.dynapipe_cost_model, spec, cluster)
+    else:
+        cost_model = AnalyticCostModel(spec, cluster)
+    config = PlannerConfig(
+        num_replicas=num_replicas,
+        batching=args.batching,
+        schedule=args.pipeline_schedule if args.batching == "dynamic" else "1f1b",
+        recompute=args.dynapipe_recompute,  # the executor applies each plan's choice
+        dtype=dtype_name(args),
+        max_seqlen=args.seq_length,
+        micro_batch_size=args.micro_batch_size if args.batching != "dynamic" else 0,
+        dp_time_budget_s=0.0,  # a budget cut short by a busy CPU would change the plan
+    )
+    return PlannerRecipe(cost_model, cluster.num_stages, config)
+
+
+class PlanSource:
+    """Each iteration's plan on this rank, from `channel` (fed by `service` on rank 0)."""
+
+    def __init__(self, channel: PlanChannel, service: PlanningService | None = None) -> None:
+        self.channel, self.service = channel, service
+
+    @property
+    def store(self) -> dist.Store:
+        """The store the plans travel through (other job-wide bookkeeping may share it)."""
+        return self.channel.store
+
+    def get(self, iteration: int, batch: np.ndarray) -> tuple[ExecutionPlan, float]:
+        """The plan of `iteration` and the seconds this rank waited for it; `batch` is the
+        sampler's global batch of that iteration, which the plan must cover exactly."""
+        started = time.perf_counter()
+        plan = self.channel.fetch(iteration)
+        waited_s = time.perf_counter() - started
+        planned = np.sort(np.concatenate([mb.samples for mb in plan.microbatches]))
+        if not np.array_equal(planned, np.sort(batch)):
+            raise PlanMismatch(
+                f"rank {self.channel.rank}: the plan of iteration {iteration} covers "
+                f"{len(planned)} samples that differ from the sampler's batch of {len(batch)}; "
+                f"the planning rank and this rank disagree on the data order"
+            )
+        return plan, waited_s
+
+    def close(self) -> None:
+        """Stop the planner workers (rank 0); the store lives as long as this object."""
+        if self.service is not None:
+            self.service.close()
+
+    def __enter__(self) -> PlanSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_plan_source(
+    recipe: PlannerRecipe | None,
+    sampler: GlobalBatchSampler,
+    lengths: np.ndarray,
+    *,
+    stop_iteration: int,
+    num_workers: int,
+    timeout_s: float,
+    lookahead: int = 2,
+) -> PlanSource:
+    """This rank's plan source. On the planning rank `recipe` builds the planners, which start
+    planning the sampler's batches from its current position up to `stop_iteration`; the other
+    ranks pass None. Every rank must call this together (it exchanges the store's port)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store = _open_store(rank, world, timeout_s)
+    service = None
+    if rank == PLANNING_RANK:
+        if recipe is None:
+            raise ValueError(f"rank {rank} plans for the job and needs a planner recipe")
+        work = _work_items(copy.deepcopy(sampler), np.asarray(lengths), stop_iteration)
+        service = PlanningService(
+            recipe, work, num_workers=num_workers, lookahead=lookahead, timeout_s=timeout_s
+        )
+    channel = PlanChannel(
+        store,
+        rank,
+        world,
+        service=service,
+        publisher_rank=PLANNING_RANK,
+        timeout_s=timeout_s,
+    )
+    return PlanSource(channel, service)
+
+
+def _work_items(
+    sampler: GlobalBatchSampler, lengths: np.ndarray, stop_iteration: int
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    for iteration, batch in itertools.takewhile(lambda item: item[0] < stop_iteration, sampler):
+        yield iteration, lengths[batch], batch
+
+
+def _open_store(rank: int, world: int, timeout_s: float) -> dist.Store:
+    """The plan store, served by the planning rank on a port the OS picks (a fixed one such as
+    MASTER_PORT + 1 may be taken) and announced to the others over the world group."""
+    if world == 1:
+        return dist.HashStore()
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    store = None
+    if rank == PLANNING_RANK:
+        store = open_plan_store(rank, world, host=host, port=0, timeout_s=timeout_s)
+    port = [store.port if store is not None else None]
+    dist.broadcast_object_list(port, src=PLANNING_RANK)
+    if store is None:
+        store = open_plan_store(rank, world, host=host, port=port[0], timeout_s=timeout_s)
+    return store

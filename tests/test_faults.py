@@ -1,0 +1,144 @@
+"""Faults end the job with an error that names the rank and the iteration, within the timeout.
+
+Forked gloo ranks train with `--dynapipe-timeout 5`: (a) a rank exits in the middle of an
+iteration (a pipeline neighbour, a data-parallel peer in the gradient all-reduce, or rank 0,
+which serves the plan store) and every survivor raises naming it and the iteration; a rank that
+hangs instead ends the job when the transfer or the all-reduce waiting for it times out; (b)
+rank 0's planner worker never delivers a plan and every rank raises naming the iteration. Times are
+checked loosely (under 3x the timeout) only to show nothing waits for a default timeout.
+Corrupt checkpoints and dataset indexes are covered by test_training and test_runtime_data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("megatron.core")
+
+from distributed import run_ranks
+from test_training import TINY
+
+TIMEOUT_S = 5.0
+FAULTY = [*TINY, "--train-iters", "3", "--dynapipe-timeout", str(TIMEOUT_S)]
+
+
+def _train_until(
+    rank: int, faulty_rank: int, fault: Callable[[], None], layout: list[str]
+) -> tuple[str, float]:
+    """Train; `faulty_rank` calls `fault` at its first forward pass of iteration 1. Returns
+    this rank's error and the seconds from the start of iteration 1 to it."""
+    from megatron.dynapipe.arguments import parse_args
+    from megatron.dynapipe.executor import PlanExecutor
+    from megatron.dynapipe.training import pretrain
+
+    begun: dict[int, float] = {}
+    run = PlanExecutor.run
+
+    def run_with_fault(self, plan, batches, *, iteration=0):
+        begun[iteration] = time.monotonic()
+        if iteration == 1 and rank == faulty_rank:
+            self._forward = lambda *args: fault()
+        return run(self, plan, batches, iteration=iteration)
+
+    PlanExecutor.run = run_with_fault
+    try:
+        pretrain(parse_args([*FAULTY, "--planner-workers", "0", *layout]))
+    except Exception as err:
+        return f"{type(err).__name__}: {err}", time.monotonic() - begun[1]
+    return "no error", 0.0
+
+
+def _dies(rank: int, world: int, dying_rank: int, layout: list[str]) -> tuple[str, float]:
+    return _train_until(rank, dying_rank, lambda: os._exit(1), layout)
+
+
+@pytest.mark.parametrize(
+    ("layout", "dying_rank", "p2p"),
+    [
+        (["--pipeline-model-parallel-size", "2"], 1, True),  # the last stage
+        (["--pipeline-model-parallel-size", "1"], 1, False),  # DP=2: in the gradient all-reduce
+        (["--pipeline-model-parallel-size", "2"], 0, True),  # also the plan store's server
+    ],
+)
+def test_a_rank_that_dies_is_named_by_the_survivors(layout, dying_rank, p2p) -> None:
+    results = run_ranks(_dies, 2, dying_rank, layout, timeout_s=60, may_die={dying_rank})
+    assert results[dying_rank] is None
+    survivor = 1 - dying_rank
+    error, spent = results[survivor]
+    assert error.startswith(
+        f"PeerFailure: rank {survivor}, iteration 1: rank {dying_rank} stopped answering"
+    ), error
+    assert p2p == (f"rank {dying_rank} did not complete the transfer" in error)
+    assert spent < 3 * TIMEOUT_S
+
+
+def _hangs(rank: int, world: int, layout: list[str], pid_file: Path) -> tuple[str, float] | None:
+    """Rank 1 hangs (alive, heartbeating) in iteration 1; rank 0 stops it once it has failed."""
+    if rank == 1:
+        pid_file.write_text(str(os.getpid()))
+        return _train_until(rank, 1, lambda: time.sleep(3600), layout)
+    result = _train_until(rank, 1, lambda: None, layout)
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    return result
+
+
+@pytest.mark.parametrize(
+    ("layout", "p2p"),
+    [
+        (["--pipeline-model-parallel-size", "2"], True),  # a plan's transfer times out
+        (["--pipeline-model-parallel-size", "1"], False),  # the DP group's all-reduce does
+    ],
+)
+def test_a_rank_that_hangs_ends_the_job_within_the_timeout(tmp_path, layout, p2p) -> None:
+    results = run_ranks(_hangs, 2, layout, tmp_path / "pid", timeout_s=60, may_die={1})
+    error, spent = results[0]
+    assert error.startswith("PeerFailure: rank 0, iteration 1: every other rank still answers")
+    assert p2p == ("rank 1 did not complete the transfer within 5 s" in error), error
+    assert TIMEOUT_S <= spent < 3 * TIMEOUT_S
+
+
+def _planner_hangs(rank: int, world: int) -> tuple[str, float]:
+    from stalled_planner import NeverAnswers
+
+    from megatron.dynapipe import plan_source, training
+
+    recipe = plan_source.planner_recipe
+
+    def stalled_recipe(*args):
+        real = recipe(*args)
+        return dataclasses.replace(real, cost_model=NeverAnswers(real.cost_model))
+
+    training.planner_recipe = stalled_recipe
+    asked: list[float] = []
+    get = plan_source.PlanSource.get
+
+    def timed_get(self, iteration, batch):
+        asked.append(time.monotonic())
+        return get(self, iteration, batch)
+
+    plan_source.PlanSource.get = timed_get
+    from megatron.dynapipe.arguments import parse_args
+    from megatron.dynapipe.training import pretrain
+
+    try:
+        pretrain(parse_args([*FAULTY, "--planner-workers", "1"]))
+    except Exception as err:
+        return f"{type(err).__name__}: {err}", time.monotonic() - asked[0]
+    return "no error", 0.0
+
+
+def test_a_plan_that_never_comes_fails_every_rank_naming_the_iteration() -> None:
+    (planner_error, planner_spent), (error, spent) = run_ranks(_planner_hangs, 2, timeout_s=60)
+    assert planner_error.startswith("PlanTimeoutError: plan of iteration 0 not ready after")
+    assert "planning iterations 0 for" in planner_error
+    assert error.startswith("PlanTimeoutError: rank 1: no plan for iteration 0 after 5.0 s; ")
+    assert "rank 0 plans and publishes it" in error
+    assert planner_spent < 3 * TIMEOUT_S and spent < 3 * TIMEOUT_S
