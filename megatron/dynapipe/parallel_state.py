@@ -70,6 +70,8 @@ def initialize(
     if owns_world_group:
         if backend is None:
             backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":  # one GPU per process, as torchrun numbers them on each node
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(
             backend,
             rank=int(os.environ["RANK"]),

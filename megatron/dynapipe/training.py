@@ -84,7 +84,8 @@ def _optimizer(args: argparse.Namespace, model: torch.nn.Module):
 
 def _global_loss(loss_sum: float, tokens: int, tp: int) -> tuple[float, int]:
     """Loss per real token over the global batch (last stages report it; TP shards repeat it)."""
-    totals = torch.tensor([loss_sum, float(tokens)], dtype=torch.float64)
+    device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"  # NCCL: GPU
+    totals = torch.tensor([loss_sum, float(tokens)], dtype=torch.float64, device=device)
     dist.all_reduce(totals)
     loss_sum, tokens = float(totals[0]) / tp, round(float(totals[1]) / tp)
     return loss_sum / max(tokens, 1), tokens
