@@ -148,6 +148,17 @@ class IterationPlanner:
         if len(ids) != len(lengths):
             raise PlanningError(f"{len(ids)} sample ids for {len(lengths)} lengths")
         lengths = validate_lengths(lengths, ids)
+        best = self._choose(lengths, ids, groups)
+        return self._assemble(best, lengths, ids, time.perf_counter() - started)
+
+    def predict(self, lengths: np.ndarray, groups: list[Group] | None = None) -> float:
+        """The predicted iteration time `plan` would report, without building the instruction
+        lists (for studies that price many batches)."""
+        ids = np.arange(len(lengths))
+        return self._choose(validate_lengths(lengths, ids), ids, groups).makespan
+
+    def _choose(self, lengths: np.ndarray, ids: np.ndarray, groups: list[Group] | None):
+        """The fastest candidate over recomputation modes, its replicas rebalanced."""
         order = order_samples(lengths, self.config.order)  # shared by every candidate below
         if groups is not None:
             longest = max(g.seqlen for g in groups)
@@ -172,7 +183,7 @@ class IterationPlanner:
             rebalanced = self._schedule(best.groups, best.costs, rebalanced_from=best)
             rebalanced.dp_passes, rebalanced.label = best.dp_passes, best.label
             best = rebalanced
-        return self._assemble(best, lengths, ids, time.perf_counter() - started)
+        return best
 
     def _recompute_modes(self) -> list[str]:
         available = self.cost_model.recompute_modes()

@@ -184,6 +184,12 @@ def test_given_micro_batches_are_planned_as_given():
     check_plan(planner, plan, lengths)
 
 
+def test_predict_is_the_planned_iteration_time():
+    planner = make_planner(MODEL_PRESETS["gpt-350m"], 3, 2, 20)
+    lengths = np.random.default_rng(8).integers(20, 900, size=80)
+    assert planner.predict(lengths) == planner.plan(lengths).stats["predicted_iteration_s"]
+
+
 def test_tsp_order_is_a_permutation_and_plans_cleanly():
     rng = np.random.default_rng(5)
     lengths = np.stack([rng.integers(1, 512, 60), rng.integers(1, 128, 60)], axis=1)
