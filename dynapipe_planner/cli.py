@@ -248,12 +248,12 @@ def _plan_costs(plan: ExecutionPlan, source: str) -> PipelineCosts | list[Pipeli
 
 
 def _tables(description: dict, recompute: str, microbatches: list[MicroBatch]) -> PipelineCosts:
-    """Cost tables whose grid covers the given micro-batches."""
+    """Cost tables whose grid covers the given micro-batches (a replica may have none)."""
     return cost_model_from_description(description).pipeline_costs(
         recompute,
-        max_samples=max(len(m.samples) for m in microbatches),
-        max_seqlen=max(m.seqlen for m in microbatches),
-        max_tgt_seqlen=max(m.tgt_seqlen for m in microbatches),
+        max_samples=max((len(m.samples) for m in microbatches), default=1),
+        max_seqlen=max((m.seqlen for m in microbatches), default=1),
+        max_tgt_seqlen=max((m.tgt_seqlen for m in microbatches), default=0),
     )
 
 

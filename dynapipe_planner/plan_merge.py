@@ -68,6 +68,7 @@ def merge_pipeline_plans(
 
 
 def _check_pipeline(i: int, plan: ExecutionPlan, layout: ReplicaLayout) -> None:
+    validate_structure(plan, f"pipeline {i}")
     if plan.num_replicas != 1:
         raise PlanningError(
             f"pipeline {i}: its plan has {plan.num_replicas} replicas; merge single-pipeline plans"

@@ -325,3 +325,11 @@ def test_invalid_plan_is_never_written(tmp_path, two_pipelines):
     with pytest.raises(PlanningError, match="replica 1 stage 0 has tp 0"):
         broken.save(tmp_path / "plan.bin")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_merge_rejects_a_broken_pipeline_plan(two_pipelines):
+    plans, merged, _ = two_pipelines
+    broken = ExecutionPlan.from_dict(json.loads(json.dumps(plans[1].to_dict())))
+    broken.ranks.pop()
+    with pytest.raises(PlanningError, match="pipeline 1: 3 ranks, expected 4"):
+        merge_pipeline_plans([plans[0], broken], merged.replicas)
