@@ -49,7 +49,8 @@ def merge_pipeline_plans(
                         f"pipeline {i}: sample {sample} is also in pipeline "
                         f"{owner_of_sample[sample]}'s plan"
                     )
-            microbatches.append(replace(m, id=new_id[m.id], replica=i))
+            own = {"samples": list(m.samples), "row_sizes": list(m.row_sizes)}  # no aliasing
+            microbatches.append(replace(m, id=new_id[m.id], replica=i, **own))
         ranks.extend(
             RankPlan(i, r.stage, [replace(ins, mb=new_id[ins.mb]) for ins in r.instructions])
             for r in plan.ranks
