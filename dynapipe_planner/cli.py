@@ -3,7 +3,8 @@
 `dynapipe-plan` plans global batches from a length file or a built-in synthetic preset and prints
 DynaPipe next to the baselines (predicted iteration time, tokens/s, padding efficiency, peak
 memory, bubble fraction); it can write DynaPipe's plans as JSON or binary. `dynapipe-simulate`
-replays a plan file through the event-driven simulator and writes a Chrome trace and a PNG.
+replays a plan file (homogeneous, or heterogeneous with one cost model per pipeline) through the
+event-driven simulator and writes a Chrome trace and a PNG.
 """
 
 from __future__ import annotations
@@ -18,11 +19,16 @@ from pathlib import Path
 import numpy as np
 
 from .cluster import GPU_PRESETS, ClusterSpec, GiB, get_gpu
-from .cost import AnalyticCostModel, ProfiledCostModel, cost_model_from_description
+from .cost import (
+    AnalyticCostModel,
+    PipelineCosts,
+    ProfiledCostModel,
+    cost_model_from_description,
+)
 from .data import PRESETS, global_batches, load_lengths, sample_lengths, truncate
 from .errors import PlanningError
 from .model_spec import MODEL_PRESETS, load_model_spec
-from .plan import load_plan
+from .plan import ExecutionPlan, MicroBatch, load_plan
 from .planner import BATCHING, RECOMPUTE, SCHEDULES, IterationPlanner, PlannerConfig
 
 # (label, batching, schedule): DynaPipe first, then the ablation and the baselines (seed §8).
@@ -211,6 +217,46 @@ def _simulate_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _plan_costs(plan: ExecutionPlan, source: str) -> PipelineCosts | list[PipelineCosts]:
+    """Rebuild the cost tables a plan was made with, from the descriptions it carries: one for
+    a homogeneous plan, one per replica (its meta["cost_models"]) for a heterogeneous one."""
+    if not plan.replicas:
+        if "cost_model" not in plan.meta:
+            raise PlanningError(f"{source}: plan carries no cost model description in meta")
+        recompute = plan.stats.get("recompute", "none")
+        return _tables(plan.meta["cost_model"], recompute, plan.microbatches)
+    descriptions = plan.meta.get("cost_models", [])
+    if len(descriptions) != plan.num_replicas:
+        raise PlanningError(
+            f"{source}: heterogeneous plan of {plan.num_replicas} replicas carries "
+            f"{len(descriptions)} cost model description(s) in meta['cost_models']"
+        )
+    pipelines = plan.stats.get("pipelines", [{}] * plan.num_replicas)
+    if len(pipelines) != plan.num_replicas:
+        raise PlanningError(
+            f"{source}: stats['pipelines'] has {len(pipelines)} entries for "
+            f"{plan.num_replicas} replicas"
+        )
+    return [
+        _tables(
+            descriptions[k],
+            pipelines[k].get("recompute", "none"),
+            [m for m in plan.microbatches if m.replica == k],
+        )
+        for k in range(plan.num_replicas)
+    ]
+
+
+def _tables(description: dict, recompute: str, microbatches: list[MicroBatch]) -> PipelineCosts:
+    """Cost tables whose grid covers the given micro-batches (a replica may have none)."""
+    return cost_model_from_description(description).pipeline_costs(
+        recompute,
+        max_samples=max((len(m.samples) for m in microbatches), default=1),
+        max_seqlen=max((m.seqlen for m in microbatches), default=1),
+        max_tgt_seqlen=max((m.tgt_seqlen for m in microbatches), default=0),
+    )
+
+
 def simulate_main(argv: Sequence[str] | None = None) -> int:
     from .simulate import simulate
     from .trace import write_chrome_trace, write_timeline_png
@@ -218,16 +264,7 @@ def simulate_main(argv: Sequence[str] | None = None) -> int:
     args = _simulate_parser().parse_args(argv)
     try:
         plan = load_plan(args.plan)
-        if "cost_model" not in plan.meta:
-            raise PlanningError(f"{args.plan}: plan carries no cost model description in meta")
-        cost_model = cost_model_from_description(plan.meta["cost_model"])
-        samples = max(len(m.samples) for m in plan.microbatches)
-        costs = cost_model.pipeline_costs(
-            plan.stats.get("recompute", "none"),
-            max_samples=samples,
-            max_seqlen=max(m.seqlen for m in plan.microbatches),
-            max_tgt_seqlen=max(m.tgt_seqlen for m in plan.microbatches),
-        )
+        costs = _plan_costs(plan, args.plan)
         result = simulate(plan, costs, check_memory=not args.no_memory_check)
     except PlanningError as e:
         print(f"dynapipe-simulate: error: {e}", file=sys.stderr)

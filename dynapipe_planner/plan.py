@@ -4,13 +4,21 @@ The JSON shape is the contract in ARCHITECTURE.md; the runtime reads it and know
 how it was made. A compact binary form (`.bin`) carries the same content for large plans:
 
     b"DYNAPLAN" | u32 version | u32 header length | header JSON (num_stages, num_replicas,
-    stats, meta, counts) | micro-batches: i32 id, replica, seqlen, tgt_seqlen, u32 n,
-    u32[n] samples, u32 r, u32[r] row sizes | ranks: i32 replica, stage, u32 n, then per
-    instruction u8 op, u8 dtype, u8 ndim, u8 0, i32 mb, i32 peer, i32[ndim] shape
-    (all little-endian)
+    stats, meta, counts, and "replicas" for heterogeneous plans) | micro-batches: i32 id,
+    replica, seqlen, tgt_seqlen, u32 n, u32[n] samples, u32 r, u32[r] row sizes | ranks: i32
+    replica, stage, u32 n, then per instruction u8 op, u8 dtype, u8 ndim, u8 0, i32 mb,
+    i32 peer, i32[ndim] shape (all little-endian)
 
 Instructions follow DynaPipe's executor design (seed `dynapipe.txt` §3): compute ops, and each
 communication split into a non-blocking Start and a blocking Wait.
+
+A heterogeneous plan runs pipelines of different depth or tensor-parallel degree side by side
+(Hydraulis, seed `hydraulis.txt` §5.1; HexiScale's asymmetric pipelines, `hexiscale.txt` §3).
+It lists one `ReplicaLayout` per pipeline in `replicas`: that replica's own `num_stages` decides
+its first and last stage, and the top-level `num_stages` is the deepest replica's. A plan with
+no layouts is homogeneous, and its JSON and binary forms are exactly those of version 1 before
+layouts existed; the layouts travel in the JSON object and in the binary header, so readers of
+homogeneous plans need no new version.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import os
 import struct
 import tempfile
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +126,39 @@ class RankPlan:
 
 
 @dataclass
+class StageLayout:
+    """Where one pipeline stage runs: its tensor-parallel group (`tp` global device indices) and
+    the transformer layers [start, end) it holds. The runtime builds process groups from it."""
+
+    devices: list[int]
+    tp: int
+    layers: tuple[int, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"devices": list(self.devices), "tp": self.tp, "layers": list(self.layers)}
+
+
+@dataclass
+class ReplicaLayout:
+    """One pipeline of a heterogeneous plan: its depth and the layout of each of its stages."""
+
+    id: int
+    num_stages: int
+    stages: list[StageLayout]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "num_stages": self.num_stages,
+            "stages": [s.to_dict() for s in self.stages],
+        }
+
+
+@dataclass
 class ExecutionPlan:
+    """`replicas` empty: every replica has `num_stages` stages (homogeneous). Otherwise one
+    layout per replica, and `num_stages` is the deepest replica's."""
+
     num_stages: int
     num_replicas: int
     microbatches: list[MicroBatch]
@@ -125,6 +166,11 @@ class ExecutionPlan:
     stats: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     version: int = PLAN_VERSION
+    replicas: list[ReplicaLayout] = field(default_factory=list)
+
+    def replica_num_stages(self, replica: int) -> int:
+        """Depth of `replica`'s pipeline: what decides its first and last stage."""
+        return self.replicas[replica].num_stages if self.replicas else self.num_stages
 
     def rank_plan(self, replica: int, stage: int) -> RankPlan:
         for r in self.ranks:
@@ -134,10 +180,14 @@ class ExecutionPlan:
 
     # ---- JSON -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        # Keys in this order, and "replicas" only when present: homogeneous plans serialise
+        # byte for byte as they did before layouts existed.
+        layouts = {"replicas": [r.to_dict() for r in self.replicas]} if self.replicas else {}
         return {
             "version": self.version,
             "num_stages": self.num_stages,
             "num_replicas": self.num_replicas,
+            **layouts,
             "microbatches": [m.to_dict() for m in self.microbatches],
             "ranks": [
                 {
@@ -153,14 +203,7 @@ class ExecutionPlan:
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "plan") -> ExecutionPlan:
-        def need(obj: Any, key: str, where: str, kind: type | tuple = int) -> Any:
-            if not isinstance(obj, dict) or key not in obj:
-                raise PlanningError(f"{source}: {where} is missing {key!r}")
-            value = obj[key]
-            if not isinstance(value, kind) or isinstance(value, bool):
-                raise PlanningError(f"{source}: {where}.{key} has the wrong type: {value!r}")
-            return value
-
+        need = partial(_need, source)
         version = need(data, "version", "plan")
         if version != PLAN_VERSION:
             raise PlanningError(
@@ -169,13 +212,8 @@ class ExecutionPlan:
         mbs = []
         for k, m in enumerate(need(data, "microbatches", "plan", list)):
             where = f"microbatches[{k}]"
-            samples = need(m, "samples", where, list)
-            rows = m.get("row_sizes", []) if isinstance(m, dict) else []
-            for key, values in (("samples", samples), ("row_sizes", rows)):
-                if not isinstance(values, list) or not all(
-                    isinstance(s, int) and not isinstance(s, bool) for s in values
-                ):
-                    raise PlanningError(f"{source}: {where}.{key} must be a list of integers")
+            samples = _integers(source, need(m, "samples", where, list), f"{where}.samples")
+            rows = _integers(source, m.get("row_sizes", []), f"{where}.row_sizes")
             mbs.append(
                 MicroBatch(
                     need(m, "id", where),
@@ -214,6 +252,7 @@ class ExecutionPlan:
             data.get("stats", {}),
             data.get("meta", {}),
             version,
+            _layouts(source, need(data, "replicas", "plan", list) if "replicas" in data else []),
         )
         validate_structure(plan, source)
         return plan
@@ -228,6 +267,8 @@ class ExecutionPlan:
             "stats": self.stats,
             "meta": self.meta,
         }
+        if self.replicas:
+            header["replicas"] = [r.to_dict() for r in self.replicas]
         hdr = json.dumps(header, separators=(",", ":")).encode()
         out = [MAGIC, struct.pack("<II", self.version, len(hdr)), hdr]
         for m in self.microbatches:
@@ -291,14 +332,17 @@ class ExecutionPlan:
             ranks,
             header["stats"],
             header["meta"],
+            replicas=_layouts(source, header.get("replicas", [])),
         )
         validate_structure(plan, source)
         return plan
 
     # ---- files ------------------------------------------------------------------------
     def save(self, path: str | Path, fmt: str | None = None) -> None:
-        """Write atomically (temporary file + rename): a failed write leaves nothing behind."""
+        """Write atomically (temporary file + rename): a failed write leaves nothing behind, and
+        a plan that would not load is refused before anything is written."""
         path = Path(path)
+        validate_structure(self, str(path))
         fmt = fmt or ("bin" if path.suffix == ".bin" else "json")
         if fmt == "json":
             payload = json.dumps(self.to_dict(), separators=(",", ":")).encode()
@@ -340,6 +384,45 @@ def atomic_write(path: Path, payload: bytes) -> None:
         raise
 
 
+def _need(source: str, obj: Any, key: str, where: str, kind: type | tuple = int) -> Any:
+    if not isinstance(obj, dict) or key not in obj:
+        raise PlanningError(f"{source}: {where} is missing {key!r}")
+    value = obj[key]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise PlanningError(f"{source}: {where}.{key} has the wrong type: {value!r}")
+    return value
+
+
+def _integers(source: str, values: Any, where: str) -> list[int]:
+    if not isinstance(values, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in values
+    ):
+        raise PlanningError(f"{source}: {where} must be a list of integers")
+    return values
+
+
+def _layouts(source: str, raw: Any) -> list[ReplicaLayout]:
+    """Parse the "replicas" list of JSON or of a binary header; `validate_structure` judges it."""
+    if not isinstance(raw, list):
+        raise PlanningError(f"{source}: replicas must be a list of replica layouts")
+    need = partial(_need, source)
+    layouts = []
+    for k, rep in enumerate(raw):
+        where = f"replicas[{k}]"
+        stages = []
+        for n, stage in enumerate(need(rep, "stages", where, list)):
+            sw = f"{where}.stages[{n}]"
+            layers = _integers(source, need(stage, "layers", sw, list), f"{sw}.layers")
+            if len(layers) != 2:
+                raise PlanningError(f"{source}: {sw}.layers must be [start, end)")
+            devices = _integers(source, need(stage, "devices", sw, list), f"{sw}.devices")
+            stages.append(StageLayout(devices, need(stage, "tp", sw), (layers[0], layers[1])))
+        layouts.append(
+            ReplicaLayout(need(rep, "id", where), need(rep, "num_stages", where), stages)
+        )
+    return layouts
+
+
 class _Reader:
     def __init__(self, buf: bytes, source: str) -> None:
         self.buf, self.source, self.pos = buf, source, 0
@@ -356,10 +439,12 @@ class _Reader:
 
 
 def validate_structure(plan: ExecutionPlan, source: str = "plan") -> None:
-    """Static checks that need no cost model: known ops, ranks and micro-batches in range,
-    communication instructions with a valid peer, and shapes/dtypes on every Start."""
+    """Static checks that need no cost model: layouts, known ops, ranks and micro-batches in
+    range, one rank per stage of each replica, communication instructions with a valid peer,
+    and shapes/dtypes on every Start."""
     if plan.num_stages < 1 or plan.num_replicas < 1:
         raise PlanningError(f"{source}: num_stages and num_replicas must be >= 1")
+    _validate_layouts(plan, source)
     mb_replica: dict[int, int] = {}
     for m in plan.microbatches:
         if m.id in mb_replica:
@@ -376,8 +461,13 @@ def validate_structure(plan: ExecutionPlan, source: str = "plan") -> None:
     seen = set()
     for r in plan.ranks:
         where = f"rank (replica {r.replica}, stage {r.stage})"
-        if not (0 <= r.replica < plan.num_replicas and 0 <= r.stage < plan.num_stages):
+        if not 0 <= r.replica < plan.num_replicas:
             raise PlanningError(f"{source}: {where} is out of range")
+        depth = plan.replica_num_stages(r.replica)
+        if not 0 <= r.stage < depth:
+            raise PlanningError(
+                f"{source}: {where} is out of range: replica {r.replica} has {depth} stage(s)"
+            )
         if (r.replica, r.stage) in seen:
             raise PlanningError(f"{source}: {where} appears twice")
         seen.add((r.replica, r.stage))
@@ -397,11 +487,78 @@ def validate_structure(plan: ExecutionPlan, source: str = "plan") -> None:
                     raise PlanningError(
                         f"{source}: {iw}: peer {ins.peer}, expected stage {expected}"
                     )
+                if not 0 <= ins.peer < depth:
+                    raise PlanningError(
+                        f"{source}: {iw}: peer stage {ins.peer} does not exist; replica "
+                        f"{r.replica} has {depth} stage(s)"
+                    )
             if ins.op in START_OPS and (not ins.shape or ins.dtype not in DTYPES):
                 raise PlanningError(
                     f"{source}: {iw}: a Start needs a shape and a dtype in {DTYPES}"
                 )
-    if len(seen) != plan.num_stages * plan.num_replicas:
+    expected_ranks = [
+        (k, j) for k in range(plan.num_replicas) for j in range(plan.replica_num_stages(k))
+    ]
+    if len(seen) != len(expected_ranks):
+        missing = ", ".join(
+            f"replica {k} stage {j}" for k, j in expected_ranks if (k, j) not in seen
+        )
         raise PlanningError(
-            f"{source}: {len(seen)} ranks, expected {plan.num_stages * plan.num_replicas}"
+            f"{source}: {len(seen)} ranks, expected {len(expected_ranks)}; no rank plan for "
+            f"{missing}"
+        )
+
+
+def _validate_layouts(plan: ExecutionPlan, source: str) -> None:
+    """A heterogeneous plan's layouts: one per replica in id order, as many stages as the
+    replica's num_stages, each stage a group of `tp` devices no other stage uses, and each
+    replica's stages holding the whole model's layers [0, L) in order, without gap or overlap."""
+    if not plan.replicas:
+        return
+    if len(plan.replicas) != plan.num_replicas:
+        raise PlanningError(
+            f"{source}: {len(plan.replicas)} replica layouts for num_replicas {plan.num_replicas}"
+        )
+    owner: dict[int, str] = {}
+    num_layers = None
+    for k, rep in enumerate(plan.replicas):
+        if rep.id != k:
+            raise PlanningError(f"{source}: replicas[{k}] has id {rep.id}; ids must be 0..n-1")
+        if rep.num_stages < 1 or len(rep.stages) != rep.num_stages:
+            raise PlanningError(
+                f"{source}: replica {k} lists {len(rep.stages)} stage layout(s) but has "
+                f"num_stages {rep.num_stages}"
+            )
+        layer = 0
+        for j, stage in enumerate(rep.stages):
+            where = f"replica {k} stage {j}"
+            if stage.tp < 1:
+                raise PlanningError(f"{source}: {where} has tp {stage.tp}; tp must be >= 1")
+            if len(stage.devices) != stage.tp:
+                raise PlanningError(
+                    f"{source}: {where} has {len(stage.devices)} device(s) for tp {stage.tp}"
+                )
+            for device in stage.devices:
+                if device < 0 or device in owner:
+                    used = f"also used by {owner[device]}" if device in owner else "negative"
+                    raise PlanningError(f"{source}: {where}: device {device} is {used}")
+                owner[device] = where
+            start, end = stage.layers
+            if start != layer or end <= start:
+                raise PlanningError(
+                    f"{source}: {where} holds layers [{start}, {end}); it must start at layer "
+                    f"{layer} and hold at least one, so that the replica covers [0, L) in order"
+                )
+            layer = end
+        if num_layers is None:
+            num_layers = layer
+        elif layer != num_layers:
+            raise PlanningError(
+                f"{source}: replica {k} holds layers [0, {layer}) but replica 0 holds "
+                f"[0, {num_layers}); every replica holds the whole model"
+            )
+    deepest = max(rep.num_stages for rep in plan.replicas)
+    if plan.num_stages != deepest:
+        raise PlanningError(
+            f"{source}: num_stages {plan.num_stages}, but the deepest replica has {deepest}"
         )

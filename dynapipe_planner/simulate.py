@@ -13,11 +13,16 @@ Nothing steps through time. A rank runs until it blocks on a Wait whose transfer
 yet, and the peer's post that completes the match wakes it. A transfer's times depend only on
 its two post times and its channel's previous transfer, so the order in which ranks are advanced
 does not change the result, and each instruction is visited once.
+
+Replicas never talk to each other within an iteration, so each one runs against its own cost
+tables: a heterogeneous plan (pipelines of different depth or TP, `hydraulis.txt` §5.1) gives
+one `PipelineCosts` per replica, and each replica's own depth decides its first and last stage.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,20 +113,21 @@ class SimulationResult:
 
 
 def simulate(
-    plan: ExecutionPlan, costs: PipelineCosts, *, check_memory: bool = True
+    plan: ExecutionPlan,
+    costs: PipelineCosts | Sequence[PipelineCosts],
+    *,
+    check_memory: bool = True,
 ) -> SimulationResult:
     """Run every rank's instructions against `costs` and return the timeline.
 
+    `costs` is one table set for every replica, or a sequence with one per replica (each with
+    that replica's number of stages), as a heterogeneous plan needs.
     Raises a `PlanningError` subclass naming the rank, instruction and micro-batch at the first
     broken invariant of the plan contract: `PlanCheckError` (order rules, unwaited Starts, and
     with `check_memory` a rank above `costs.memory_limit`), `CommMismatchError` (two sides of a
     channel disagree), `DeadlockError` (ranks left waiting for posts that never come)."""
-    if costs.num_stages != plan.num_stages:
-        raise PlanningError(
-            f"plan has {plan.num_stages} stages but the cost tables have {costs.num_stages}"
-        )
     _check_programs(plan)
-    return _Executor(plan, costs, check_memory).run()
+    return _Executor(plan, _costs_per_replica(plan, costs), check_memory).run()
 
 
 def verify_plan(plan: ExecutionPlan) -> None:
@@ -135,13 +141,33 @@ def verify_plan(plan: ExecutionPlan) -> None:
     _Executor(plan, None, check_memory=False).run()
 
 
+def _costs_per_replica(
+    plan: ExecutionPlan, costs: PipelineCosts | Sequence[PipelineCosts]
+) -> list[PipelineCosts]:
+    """One table set per replica, each as deep as its replica's pipeline."""
+    per_replica = [costs] * plan.num_replicas if isinstance(costs, PipelineCosts) else list(costs)
+    if len(per_replica) != plan.num_replicas:
+        raise PlanningError(
+            f"{len(per_replica)} cost table sets for a plan of {plan.num_replicas} replicas"
+        )
+    for replica, tables in enumerate(per_replica):
+        depth = plan.replica_num_stages(replica)
+        if tables.num_stages != depth:
+            raise PlanningError(
+                f"replica {replica} has {depth} stage(s) but its cost tables have "
+                f"{tables.num_stages}"
+            )
+    return per_replica
+
+
 def _check_programs(plan: ExecutionPlan) -> None:
     validate_structure(plan)
     mbs_of_replica: dict[int, set[int]] = {}
     for m in plan.microbatches:
         mbs_of_replica.setdefault(m.replica, set()).add(m.id)
     for rp in plan.ranks:
-        _check_program(rp, plan.num_stages, mbs_of_replica.get(rp.replica, set()))
+        depth = plan.replica_num_stages(rp.replica)
+        _check_program(rp, depth, mbs_of_replica.get(rp.replica, set()))
 
 
 # ---- static checks ----------------------------------------------------------------------------
@@ -224,8 +250,9 @@ class _Post:
 
 @dataclass(eq=False, slots=True)
 class _Channel:
-    """The NCCL stream between stages `stage` and `stage + 1` of one replica."""
+    """The NCCL stream between stages `stage` and `stage + 1` of `replica`."""
 
+    replica: int
     stage: int
     lower: list[_Post] = field(default_factory=list)
     upper: list[_Post] = field(default_factory=list)
@@ -256,17 +283,19 @@ class _RankState:
 
 class _Executor:
     def __init__(
-        self, plan: ExecutionPlan, costs: PipelineCosts | None, check_memory: bool
+        self, plan: ExecutionPlan, costs: list[PipelineCosts] | None, check_memory: bool
     ) -> None:
-        """`costs=None` runs every operation in zero time (plan checks only)."""
+        """`costs` holds one table set per replica; None runs every operation in zero time
+        (plan checks only)."""
         self.costs = costs
         self.check_memory = check_memory and costs is not None
-        self.num_stages = plan.num_stages
+        self.depths = [plan.replica_num_stages(k) for k in range(plan.num_replicas)]
+        self.replica_of = {m.id: m.replica for m in plan.microbatches}
         self.shapes = {m.id: (m.num_rows, m.seqlen, m.tgt_seqlen) for m in plan.microbatches}
         self.mb_costs: dict[int, tuple[list[float], ...]] = {}
         self.ranks: dict[Rank, _RankState] = {}
         for rp in sorted(plan.ranks, key=lambda r: (r.replica, r.stage)):
-            static = float(costs.static[rp.stage]) if costs is not None else 0.0
+            static = float(costs[rp.replica].static[rp.stage]) if costs is not None else 0.0
             self.ranks[(rp.replica, rp.stage)] = _RankState(rp, static, static)
         self.channels: dict[Rank, _Channel] = {}
         self.compute_events: list[Event] = []
@@ -309,13 +338,15 @@ class _Executor:
     # ---- compute and memory --------------------------------------------------------------
 
     def _costs_of(self, mb: int) -> tuple[list[float], ...]:
-        """(forward, backward, activation, transient) per stage, looked up once per micro-batch."""
+        """(forward, backward, activation, transient) per stage of the micro-batch's replica,
+        looked up once per micro-batch."""
         cached = self.mb_costs.get(mb)
+        replica = self.replica_of[mb]
         if cached is None and self.costs is None:
-            cached = self.mb_costs[mb] = ([0.0] * self.num_stages,) * 4
+            cached = self.mb_costs[mb] = ([0.0] * self.depths[replica],) * 4
         if cached is None:
             b, s, t = self.shapes[mb]
-            c = self.costs.stage_costs(b, s, t)
+            c = self.costs[replica].stage_costs(b, s, t)
             if not c.feasible:
                 raise PlanCheckError(
                     f"micro-batch {mb} ({b} rows, seqlen {s}, tgt_seqlen {t}) lies beyond the "
@@ -346,7 +377,10 @@ class _Executor:
     def _use_memory(self, rank: _RankState, transient: float) -> None:
         in_use = rank.static + rank.stored + transient
         rank.peak = max(rank.peak, in_use)
-        if self.check_memory and in_use > (limit := self.costs.memory_limit):
+        if not self.check_memory:
+            return
+        limit = self.costs[rank.plan.replica].memory_limit
+        if in_use > limit:
             raise PlanCheckError(
                 f"{_at(rank.plan, rank.pc)}: needs {in_use:.0f} bytes ({in_use / 2**30:.2f} GiB: "
                 f"static {rank.static:.0f} + stored activations {rank.stored:.0f} + transient "
@@ -360,7 +394,7 @@ class _Executor:
         key = (replica, min(stage_a, stage_b))
         channel = self.channels.get(key)
         if channel is None:
-            channel = self.channels[key] = _Channel(key[1])
+            channel = self.channels[key] = _Channel(replica, key[1])
         return channel
 
     def _post(self, rank: _RankState, ins: Instruction) -> None:
@@ -379,7 +413,9 @@ class _Executor:
         """Both sides have posted: the transfer runs once the channel's previous one is done."""
         _check_pair(channel, low, high)
         start = max(low.time, high.time, channel.last_end)
-        duration = self.costs.p2p_time(channel.stage, list(low.ins.shape)) if self.costs else 0.0
+        duration = 0.0
+        if self.costs is not None:
+            duration = self.costs[channel.replica].p2p_time(channel.stage, list(low.ins.shape))
         end = start + duration
         low.end = high.end = channel.last_end = end
         channel.matched += 1

@@ -26,20 +26,24 @@ _US = 1e6
 
 def write_chrome_trace(result: SimulationResult, path: str | Path) -> None:
     """Trace-event JSON: one process per replica, one thread per stage, and one extra thread per
-    stage boundary for its transfers, so communication never hides compute."""
+    stage boundary for its transfers, so communication never hides compute. Transfer rows
+    start after the deepest replica's stages; a shallower replica names only its own rows."""
     num_stages = 1 + max((stage for _, stage in result.ranks), default=0)
+    depth: dict[int, int] = {}
+    for replica, stage in result.ranks:
+        depth[replica] = max(depth.get(replica, 0), stage + 1)
     events: list[dict] = []
-    for replica in sorted({replica for replica, _ in result.ranks}):
-        events += _row_names(replica, num_stages)
+    for replica in sorted(depth):
+        events += _row_names(replica, depth[replica], num_stages)
     events += [_complete(e, e.rank[1]) for e in result.compute_events]
     events += [_complete(e, num_stages + min(e.rank[1], e.peer)) for e in result.transfer_events]
     payload = {"traceEvents": events, "displayTimeUnit": "ms"}
     atomic_write(Path(path), json.dumps(payload, separators=(",", ":")).encode())
 
 
-def _row_names(replica: int, num_stages: int) -> list[dict]:
-    rows = [(stage, f"stage {stage}") for stage in range(num_stages)]
-    rows += [(num_stages + j, f"p2p {j}<->{j + 1}") for j in range(num_stages - 1)]
+def _row_names(replica: int, depth: int, num_stages: int) -> list[dict]:
+    rows = [(stage, f"stage {stage}") for stage in range(depth)]
+    rows += [(num_stages + j, f"p2p {j}<->{j + 1}") for j in range(depth - 1)]
     meta = [_meta("process_name", replica, 0, {"name": f"replica {replica}"})]
     meta.append(_meta("process_sort_index", replica, 0, {"sort_index": replica}))
     for tid, name in rows:
