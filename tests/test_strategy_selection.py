@@ -68,6 +68,30 @@ def test_selected_plans_pass_the_simulator_and_cover_the_batch(setting, inside):
         assert choice.latency == max(p.latency for p in choice.pipelines)
 
 
+def test_the_chosen_strategy_is_one_heterogeneous_plan_the_simulator_accepts(setting):
+    models, profiles, proposals, lengths = setting
+    selector = StrategySelector(
+        profiles, proposals, models, SelectionConfig(inside="dynapipe", trials=20)
+    )
+    ids = next(global_batches(lengths, TOKENS, seed=9))
+    batch = lengths[ids]
+    choice, plan = selector.plan(batch, ids)
+    verify_plan(plan)
+    assert plan.num_replicas == choice.strategy.num_pipelines == len(plan.replicas)
+    devices = [d for layout in plan.replicas for stage in layout.stages for d in stage.devices]
+    assert sorted(devices) == list(range(choice.strategy.num_gpus))
+    costs = []
+    for pipeline in choice.pipelines:
+        planner = selector._planner(pipeline.scheme)
+        if pipeline.plan is None:
+            costs.append(planner.cost_model.pipeline_costs("none", max_seqlen=128))
+        else:
+            costs.append(planner.costs_of(pipeline.plan, batch[pipeline.sequences]))
+    result = simulate(plan, costs, check_memory=True)
+    assert result.makespan == pytest.approx(choice.latency, rel=0.05)
+    assert plan.stats["predicted_iteration_s"] == choice.latency
+
+
 def test_candidates_come_from_the_window_above_the_batch_maximum(setting):
     models, profiles, proposals, _ = setting
     selector = StrategySelector(profiles, proposals, models, SelectionConfig(window=0))

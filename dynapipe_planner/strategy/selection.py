@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..cost import split_layers
 from ..errors import PlanningError
 from ..microbatch.baselines import Group
-from ..plan import ExecutionPlan
+from ..plan import ExecutionPlan, RankPlan, ReplicaLayout, StageLayout
+from ..plan_merge import merge_pipeline_plans
 from ..planner import CostModel, IterationPlanner, PlannerConfig
 from .dispatch import Dispatch, dispatch
 from .packing import Packing, pack_pipeline
@@ -153,6 +155,25 @@ class StrategySelector:
             raise PlanningError("no candidate strategy can take this batch: " + "; ".join(failures))
         return IterationChoice(best, self._plan_pipelines(best, lengths, ids), estimates)
 
+    def plan(
+        self, lengths: np.ndarray, sample_ids: np.ndarray | None = None
+    ) -> tuple[IterationChoice, ExecutionPlan]:
+        """`select`, then the winner as one heterogeneous ExecutionPlan for the runtime."""
+        choice = self.select(lengths, sample_ids)
+        return choice, self.to_plan(choice)
+
+    def to_plan(self, choice: IterationChoice) -> ExecutionPlan:
+        """The chosen pipelines side by side (`merge_pipeline_plans`): GPUs are given out in
+        pipeline order, stage by stage, TP groups contiguous; a pipeline that got no sequence
+        this iteration runs an empty program (it still joins the gradient sync)."""
+        plans, layouts, first_device = [], [], 0
+        for i, pipeline in enumerate(choice.pipelines):
+            planner = self._planner(pipeline.scheme)
+            plans.append(pipeline.plan or idle_pipeline_plan(planner))
+            layouts.append(pipeline_layout(i, pipeline.scheme, planner, first_device))
+            first_device += pipeline.scheme.num_gpus
+        return merge_pipeline_plans(plans, layouts)
+
     def _plan_pipelines(
         self, assignment: Assignment, lengths: np.ndarray, ids: np.ndarray
     ) -> tuple[PipelinePlan, ...]:
@@ -199,3 +220,35 @@ def packed_groups(lengths: np.ndarray, packing: Packing) -> list[Group]:
         saved = float(seqlen**2 - np.sum(own**2))
         groups.append(Group(np.array(members), seqlen, rows=[list(members)], attention_saved=saved))
     return groups
+
+
+def pipeline_layout(
+    index: int, scheme: ParallelScheme, planner: IterationPlanner, first_device: int
+) -> ReplicaLayout:
+    """Devices and layers of each stage of one pipeline, layers split as its cost model did."""
+    counts = split_layers(len(planner.cost_model.model.layer_kinds()), scheme.pp)
+    bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
+    stages = [
+        StageLayout(
+            list(range(first_device + j * scheme.tp, first_device + (j + 1) * scheme.tp)),
+            scheme.tp,
+            (bounds[j], bounds[j + 1]),
+        )
+        for j in range(scheme.pp)
+    ]
+    return ReplicaLayout(index, scheme.pp, stages)
+
+
+def idle_pipeline_plan(planner: IterationPlanner) -> ExecutionPlan:
+    """The plan of a pipeline with nothing to do this iteration: empty programs, zero time."""
+    stages = planner.num_stages
+    stats = {
+        "predicted_iteration_s": 0.0,
+        "tokens": 0,
+        "tokens_per_s": 0.0,
+        "padding_efficiency": 1.0,
+        "peak_memory_bytes": [0] * stages,
+        "num_microbatches": 0,
+    }
+    ranks = [RankPlan(0, j, []) for j in range(stages)]
+    return ExecutionPlan(stages, 1, [], ranks, stats, {"cost_model": planner.cost_model.describe()})
