@@ -50,7 +50,9 @@ def measure(num_gpus: int, tokens: int, iterations: int, trials: int) -> tuple[f
         interval_work(lengths, profiles, step=128, tokens_per_iteration=tokens), num_gpus
     )
     proposal_s = time.process_time() - started
-    selector = StrategySelector(profiles, proposals, models, SelectionConfig(trials=trials))
+    selector = StrategySelector(
+        profiles, proposals, models, num_gpus, SelectionConfig(trials=trials)
+    )
     by_scheme = {p.scheme: p for p in profiles}
     batches = global_batches(lengths, tokens, seed=1)
     dispatch_s = packing_s = 0.0

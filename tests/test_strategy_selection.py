@@ -40,7 +40,7 @@ def setting():
 def test_selected_plans_pass_the_simulator_and_cover_the_batch(setting, inside):
     models, profiles, proposals, lengths = setting
     selector = StrategySelector(
-        profiles, proposals, models, SelectionConfig(inside=inside, trials=20)
+        profiles, proposals, models, NUM_GPUS, SelectionConfig(inside=inside, trials=20)
     )
     batches = global_batches(lengths, TOKENS, seed=4)
     for _ in range(3):
@@ -57,9 +57,9 @@ def test_selected_plans_pass_the_simulator_and_cover_the_batch(setting, inside):
             plan = pipeline.plan
             verify_plan(plan)
             own = batch[pipeline.sequences]
-            costs = selector._planner(pipeline.scheme).costs_of(plan, own)
+            costs = selector.planner(pipeline.scheme).costs_of(plan, own)
             result = simulate(plan, costs, check_memory=True)
-            if inside == "dynapipe":
+            if not any(m.row_sizes for m in plan.microbatches):
                 assert result.makespan == pytest.approx(pipeline.latency, rel=0.05)
             else:  # plans carry no sample lengths: the simulator prices packed rows densely
                 assert result.makespan >= pipeline.latency * (1 - 1e-9)
@@ -71,7 +71,7 @@ def test_selected_plans_pass_the_simulator_and_cover_the_batch(setting, inside):
 def test_the_chosen_strategy_is_one_heterogeneous_plan_the_simulator_accepts(setting):
     models, profiles, proposals, lengths = setting
     selector = StrategySelector(
-        profiles, proposals, models, SelectionConfig(inside="dynapipe", trials=20)
+        profiles, proposals, models, NUM_GPUS, SelectionConfig(inside="dynapipe", trials=20)
     )
     ids = next(global_batches(lengths, TOKENS, seed=9))
     batch = lengths[ids]
@@ -82,31 +82,31 @@ def test_the_chosen_strategy_is_one_heterogeneous_plan_the_simulator_accepts(set
     assert sorted(devices) == list(range(choice.strategy.num_gpus))
     costs = []
     for pipeline in choice.pipelines:
-        planner = selector._planner(pipeline.scheme)
+        planner = selector.planner(pipeline.scheme)
         if pipeline.plan is None:
             costs.append(planner.cost_model.pipeline_costs("none", max_seqlen=128))
         else:
             costs.append(planner.costs_of(pipeline.plan, batch[pipeline.sequences]))
     result = simulate(plan, costs, check_memory=True)
-    assert result.makespan == pytest.approx(choice.latency, rel=0.05)
+    assert result.makespan >= choice.latency * (1 - 1e-9)  # packed rows priced densely there
     assert plan.stats["predicted_iteration_s"] == choice.latency
 
 
 def test_candidates_come_from_the_window_above_the_batch_maximum(setting):
     models, profiles, proposals, _ = setting
-    selector = StrategySelector(profiles, proposals, models, SelectionConfig(window=0))
+    selector = StrategySelector(profiles, proposals, models, NUM_GPUS, SelectionConfig(window=0))
     longest = proposals[len(proposals) // 2].max_len - 1
     own = next(p for p in proposals if p.max_len >= longest)
-    assert selector.candidates(longest) == list(own.strategies)
+    assert selector.candidates(longest)[: len(own.strategies)] == list(own.strategies)
 
 
 def test_batch_beyond_every_proposal_and_bad_config_are_named(setting):
     models, profiles, proposals, _ = setting
-    selector = StrategySelector(profiles, proposals, models)
+    selector = StrategySelector(profiles, proposals, models, NUM_GPUS)
     top = proposals[-1].max_len
     with pytest.raises(PlanningError, match=rf"longest sequence \({top + 1} tokens\)"):
         selector.select(np.array([100, top + 1]))
     with pytest.raises(PlanningError, match="inside must be one of"):
         SelectionConfig(inside="ring")
     with pytest.raises(PlanningError, match="no proposed strategies"):
-        StrategySelector(profiles, [], models)
+        StrategySelector(profiles, [], models, NUM_GPUS)

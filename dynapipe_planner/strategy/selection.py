@@ -33,6 +33,7 @@ from .proposal import Proposal, Strategy
 from .schemes import ParallelScheme, SchemeProfile
 
 INSIDE = ("packing", "dynapipe")
+ESTIMATES = ("planned", "eq1")
 
 
 @dataclass(frozen=True)
@@ -40,9 +41,10 @@ class SelectionConfig:
     """How each iteration is assigned and planned."""
 
     inside: str = "packing"
+    estimate: str = "planned"
     trials: int = 100
     seed: int = 0
-    window: int = 4
+    window: int | None = None
     packing: str = "lpt"
     recompute: str = "none"
     dtype: str = "bf16"
@@ -50,6 +52,8 @@ class SelectionConfig:
     def __post_init__(self) -> None:
         if self.inside not in INSIDE:
             raise PlanningError(f"inside must be one of {INSIDE}, got {self.inside!r}")
+        if self.estimate not in ESTIMATES:
+            raise PlanningError(f"estimate must be one of {ESTIMATES}, got {self.estimate!r}")
 
 
 @dataclass(frozen=True)
@@ -104,18 +108,25 @@ class StrategySelector:
         profiles: list[SchemeProfile],
         proposals: list[Proposal],
         cost_model_of: Callable[[ParallelScheme], CostModel],
+        num_gpus: int,
         config: SelectionConfig | None = None,
     ) -> None:
         if not proposals:
             raise PlanningError("no proposed strategies to select from")
+        self.num_gpus = num_gpus
         self.profiles = {p.scheme: p for p in profiles}
         self.proposals = sorted(proposals, key=lambda p: p.max_len)
-        self.cost_model_of = cost_model_of
         self.config = config or SelectionConfig()
-        self._planners: dict[ParallelScheme, IterationPlanner] = {}
+        self.planners = PipelinePlanners(
+            cost_model_of, recompute=self.config.recompute, dtype=self.config.dtype
+        )
 
     def candidates(self, longest: int) -> list[Strategy]:
-        """Strategies proposed for the batch's maximum length and `window` lengths above it."""
+        """Strategies proposed for the batch's maximum length and `window` lengths above it
+        (every longer one by default: all proposed strategies that hold the batch), then the
+        homogeneous strategy of every scheme that holds the batch: the relaxation prices
+        GPU-seconds, not a long sequence's trip through a small pipeline, so one large
+        scheme everywhere can still win an iteration."""
         first = next((k for k, p in enumerate(self.proposals) if p.max_len >= longest), None)
         if first is None:
             top = self.proposals[-1].max_len
@@ -123,8 +134,15 @@ class StrategySelector:
                 f"the batch's longest sequence ({longest} tokens) is beyond every proposal "
                 f"(they cover up to {top}); propose strategies for this context length"
             )
-        chosen = self.proposals[first : first + 1 + self.config.window]
-        return list(dict.fromkeys(s for p in chosen for s in p.strategies))
+        window = self.config.window
+        end = len(self.proposals) if window is None else first + 1 + window
+        proposed = [s for p in self.proposals[first:end] for s in p.strategies]
+        homogeneous = [
+            Strategy.of({p.scheme: self.num_gpus // p.scheme.num_gpus})
+            for p in self.profiles.values()
+            if p.max_len >= longest and p.scheme.num_gpus <= self.num_gpus
+        ]
+        return list(dict.fromkeys(proposed + homogeneous))
 
     def assign(self, lengths: np.ndarray, strategy: Strategy) -> Assignment:
         """Two-stage assignment of one batch to one strategy (dispatch, then Eq. 1 packing)."""
@@ -148,12 +166,37 @@ class StrategySelector:
             except PlanningError as err:
                 failures.append(f"{strategy}: {err}")
                 continue
-            estimates[strategy] = assignment.estimate
-            if best is None or assignment.estimate < best.estimate:
+            estimates[strategy] = self._score(assignment, lengths)
+            if best is None or estimates[strategy] < estimates[best.strategy]:
                 best = assignment
         if best is None:
             raise PlanningError("no candidate strategy can take this batch: " + "; ".join(failures))
         return IterationChoice(best, self._plan_pipelines(best, lengths, ids), estimates)
+
+    def _score(self, assignment: Assignment, lengths: np.ndarray) -> float:
+        """The paper's Eq. 1 estimate, or (`estimate="planned"`) each pipeline's time as the
+        planner core will plan it, so the choice matches the latency it will have."""
+        if self.config.estimate == "eq1":
+            return assignment.estimate
+        slowest = 0.0
+        for j, scheme in enumerate(assignment.dispatch.pipelines):
+            own = lengths[assignment.dispatch.assignment == j]
+            if len(own):
+                slowest = max(slowest, self._micro_batches(scheme, own, assignment.packings[j])[1])
+        return slowest
+
+    def _micro_batches(
+        self, scheme: ParallelScheme, lengths: np.ndarray, packing: Packing
+    ) -> tuple[list[Group] | None, float]:
+        """A pipeline's micro-batches for the planner core (None: DynaPipe's DP decides) and
+        their predicted time. Inside DynaPipe the Eq. 1 packing stays an option under the
+        adaptive schedule: with a handful of long sequences it can beat the DP's split."""
+        planner = self.planner(scheme)
+        packed = packed_groups(lengths, packing)
+        options = [packed] if self.config.inside == "packing" else [None, packed]
+        timed = [(planner.predict(lengths, groups), k) for k, groups in enumerate(options)]
+        latency, k = min(timed)
+        return options[k], latency
 
     def plan(
         self, lengths: np.ndarray, sample_ids: np.ndarray | None = None
@@ -168,7 +211,7 @@ class StrategySelector:
         this iteration runs an empty program (it still joins the gradient sync)."""
         plans, layouts, first_device = [], [], 0
         for i, pipeline in enumerate(choice.pipelines):
-            planner = self._planner(pipeline.scheme)
+            planner = self.planner(pipeline.scheme)
             plans.append(pipeline.plan or idle_pipeline_plan(planner))
             layouts.append(pipeline_layout(i, pipeline.scheme, planner, first_device))
             first_device += pipeline.scheme.num_gpus
@@ -187,28 +230,51 @@ class StrategySelector:
                 pipelines.append(PipelinePlan(scheme, mine, None))
                 continue
             own = lengths[mine]
-            groups = None if self.config.inside == "dynapipe" else packed_groups(own, packing)
-            plan = self._planner(scheme).plan(own, ids[mine], groups=groups)
+            groups, _ = self._micro_batches(scheme, own, packing)
+            plan = self.planner(scheme).plan(own, ids[mine], groups=groups)
             pipelines.append(PipelinePlan(scheme, mine, plan))
         return tuple(pipelines)
 
-    def _planner(self, scheme: ParallelScheme) -> IterationPlanner:
-        if scheme not in self._planners:
-            cfg = self.config
-            dynapipe = cfg.inside == "dynapipe"
-            self._planners[scheme] = IterationPlanner(
+    def planner(self, scheme: ParallelScheme) -> IterationPlanner:
+        """The planner core that plans `scheme`'s pipelines (`inside` decides which)."""
+        return self.planners.of(scheme, self.config.inside)
+
+
+class PipelinePlanners:
+    """The planner core of each scheme's pipeline, built once per scheme: packed micro-batches
+    under 1F1B (`inside="packing"`) or DynaPipe's DP with the adaptive schedule
+    (`inside="dynapipe"`); one replica, no DP time budget (deterministic)."""
+
+    def __init__(
+        self,
+        cost_model_of: Callable[[ParallelScheme], CostModel],
+        *,
+        recompute: str = "none",
+        dtype: str = "bf16",
+    ) -> None:
+        self.cost_model_of = cost_model_of
+        self.recompute, self.dtype = recompute, dtype
+        self._planners: dict[tuple[ParallelScheme, str], IterationPlanner] = {}
+
+    def of(self, scheme: ParallelScheme, inside: str) -> IterationPlanner:
+        if inside not in INSIDE:
+            raise PlanningError(f"inside must be one of {INSIDE}, got {inside!r}")
+        key = (scheme, inside)
+        if key not in self._planners:
+            dynapipe = inside == "dynapipe"
+            self._planners[key] = IterationPlanner(
                 self.cost_model_of(scheme),
                 scheme.pp,
                 PlannerConfig(
                     batching="dynamic" if dynapipe else "packing",
                     schedule="adaptive" if dynapipe else "1f1b",
-                    recompute=cfg.recompute,
-                    dtype=cfg.dtype,
+                    recompute=self.recompute,
+                    dtype=self.dtype,
                     num_replicas=1,
                     dp_time_budget_s=0.0,
                 ),
             )
-        return self._planners[scheme]
+        return self._planners[key]
 
 
 def packed_groups(lengths: np.ndarray, packing: Packing) -> list[Group]:

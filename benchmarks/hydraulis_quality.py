@@ -1,0 +1,199 @@
+"""Hydraulis plan quality (issue #4): predicted per-iteration latency of dynamic heterogeneous
+strategies against homogeneous baselines, and the ablation of seed hydraulis.txt Fig. 13.
+
+Workload: LLaMA-2 style 7B / 13B / 32B (`llama-*` presets) on A800 GPUs (8 per node, TP within
+a node), contexts 16K and 32K, SYNTHETIC CommonCrawl-like lengths truncated at the context,
+12.5K tokens per GPU per iteration, the same global batches for every method. Every latency is
+the planner core's schedule timeline for each pipeline's micro-batches on that pipeline's
+analytic cost model (the timeline the simulator reproduces), the iteration's being its slowest
+pipeline's. Baselines (`dynapipe_planner.strategy.baselines`) get their best homogeneous
+scheme, picked on the first iterations:
+- megatron: packing to the context length, rows split evenly, 1F1B;
+- dp-balanced: the same rows balanced over pipelines by attention-aware cost;
+- hotspa: the best scheme for each of the caps context/4, /2, /1 by GPU-seconds per token at
+  half the cap, run one after another, with a hot switch of 2 bytes x parameters over NVLink
+  (one node) or the network between them (generous: no optimiser-state movement).
+Ablation: (a) best homogeneous scheme + greedy dispatch + packing to MaxLen, (b) + Eq. 1
+packing, (c) + the heterogeneous strategy proposed for the context length (static), (d) +
+per-iteration selection, (e) + DynaPipe micro-batching inside pipelines = ours.
+Imbalance is (busiest - idlest GPU) / busiest GPU per iteration, averaged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from dynapipe_planner.cluster import get_gpu
+from dynapipe_planner.data import global_batches, sample_lengths
+from dynapipe_planner.model_spec import MODEL_PRESETS
+from dynapipe_planner.strategy.baselines import (
+    IterationLatency,
+    dispatched_iteration,
+    dp_balanced_iteration,
+    hotspa_iteration,
+    megatron_iteration,
+    per_gpu,
+)
+from dynapipe_planner.strategy.proposal import Strategy, interval_work, propose_strategies
+from dynapipe_planner.strategy.schemes import (
+    analytic_scheme_models,
+    profile_schemes,
+    scheme_space,
+    scheme_tables,
+)
+from dynapipe_planner.strategy.selection import SelectionConfig, StrategySelector
+
+SETTINGS = (
+    ("llama-7b", 8),
+    ("llama-7b", 16),
+    ("llama-13b", 16),
+    ("llama-13b", 32),
+    ("llama-32b", 32),
+    ("llama-32b", 64),
+)
+CONTEXTS = (16384, 32768)
+GPU = "A800"
+TOKENS_PER_GPU = 12_500
+PICK_ITERATIONS = 4
+
+
+def selected(selector: StrategySelector, batch: np.ndarray) -> IterationLatency:
+    choice = selector.select(batch)
+    latencies = [p.latency for p in choice.pipelines]
+    schemes = [p.scheme for p in choice.pipelines]
+    busy = per_gpu(latencies, schemes, choice.strategy.num_gpus)
+    return IterationLatency(choice.latency, tuple(busy.tolist()))
+
+
+def best_of(candidates, run, batches):
+    """The candidate with the lowest mean latency over `batches`."""
+    return min(candidates, key=lambda c: np.mean([run(c, b).latency for b in batches]))
+
+
+def setting(model_name: str, num_gpus: int, context: int, iterations: int, trials: int):
+    model = MODEL_PRESETS[model_name]
+    gpu = get_gpu(GPU)
+    tokens = TOKENS_PER_GPU * num_gpus
+    models = analytic_scheme_models(model, gpu, num_gpus)
+    profiles = profile_schemes(scheme_space(model, num_gpus), scheme_tables(models, context))
+    data = np.minimum(sample_lengths("commoncrawl", 300_000, seed=0), context)
+    stream = global_batches(data, tokens, seed=1)
+    batches = [data[next(stream)] for _ in range(iterations)]
+    proposals = propose_strategies(
+        interval_work(data, profiles, step=128, tokens_per_iteration=tokens), num_gpus
+    )
+    packing = StrategySelector(
+        profiles, proposals, models, num_gpus, SelectionConfig(trials=trials)
+    )
+    ours = StrategySelector(
+        profiles, proposals, models, num_gpus, SelectionConfig(inside="dynapipe", trials=trials)
+    )
+    planners = packing.planners
+    fits = [p for p in profiles if p.max_len >= context and p.scheme.num_gpus <= num_gpus]
+    pick = batches[:PICK_ITERATIONS]
+
+    def megatron(p, b):
+        return megatron_iteration(b, p.scheme, num_gpus, context, planners)
+
+    def dp_balanced(p, b):
+        return dp_balanced_iteration(b, p, num_gpus, context, planners)
+
+    mega_best = best_of(fits, megatron, pick)
+    dpb_best = best_of(fits, dp_balanced, pick)
+    hot_stages = []
+    for cap in (context // 4, context // 2, context):
+        holders = [p for p in profiles if p.max_len >= cap]
+        cheapest = min(holders, key=lambda p: p.scheme.num_gpus * float(p.time(cap / 2)) / cap)
+        hot_stages.append((cap, cheapest))
+    bandwidth = gpu.intra_node_bandwidth if num_gpus <= 8 else gpu.inter_node_bandwidth
+    params = sum(model.layer_params(k) for k in model.layer_kinds()) + model.embedding_params()
+    switch_s = 2.0 * params / bandwidth
+    homogeneous_best = Strategy.of({mega_best.scheme: num_gpus // mega_best.scheme.num_gpus})
+    static = proposals[-1].strategies[0]
+    profiles_list = list(profiles)
+    methods = {
+        "megatron": lambda b: megatron(mega_best, b),
+        "dp-balanced": lambda b: dp_balanced(dpb_best, b),
+        "hotspa": lambda b: hotspa_iteration(b, hot_stages, num_gpus, planners, switch_s),
+        "(a) dispatch+max": lambda b: dispatched_iteration(
+            b, homogeneous_best, profiles_list, planners, packing="max", trials=trials
+        ),
+        "(b) +Eq.1 pack": lambda b: dispatched_iteration(
+            b, homogeneous_best, profiles_list, planners, packing="eq1", trials=trials
+        ),
+        "(c) +hetero": lambda b: dispatched_iteration(
+            b, static, profiles_list, planners, packing="eq1", trials=trials
+        ),
+        "(d) +selection": lambda b: selected(packing, b),
+        "(e) +DynaPipe=ours": lambda b: selected(ours, b),
+    }
+    results = {}
+    for name, run in methods.items():
+        runs = [run(b) for b in batches]
+        results[name] = (
+            float(np.mean([r.latency for r in runs])),
+            float(np.mean([r.imbalance for r in runs])),
+        )
+    chosen = {
+        "megatron": mega_best.scheme,
+        "dp-balanced": dpb_best.scheme,
+        "hotspa": " / ".join(str(p.scheme) for _, p in hot_stages),
+        "static": static,
+    }
+    return results, chosen, tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=100)
+    parser.add_argument("--trials", type=int, default=100, help="dispatch trials (App. D.2)")
+    parser.add_argument("--models", nargs="*", default=None, help="subset of the settings")
+    args = parser.parse_args()
+    print(__doc__)
+    summary = []
+    for model_name, num_gpus in SETTINGS:
+        if args.models and model_name not in args.models:
+            continue
+        for context in CONTEXTS:
+            started = time.perf_counter()
+            results, chosen, tokens = setting(
+                model_name, num_gpus, context, args.iterations, args.trials
+            )
+            ours = results["(e) +DynaPipe=ours"][0]
+            print(
+                f"\n{model_name} on {num_gpus} {GPU}, context {context // 1024}K, {tokens:,} "
+                f"tokens/iteration, {args.iterations} iterations "
+                f"({time.perf_counter() - started:.0f} s to evaluate)"
+            )
+            print(f"  schemes: {chosen}")
+            print(
+                f"  {'method':<22}{'latency s':>10}{'tokens/s':>11}{'imbalance':>11}{'ours x':>8}"
+            )
+            for name, (latency, imbalance) in results.items():
+                print(
+                    f"  {name:<22}{latency:>10.3f}{tokens / latency:>11,.0f}"
+                    f"{imbalance:>11.2f}{latency / ours:>7.2f}x"
+                )
+            homogeneous = min(results[k][0] for k in ("megatron", "hotspa"))
+            summary.append(
+                (
+                    model_name,
+                    num_gpus,
+                    context,
+                    homogeneous / ours,
+                    results["dp-balanced"][0] / ours,
+                )
+            )
+    print("\nours vs the best homogeneous baseline (megatron, hotspa) and vs dp-balanced:")
+    for model_name, num_gpus, context, vs_homogeneous, vs_dp in summary:
+        print(
+            f"  {model_name:<10}{num_gpus:>4} GPUs {context // 1024:>3}K: "
+            f"{vs_homogeneous:.2f}x (target >= 1.30), {vs_dp:.2f}x (target >= 1.00)"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""The systems Hydraulis is measured against (seed hydraulis.txt §8.1), and the steps of its
+ablation (§8.4, Fig. 13), priced with the same cost models and planner core so a comparison
+isolates the strategy and assignment choices.
+
+- Megatron-LM style (`megatron_iteration`): one homogeneous strategy sized for the context
+  length; sequences packed into rows of the context length (first-fit decreasing), the rows
+  split evenly over the pipelines, one row per micro-batch, 1F1B.
+- DP-balanced (`dp_balanced_iteration`, what upstream Megatron-LM ships as `dp_balanced`): the
+  same rows, given to the pipelines longest-processing-time first by their attention-aware cost
+  (sum of T(l) of their sequences), so pipelines get different numbers of micro-batches.
+- HotSPa style (`hotspa_iteration`): a few homogeneous strategies for increasing length ranges;
+  each range's sequences run on all GPUs under its strategy in turn, with a hot switch
+  (re-sharding the bf16 weights) between strategies.
+- Hydraulis's own steps (`dispatched_iteration`): any strategy with the greedy dispatch, and
+  packing either to MaxLen (first-fit decreasing) or by Eq. 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..microbatch.baselines import Group, first_fit_decreasing
+from .dispatch import dispatch
+from .packing import Packing, pack_pipeline
+from .proposal import Strategy
+from .schemes import ParallelScheme, SchemeProfile
+from .selection import PipelinePlanners, packed_groups
+
+
+@dataclass(frozen=True)
+class IterationLatency:
+    """One iteration's propagation time and how long each GPU of the job was busy in it."""
+
+    latency: float
+    gpu_busy: tuple[float, ...]
+
+    @property
+    def imbalance(self) -> float:
+        """(busiest - idlest GPU) / busiest: 0 when every GPU works until the end."""
+        return (max(self.gpu_busy) - min(self.gpu_busy)) / max(self.gpu_busy)
+
+
+def per_gpu(
+    latencies: Sequence[float], schemes: Sequence[ParallelScheme], num_gpus: int
+) -> np.ndarray:
+    """Each pipeline's latency on each of its GPUs, GPUs given out in pipeline order; GPUs no
+    pipeline uses stay at 0."""
+    busy = np.zeros(num_gpus)
+    spread = np.repeat(latencies, [s.num_gpus for s in schemes])
+    busy[: len(spread)] = spread
+    return busy
+
+
+def homogeneous(profile: SchemeProfile, num_gpus: int) -> Strategy:
+    """The one-scheme strategy that uses as many of the GPUs as fit."""
+    return Strategy.of({profile.scheme: num_gpus // profile.scheme.num_gpus})
+
+
+def _fixed_rows(lengths: np.ndarray, row_len: int) -> list[list[int]]:
+    return first_fit_decreasing(np.minimum(lengths, row_len), row_len)
+
+
+def _rows_latency(
+    lengths: np.ndarray, rows: Sequence[Sequence[int]], row_len: int, planner
+) -> float:
+    """1F1B over fixed-length packed rows (one row per micro-batch, attention inside samples)."""
+    if not rows:
+        return 0.0
+    members = [i for row in rows for i in row]
+    local = {i: k for k, i in enumerate(members)}
+    own = lengths[members]
+    groups = []
+    for row in rows:
+        idx = [local[i] for i in row]
+        saved = float(row_len**2 - np.sum(own[idx].astype(np.float64) ** 2))
+        groups.append(Group(np.array(idx), row_len, rows=[idx], attention_saved=saved))
+    return planner.predict(own, groups)
+
+
+def megatron_iteration(
+    lengths: np.ndarray, scheme: ParallelScheme, num_gpus: int, context: int, planners
+) -> IterationLatency:
+    """Fixed-length packing to `context`, rows dealt out evenly (Megatron-LM's data-parallel
+    split of a global batch), 1F1B with one row per micro-batch."""
+    rows = _fixed_rows(lengths, context)
+    count = num_gpus // scheme.num_gpus
+    planner = planners.of(scheme, "packing")
+    per = [_rows_latency(lengths, rows[j::count], context, planner) for j in range(count)]
+    return IterationLatency(max(per), tuple(per_gpu(per, [scheme] * count, num_gpus).tolist()))
+
+
+def dp_balanced_iteration(
+    lengths: np.ndarray, profile: SchemeProfile, num_gpus: int, context: int, planners
+) -> IterationLatency:
+    """The same rows, each to the pipeline with the least attention-aware work so far."""
+    rows = _fixed_rows(lengths, context)
+    times = profile.time(np.minimum(lengths, context).astype(np.float64))
+    cost = [float(times[row].sum()) for row in rows]
+    count = num_gpus // profile.scheme.num_gpus
+    load, share = [0.0] * count, [[] for _ in range(count)]
+    for r in sorted(range(len(rows)), key=lambda r: (-cost[r], r)):
+        j = min(range(count), key=lambda j: (load[j], j))
+        load[j] += cost[r]
+        share[j].append(rows[r])
+    planner = planners.of(profile.scheme, "packing")
+    per = [_rows_latency(lengths, share[j], context, planner) for j in range(count)]
+    busy = per_gpu(per, [profile.scheme] * count, num_gpus)
+    return IterationLatency(max(per), tuple(busy.tolist()))
+
+
+def hotspa_iteration(
+    lengths: np.ndarray,
+    stages: Sequence[tuple[int, SchemeProfile]],
+    num_gpus: int,
+    planners,
+    switch_s: float,
+) -> IterationLatency:
+    """`stages` lists (length cap, scheme) by increasing cap; each sequence runs in the first
+    stage whose cap holds it, all GPUs per stage, stages one after another, `switch_s` per
+    switch; a GPU's busy time adds up over the stages."""
+    caps = np.array([cap for cap, _ in stages])
+    which = np.searchsorted(caps, lengths)
+    total, busy, used = 0.0, np.zeros(num_gpus), 0
+    for k, (cap, profile) in enumerate(stages):
+        mine = lengths[which == k]
+        if len(mine) == 0:
+            continue
+        step = megatron_iteration(mine, profile.scheme, num_gpus, cap, planners)
+        total += step.latency
+        busy += np.array(step.gpu_busy)
+        used += 1
+    return IterationLatency(total + switch_s * max(used - 1, 0), tuple(busy.tolist()))
+
+
+def dispatched_iteration(
+    lengths: np.ndarray,
+    strategy: Strategy,
+    profiles: list[SchemeProfile],
+    planners: PipelinePlanners,
+    *,
+    packing: str = "eq1",
+    trials: int = 100,
+) -> IterationLatency:
+    """Hydraulis's assignment on a fixed strategy: greedy dispatch (App. D.2), then packing to
+    MaxLen (`packing="max"`, first-fit decreasing) or by Eq. 1 (`"eq1"`), 1F1B per pipeline."""
+    placed = dispatch(lengths, strategy, profiles, trials=trials)
+    by_scheme = {p.scheme: p for p in profiles}
+    per = []
+    for j, scheme in enumerate(placed.pipelines):
+        own = lengths[placed.assignment == j]
+        if len(own) == 0:
+            per.append(0.0)
+            continue
+        profile = by_scheme[scheme]
+        if packing == "max":
+            bins = first_fit_decreasing(own, profile.max_len)
+            chosen = Packing(tuple(tuple(b) for b in bins), 0.0)
+        else:
+            chosen = pack_pipeline(own, profile)
+        per.append(planners.of(scheme, "packing").predict(own, packed_groups(own, chosen)))
+    num_gpus = strategy.num_gpus
+    return IterationLatency(max(per), tuple(per_gpu(per, placed.pipelines, num_gpus).tolist()))
