@@ -51,7 +51,7 @@ import types
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -68,6 +68,19 @@ class WorkItem(NamedTuple):
     iteration: int
     lengths: np.ndarray
     sample_ids: np.ndarray
+
+
+class Planner(Protocol):
+    """What a worker runs: one plan per global batch (an `IterationPlanner`, or the Hydraulis
+    `StrategySelector` for heterogeneous plans)."""
+
+    def plan(self, lengths: np.ndarray, sample_ids: np.ndarray | None = None) -> ExecutionPlan: ...
+
+
+class Recipe(Protocol):
+    """Picklable instructions for building the same `Planner` in every worker process."""
+
+    def build(self) -> Planner: ...
 
 
 @dataclass(frozen=True)
@@ -121,7 +134,7 @@ class PlanningService:
 
     def __init__(
         self,
-        recipe: PlannerRecipe,
+        recipe: Recipe,
         work: Iterable[WorkItem | tuple[int, np.ndarray, np.ndarray]],
         *,
         num_workers: int = 1,
@@ -166,7 +179,7 @@ class PlanningService:
             self.close()
             raise
 
-    def _start_workers(self, ctx: mp.context.SpawnContext, recipe: PlannerRecipe) -> None:
+    def _start_workers(self, ctx: mp.context.SpawnContext, recipe: Recipe) -> None:
         for index in range(self.num_workers):
             parent_end, child_end = ctx.Pipe()
             proc = ctx.Process(
@@ -390,7 +403,7 @@ def _main_hidden() -> Iterator[None]:
         sys.modules["__main__"] = main
 
 
-def _worker_main(recipe: PlannerRecipe, tasks: mp.Queue, conn: Connection) -> None:
+def _worker_main(recipe: Recipe, tasks: mp.Queue, conn: Connection) -> None:
     # Ctrl-C reaches the whole process group; the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_with_parent, args=(conn,), daemon=True).start()

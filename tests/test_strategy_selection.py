@@ -11,6 +11,7 @@ from dynapipe_planner.cluster import get_gpu
 from dynapipe_planner.data import global_batches, sample_lengths
 from dynapipe_planner.errors import PlanningError
 from dynapipe_planner.model_spec import MODEL_PRESETS
+from dynapipe_planner.service import PlanningService
 from dynapipe_planner.simulate import simulate, verify_plan
 from dynapipe_planner.strategy.proposal import interval_work, propose_strategies
 from dynapipe_planner.strategy.schemes import (
@@ -19,7 +20,7 @@ from dynapipe_planner.strategy.schemes import (
     scheme_space,
     scheme_tables,
 )
-from dynapipe_planner.strategy.selection import SelectionConfig, StrategySelector
+from dynapipe_planner.strategy.selection import SelectionConfig, StrategyRecipe, StrategySelector
 
 GPT = MODEL_PRESETS["gpt-1.3b"]
 NUM_GPUS, CONTEXT, TOKENS = 8, 16384, 40_000
@@ -75,7 +76,9 @@ def test_the_chosen_strategy_is_one_heterogeneous_plan_the_simulator_accepts(set
     )
     ids = next(global_batches(lengths, TOKENS, seed=9))
     batch = lengths[ids]
-    choice, plan = selector.plan(batch, ids)
+    choice = selector.select(batch, ids)
+    plan = selector.to_plan(choice)
+    assert plan.to_dict() == selector.plan(batch, ids).to_dict() | {"stats": plan.stats}
     verify_plan(plan)
     assert plan.num_replicas == choice.strategy.num_pipelines == len(plan.replicas)
     devices = [d for layout in plan.replicas for stage in layout.stages for d in stage.devices]
@@ -110,3 +113,29 @@ def test_batch_beyond_every_proposal_and_bad_config_are_named(setting):
         SelectionConfig(inside="ring")
     with pytest.raises(PlanningError, match="no proposed strategies"):
         StrategySelector(profiles, [], models, NUM_GPUS)
+
+
+def without_planning_times(value):
+    """A plan's dict without the wall-clock planning times (the only non-deterministic part)."""
+    if isinstance(value, dict):
+        return {k: without_planning_times(v) for k, v in value.items() if k != "planning_time_s"}
+    if isinstance(value, list):
+        return [without_planning_times(v) for v in value]
+    return value
+
+
+def test_planning_service_workers_make_the_same_heterogeneous_plans(setting):
+    models, profiles, proposals, lengths = setting
+    config = SelectionConfig(inside="dynapipe", trials=10)
+    recipe = StrategyRecipe(tuple(profiles), tuple(proposals), models, NUM_GPUS, config)
+    batches = global_batches(lengths, TOKENS, seed=11)
+    work = [(k, lengths[ids], ids) for k, ids in ((k, next(batches)) for k in range(2))]
+    inline = recipe.build()
+    with PlanningService(recipe, work, num_workers=1, timeout_s=120) as service:
+        for k, batch, ids in work:
+            ahead = service.get(k)
+            assert ahead.num_replicas > 0 and ahead.replicas
+            expected = inline.plan(batch, ids)
+            assert without_planning_times(ahead.to_dict()) == without_planning_times(
+                expected.to_dict()
+            )

@@ -138,6 +138,37 @@ def _fit_quadratic(lengths: np.ndarray, times: np.ndarray) -> tuple[float, float
     return tuple(float(x) for x in np.concatenate([np.zeros(2 - degree), solution]))
 
 
+@dataclass(frozen=True)
+class AnalyticSchemeModels:
+    """The analytic cost model of each scheme's pipeline as Hydraulis's memory model sees it
+    (App. B.1): flash attention and sequence parallelism (activations linear in length and
+    split over TP) and optimiser states sharded over `num_gpus`. Picklable, so planner worker
+    processes rebuild the same models."""
+
+    model: ModelSpec
+    gpu: GpuSpec
+    num_gpus: int
+    gpus_per_node: int = 8
+    memory_limit_bytes: int = 0
+
+    def __call__(self, scheme: ParallelScheme) -> AnalyticCostModel:
+        cluster = ClusterSpec(
+            self.gpu,
+            num_stages=scheme.pp,
+            num_replicas=max(1, self.num_gpus // scheme.num_gpus),
+            tp=scheme.tp,
+            gpus_per_node=self.gpus_per_node,
+            memory_limit_bytes=self.memory_limit_bytes,
+        )
+        return AnalyticCostModel(
+            self.model,
+            cluster,
+            flash_attention=True,
+            distributed_optimizer=True,
+            sequence_parallel=True,
+        )
+
+
 def analytic_scheme_models(
     model: ModelSpec,
     gpu: GpuSpec,
@@ -145,29 +176,9 @@ def analytic_scheme_models(
     *,
     gpus_per_node: int = 8,
     memory_limit_bytes: int = 0,
-) -> Callable[[ParallelScheme], AnalyticCostModel]:
-    """The analytic cost model of each scheme's pipeline as Hydraulis's memory model sees it
-    (App. B.1): flash attention and sequence parallelism (activations linear in length and
-    split over TP) and optimiser states sharded over `num_gpus`."""
-
-    def cost_model(scheme: ParallelScheme) -> AnalyticCostModel:
-        cluster = ClusterSpec(
-            gpu,
-            num_stages=scheme.pp,
-            num_replicas=max(1, num_gpus // scheme.num_gpus),
-            tp=scheme.tp,
-            gpus_per_node=gpus_per_node,
-            memory_limit_bytes=memory_limit_bytes,
-        )
-        return AnalyticCostModel(
-            model,
-            cluster,
-            flash_attention=True,
-            distributed_optimizer=True,
-            sequence_parallel=True,
-        )
-
-    return cost_model
+) -> AnalyticSchemeModels:
+    """`AnalyticSchemeModels` of `model` on `num_gpus` GPUs of type `gpu`."""
+    return AnalyticSchemeModels(model, gpu, num_gpus, gpus_per_node, memory_limit_bytes)
 
 
 def scheme_tables(

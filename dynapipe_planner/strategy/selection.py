@@ -198,12 +198,10 @@ class StrategySelector:
         latency, k = min(timed)
         return options[k], latency
 
-    def plan(
-        self, lengths: np.ndarray, sample_ids: np.ndarray | None = None
-    ) -> tuple[IterationChoice, ExecutionPlan]:
-        """`select`, then the winner as one heterogeneous ExecutionPlan for the runtime."""
-        choice = self.select(lengths, sample_ids)
-        return choice, self.to_plan(choice)
+    def plan(self, lengths: np.ndarray, sample_ids: np.ndarray | None = None) -> ExecutionPlan:
+        """`select`, then the winner as one heterogeneous ExecutionPlan for the runtime (what
+        the planning service's workers call)."""
+        return self.to_plan(self.select(lengths, sample_ids))
 
     def to_plan(self, choice: IterationChoice) -> ExecutionPlan:
         """The chosen pipelines side by side (`merge_pipeline_plans`): GPUs are given out in
@@ -238,6 +236,27 @@ class StrategySelector:
     def planner(self, scheme: ParallelScheme) -> IterationPlanner:
         """The planner core that plans `scheme`'s pipelines (`inside` decides which)."""
         return self.planners.of(scheme, self.config.inside)
+
+
+@dataclass(frozen=True)
+class StrategyRecipe:
+    """Builds the same `StrategySelector` in each planning-service worker (all fields pickle),
+    so heterogeneous plans are made ahead of training like the planner core's."""
+
+    profiles: tuple[SchemeProfile, ...]
+    proposals: tuple[Proposal, ...]
+    cost_model_of: Callable[[ParallelScheme], CostModel]
+    num_gpus: int
+    config: SelectionConfig = field(default_factory=SelectionConfig)
+
+    def build(self) -> StrategySelector:
+        return StrategySelector(
+            list(self.profiles),
+            list(self.proposals),
+            self.cost_model_of,
+            self.num_gpus,
+            self.config,
+        )
 
 
 class PipelinePlanners:
