@@ -17,6 +17,8 @@ from dynapipe_planner.cluster import get_gpu
 from dynapipe_planner.data import sample_lengths
 from dynapipe_planner.errors import PlanningError
 from dynapipe_planner.model_spec import MODEL_PRESETS
+from dynapipe_planner.plan import load_plan
+from dynapipe_planner.simulate import verify_plan
 from dynapipe_planner.strategy.cli import strategy_main
 from dynapipe_planner.strategy.proposal import (
     IntervalWork,
@@ -264,3 +266,16 @@ def test_cli_names_a_sequence_no_scheme_holds(tmp_path, capsys):
     argv = ["propose", "--lengths", str(lengths), "--context-length", "600000", "--num-gpus", "2"]
     assert strategy_main([*argv, "--gpu", "RTX3090", "--model", "gpt-1.3b"]) == 2
     assert "sample 1 (length 500000)" in capsys.readouterr().err
+
+
+def test_cli_plan_writes_heterogeneous_plans_the_simulator_accepts(tmp_path, capsys):
+    argv = ["plan", "--model", "gpt-1.3b", "--gpu", "RTX4090", "--num-gpus", "8"]
+    argv += ["--context-length", "8192", "--num-samples", "3000", "--tokens-per-iteration"]
+    argv += ["30000", "--iterations", "2", "--trials", "10", "--output-dir", str(tmp_path)]
+    assert strategy_main(argv) == 0
+    rows = capsys.readouterr().out.strip().splitlines()[1:]
+    assert len(rows) == 2 and all("candidates" in row for row in rows)
+    for k in range(2):
+        plan = load_plan(tmp_path / f"iter_{k:05d}.json")
+        verify_plan(plan)
+        assert len(plan.meta["cost_models"]) == plan.num_replicas

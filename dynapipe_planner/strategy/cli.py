@@ -3,7 +3,9 @@
 `dynapipe-strategy propose` profiles every parallel scheme of the model on the GPUs (MaxLen,
 UtilLen, T(l) fit) and proposes, for every maximum sequence length of the dataset's histogram,
 the candidate heterogeneous strategies the per-iteration selection will choose from (seed
-hydraulis.txt §7). It prints both tables and can write them as JSON.
+hydraulis.txt §7). It prints both tables and can write them as JSON. `dynapipe-strategy plan`
+then chooses and plans the strategy of each sampled global batch (§4, §6) and can write the
+heterogeneous ExecutionPlans.
 """
 
 from __future__ import annotations
@@ -13,30 +15,48 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..cluster import GPU_PRESETS, GiB, get_gpu
-from ..data import PRESETS, load_lengths, sample_lengths
+from ..data import PRESETS, global_batches, load_lengths, sample_lengths
 from ..errors import PlanningError
 from ..model_spec import MODEL_PRESETS, load_model_spec
 from ..plan import atomic_write
 from .proposal import IntervalWork, Proposal, interval_work, propose_strategies, unique_candidates
 from .schemes import (
+    AnalyticSchemeModels,
     SchemeProfile,
     analytic_scheme_models,
     profile_schemes,
     scheme_space,
     scheme_tables,
 )
+from .selection import INSIDE, SelectionConfig, StrategySelector
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dynapipe-strategy", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     propose = sub.add_parser("propose", help="candidate heterogeneous strategies (§7)")
-    data = propose.add_argument_group("data")
+    plan = sub.add_parser("plan", help="choose and plan each iteration's strategy (§4, §6)")
+    for command in (propose, plan):
+        _add_job_args(command)
+    out = propose.add_argument_group("output")
+    out.add_argument("--output", help="write schemes and proposals as JSON")
+    steps = plan.add_argument_group("per-iteration planning")
+    steps.add_argument("--iterations", type=int, default=3, help="global batches to plan")
+    steps.add_argument("--inside", choices=INSIDE, default="dynapipe", help="within pipelines")
+    steps.add_argument("--trials", type=int, default=100, help="greedy dispatch trials (D.2)")
+    steps.add_argument("--output-dir", help="write each iteration's heterogeneous plan here")
+    steps.add_argument("--format", choices=("json", "bin"), default="json")
+    return p
+
+
+def _add_job_args(p: argparse.ArgumentParser) -> None:
+    data = p.add_argument_group("data")
     src = data.add_mutually_exclusive_group()
     src.add_argument("--lengths", help="lengths file: .txt, .npy, .jsonl, or Megatron .idx/.bin")
     src.add_argument("--preset", choices=sorted(PRESETS), help="synthetic length distribution")
@@ -45,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     data.add_argument("--context-length", type=int, default=32768, help="truncate samples here")
     data.add_argument("--tokens-per-iteration", type=int, default=200000)
     data.add_argument("--length-step", type=int, default=128, help="histogram interval width")
-    job = propose.add_argument_group("model and cluster")
+    job = p.add_argument_group("model and cluster")
     job.add_argument("--model", default="gpt-6.7b", help=f"{', '.join(MODEL_PRESETS)} or JSON")
     job.add_argument("--gpu", default="A800", help=f"one of {', '.join(GPU_PRESETS)}")
     job.add_argument("--num-gpus", type=int, default=64)
@@ -53,22 +73,32 @@ def _parser() -> argparse.ArgumentParser:
     job.add_argument("--max-tp", type=int, default=8, help="largest TP degree (NVLink island)")
     job.add_argument("--memory-limit-gb", type=float, default=0, help="usable GiB per GPU")
     job.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
-    out = propose.add_argument_group("output")
-    out.add_argument("--keep", type=int, default=3, help="strategies kept per maximum length")
-    out.add_argument("--output", help="write schemes and proposals as JSON")
-    return p
+    job.add_argument("--keep", type=int, default=3, help="strategies kept per maximum length")
 
 
 def strategy_main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return _propose(args)
+        return _propose(args) if args.command == "propose" else _plan(args)
     except PlanningError as e:
         print(f"dynapipe-strategy: error: {e}", file=sys.stderr)
         return 2
 
 
-def _propose(args: argparse.Namespace) -> int:
+@dataclass
+class _Job:
+    """What both subcommands derive from the flags: data, scheme models, profiles, proposals."""
+
+    lengths: np.ndarray
+    models: AnalyticSchemeModels
+    profiles: list[SchemeProfile]
+    iw: IntervalWork
+    proposals: list[Proposal]
+    profiling_s: float
+    proposal_s: float
+
+
+def _job(args: argparse.Namespace) -> _Job:
     model = load_model_spec(args.model)
     if args.lengths:
         lengths = load_lengths(args.lengths)
@@ -83,24 +113,57 @@ def _propose(args: argparse.Namespace) -> int:
         gpus_per_node=args.gpus_per_node,
         memory_limit_bytes=int(args.memory_limit_gb * GiB),
     )
-    costs_of = scheme_tables(models, args.context_length, args.recompute)
-    profiles = profile_schemes(scheme_space(model, args.num_gpus, max_tp=args.max_tp), costs_of)
+    schemes = scheme_space(model, args.num_gpus, max_tp=args.max_tp)
+    profiles = profile_schemes(schemes, scheme_tables(models, args.context_length, args.recompute))
     profiled = time.perf_counter()
     iw = interval_work(
         lengths, profiles, step=args.length_step, tokens_per_iteration=args.tokens_per_iteration
     )
     proposals = propose_strategies(iw, args.num_gpus, keep=args.keep)
     done = time.perf_counter()
-    print(_scheme_table(profiles))
+    return _Job(lengths, models, profiles, iw, proposals, profiled - started, done - profiled)
+
+
+def _propose(args: argparse.Namespace) -> int:
+    job = _job(args)
+    print(_scheme_table(job.profiles))
     print()
-    print(_proposal_table(proposals, iw))
+    print(_proposal_table(job.proposals, job.iw))
     print(
-        f"\n{len(unique_candidates(proposals))} candidate strategies on {args.num_gpus} "
-        f"{args.gpu}; profiling {profiled - started:.2f} s, proposal {done - profiled:.2f} s"
+        f"\n{len(unique_candidates(job.proposals))} candidate strategies on {args.num_gpus} "
+        f"{args.gpu}; profiling {job.profiling_s:.2f} s, proposal {job.proposal_s:.2f} s"
     )
     if args.output:
-        payload = json.dumps(_to_json(profiles, proposals), indent=1).encode()
+        payload = json.dumps(_to_json(job.profiles, job.proposals), indent=1).encode()
         atomic_write(Path(args.output), payload)
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    """Per iteration: the chosen strategy, its planned latency and that of the best homogeneous
+    candidate on the same batch (with the default planned estimate); plans written as
+    heterogeneous ExecutionPlans."""
+    job = _job(args)
+    config = SelectionConfig(inside=args.inside, trials=args.trials, recompute=args.recompute)
+    selector = StrategySelector(job.profiles, job.proposals, job.models, args.num_gpus, config)
+    batches = global_batches(job.lengths, args.tokens_per_iteration, seed=args.seed)
+    print(f"{'iter':>4}{'samples':>9}{'longest':>9}{'latency s':>11}{'homog. s':>10}  strategy")
+    for it in range(args.iterations):
+        ids = next(batches)
+        started = time.perf_counter()
+        choice = selector.select(job.lengths[ids], ids)
+        spent = time.perf_counter() - started
+        homogeneous = min(
+            (t for s, t in choice.estimates.items() if len(s.pipelines) == 1), default=np.nan
+        )
+        print(
+            f"{it:>4}{len(ids):>9}{int(job.lengths[ids].max()):>9}{choice.latency:>11.3f}"
+            f"{homogeneous:>10.3f}  {choice.strategy}  ({len(choice.estimates)} candidates, "
+            f"{spent:.2f} s)"
+        )
+        if args.output_dir:
+            path = Path(args.output_dir) / f"iter_{it:05d}.{args.format}"
+            selector.to_plan(choice).save(path, args.format)
     return 0
 
 
