@@ -360,7 +360,9 @@ class IterationPlanner:
             c = choice(members)
             return math.inf if isinstance(c, PlanningError) else c.timeline.makespan
 
-        split = rebalance_replicas(start, makespan, times) if rebalanced_from else start
+        split = (
+            rebalance_replicas(start, lambda _, m: makespan(m), times) if rebalanced_from else start
+        )
         choices = [choice(tuple(members)) for members in split]
         for c in choices:
             if isinstance(c, PlanningError):

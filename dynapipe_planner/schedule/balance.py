@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-Makespan = Callable[[tuple[int, ...]], float]
+Makespan = Callable[[int, tuple[int, ...]], float]  # (replica, its members) -> seconds
 TOLERANCE = 0.02
 
 
@@ -42,8 +42,9 @@ def rebalance_replicas(
 ) -> list[tuple[int, ...]]:
     """Move micro-batches off the slowest replica while that lowers the largest makespan.
 
-    `replicas` lists each replica's micro-batch indices; `makespan(members)` prices a sorted
-    non-empty tuple of them (math.inf when they cannot be scheduled; an empty replica takes 0);
+    `replicas` lists each replica's micro-batch indices; `makespan(r, members)` prices a
+    sorted non-empty tuple of them on replica r (math.inf when they cannot run there; an empty
+    replica takes 0), so replicas may differ (Hydraulis's heterogeneous pipelines); and
     `stage_time[i]` is micro-batch i's time on its busiest stage. No replica is ever emptied,
     the largest makespan never grows, and the result is deterministic. Returns each replica's
     members as a sorted tuple.
@@ -51,7 +52,7 @@ def rebalance_replicas(
     parts = [tuple(sorted(r)) for r in replicas]
     if len(parts) < 2:
         return parts
-    spans = [makespan(p) if p else 0.0 for p in parts]
+    spans = [makespan(r, p) if p else 0.0 for r, p in enumerate(parts)]
     for _ in range(max_rounds):
         slow = int(np.argmax(spans))
         fast = int(np.argmin(spans))
@@ -63,7 +64,7 @@ def rebalance_replicas(
         for i in picks[:candidates]:
             shrunk = tuple(m for m in parts[slow] if m != i)
             grown = tuple(sorted((*parts[fast], i)))
-            after = (makespan(shrunk), makespan(grown))
+            after = (makespan(slow, shrunk), makespan(fast, grown))
             if max(after) < spans[slow] and (best is None or max(after) < max(best[2])):
                 best = (shrunk, grown, after)
         if best is None:

@@ -16,6 +16,7 @@ the pipeline's sequences and the adaptive schedule runs them (seed dynapipe.txt 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,7 +28,8 @@ from ..microbatch.baselines import Group
 from ..plan import ExecutionPlan, RankPlan, ReplicaLayout, StageLayout
 from ..plan_merge import merge_pipeline_plans
 from ..planner import CostModel, IterationPlanner, PlannerConfig
-from .dispatch import Dispatch, dispatch
+from ..schedule.balance import rebalance_replicas
+from .dispatch import Dispatch, dispatch, pipeline_bound
 from .packing import Packing, pack_pipeline
 from .proposal import Proposal, Strategy
 from .schemes import ParallelScheme, SchemeProfile
@@ -171,7 +173,50 @@ class StrategySelector:
                 best = assignment
         if best is None:
             raise PlanningError("no candidate strategy can take this batch: " + "; ".join(failures))
+        if self.config.estimate == "planned":
+            best = self._rebalanced(best, lengths)
         return IterationChoice(best, self._plan_pipelines(best, lengths, ids), estimates)
+
+    def _rebalanced(self, assignment: Assignment, lengths: np.ndarray) -> Assignment:
+        """The winner's sequences moved off its slowest pipeline while that lowers the
+        planned latency (`rebalance_replicas`, priced by the planner core): the dispatch
+        balances Eq. 2 bounds, which miss what the schedule adds."""
+        placed = assignment.dispatch
+        schemes = placed.pipelines
+        cache: dict[tuple[int, tuple[int, ...]], tuple[float, Packing | None]] = {}
+
+        def priced(j: int, members: tuple[int, ...]) -> tuple[float, Packing | None]:
+            if (j, members) not in cache:
+                own, profile = lengths[list(members)], self.profiles[schemes[j]]
+                if own.max() > profile.max_len:
+                    cache[j, members] = (math.inf, None)
+                else:
+                    packing = pack_pipeline(own, profile, method=self.config.packing)
+                    cache[j, members] = (self._micro_batches(schemes[j], own, packing)[1], packing)
+            return cache[j, members]
+
+        parts = [tuple(np.flatnonzero(placed.assignment == j)) for j in range(len(schemes))]
+        stage_time = np.array(
+            [
+                float(self.profiles[schemes[j]].time(lengths[i]))
+                for i, j in enumerate(placed.assignment)
+            ]
+        )
+        moved = rebalance_replicas(parts, lambda j, m: priced(j, m)[0], stage_time)
+        if moved == parts:
+            return assignment
+        where = np.empty(len(lengths), dtype=np.int64)
+        for j, members in enumerate(moved):
+            where[list(members)] = j
+        packings = tuple(
+            priced(j, members)[1] if members else Packing((), 0.0)
+            for j, members in enumerate(moved)
+        )
+        bounds = [
+            pipeline_bound(self.profiles[s].time(lengths[where == j]), s.pp)
+            for j, s in enumerate(schemes)
+        ]
+        return Assignment(assignment.strategy, Dispatch(schemes, where, max(bounds)), packings)
 
     def _score(self, assignment: Assignment, lengths: np.ndarray) -> float:
         """The paper's Eq. 1 estimate, or (`estimate="planned"`) each pipeline's time as the
