@@ -20,7 +20,6 @@ go forward through every stage and back again (its chain). So, over the pipeline
 from __future__ import annotations
 
 import argparse
-import itertools
 
 import numpy as np
 
@@ -50,7 +49,7 @@ def lower_bound(plan: ExecutionPlan, planner: IterationPlanner, lengths: np.ndar
         rows = np.array([m.num_rows for m in mbs])
         seq = np.array([m.seqlen for m in mbs])
         fwd, bwd, _, _ = costs.stage_costs_many(rows, seq, np.zeros(len(mbs)))
-        saved = np.array([attention_saved(m, lengths) for m in mbs])
+        saved = np.array([m.attention_saved for m in mbs])
         cut = saved[:, None] * costs.attention_coef[None, :]
         fwd, bwd = fwd - cut / 3, bwd - 2 * cut / 3
         send = costs.p2p_times(rows, seq, np.zeros(len(mbs)))
@@ -61,15 +60,6 @@ def lower_bound(plan: ExecutionPlan, planner: IterationPlanner, lengths: np.ndar
         chain = (fwd + bwd).sum(axis=1) + 2 * send.sum(axis=1)
         best = max(best, float(chain.max()))
     return best
-
-
-def attention_saved(mb, lengths: np.ndarray) -> float:
-    """Tokens^2 of attention a packed micro-batch skips (block-diagonal masking)."""
-    if not mb.row_sizes:
-        return 0.0
-    own = lengths[np.array(mb.samples)].astype(np.float64)
-    bounds = np.cumsum([0, *mb.row_sizes])
-    return sum(mb.seqlen**2 - np.sum(own[a:b] ** 2) for a, b in itertools.pairwise(bounds))
 
 
 def main() -> None:

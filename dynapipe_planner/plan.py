@@ -4,7 +4,8 @@ The JSON shape is the contract in ARCHITECTURE.md; the runtime reads it and know
 how it was made. A compact binary form (`.bin`) carries the same content for large plans:
 
     b"DYNAPLAN" | u32 version | u32 header length | header JSON (num_stages, num_replicas,
-    stats, meta, counts, and "replicas" for heterogeneous plans) | micro-batches: i32 id,
+    stats, meta, counts, "replicas" for heterogeneous plans, "attention_saved" by micro-batch
+    id for packed rows) | micro-batches: i32 id,
     replica, seqlen, tgt_seqlen, u32 n, u32[n] samples, u32 r, u32[r] row sizes | ranks: i32
     replica, stage, u32 n, then per instruction u8 op, u8 dtype, u8 ndim, u8 0, i32 mb,
     i32 peer, i32[ndim] shape (all little-endian)
@@ -99,6 +100,9 @@ class MicroBatch:
     seqlen: int
     tgt_seqlen: int = 0
     row_sizes: list[int] = field(default_factory=list)
+    # Packed rows: tokens^2 of self-attention their block-diagonal mask skips (sum over rows),
+    # so the simulator prices them as the planner did (variable-length attention).
+    attention_saved: float = 0.0
 
     @property
     def num_rows(self) -> int:
@@ -115,6 +119,8 @@ class MicroBatch:
         }
         if self.row_sizes:
             d["row_sizes"] = list(self.row_sizes)
+        if self.attention_saved:
+            d["attention_saved"] = self.attention_saved
         return d
 
 
@@ -222,6 +228,7 @@ class ExecutionPlan:
                     need(m, "seqlen", where),
                     m.get("tgt_seqlen", 0),
                     rows,
+                    _attention_saved(source, m.get("attention_saved", 0.0), where),
                 )
             )
         ranks = []
@@ -269,6 +276,9 @@ class ExecutionPlan:
         }
         if self.replicas:
             header["replicas"] = [r.to_dict() for r in self.replicas]
+        saved = {str(m.id): m.attention_saved for m in self.microbatches if m.attention_saved}
+        if saved:
+            header["attention_saved"] = saved
         hdr = json.dumps(header, separators=(",", ":")).encode()
         out = [MAGIC, struct.pack("<II", self.version, len(hdr)), hdr]
         for m in self.microbatches:
@@ -307,7 +317,9 @@ class ExecutionPlan:
             samples = list(reader.unpack(f"<{n}I", f"microbatch {k} samples"))
             (nrows,) = reader.unpack("<I", f"microbatch {k} row count")
             rows = list(reader.unpack(f"<{nrows}I", f"microbatch {k} row sizes"))
-            mbs.append(MicroBatch(mid, rep, samples, seq, tgt, rows))
+            saved = header.get("attention_saved", {}).get(str(mid), 0.0)
+            saved = _attention_saved(source, saved, f"microbatch {k}")
+            mbs.append(MicroBatch(mid, rep, samples, seq, tgt, rows, saved))
         ranks = []
         for k in range(header["num_ranks"]):
             rep, stage, n = reader.unpack("<iiI", f"rank {k}")
@@ -562,3 +574,9 @@ def _validate_layouts(plan: ExecutionPlan, source: str) -> None:
         raise PlanningError(
             f"{source}: num_stages {plan.num_stages}, but the deepest replica has {deepest}"
         )
+
+
+def _attention_saved(source: str, value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise PlanningError(f"{source}: {where}.attention_saved must be a number >= 0")
+    return float(value)

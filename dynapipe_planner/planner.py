@@ -381,7 +381,11 @@ class IterationPlanner:
                 g = cand.groups[g_index]
                 rows = [len(row) for row in g.rows] if g.rows is not None else []
                 samples = [int(ids[i]) for i in g.samples]
-                microbatches.append(MicroBatch(mb_ids[k], r, samples, g.seqlen, g.tgt_seqlen, rows))
+                microbatches.append(
+                    MicroBatch(
+                        mb_ids[k], r, samples, g.seqlen, g.tgt_seqlen, rows, g.attention_saved
+                    )
+                )
                 shapes.append(
                     [
                         costs.boundary_shape(j, g.num_rows, g.seqlen, g.tgt_seqlen)

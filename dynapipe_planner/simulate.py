@@ -292,6 +292,7 @@ class _Executor:
         self.depths = [plan.replica_num_stages(k) for k in range(plan.num_replicas)]
         self.replica_of = {m.id: m.replica for m in plan.microbatches}
         self.shapes = {m.id: (m.num_rows, m.seqlen, m.tgt_seqlen) for m in plan.microbatches}
+        self.attention_saved = {m.id: m.attention_saved for m in plan.microbatches}
         self.mb_costs: dict[int, tuple[list[float], ...]] = {}
         self.ranks: dict[Rank, _RankState] = {}
         for rp in sorted(plan.ranks, key=lambda r: (r.replica, r.stage)):
@@ -352,9 +353,12 @@ class _Executor:
                     f"micro-batch {mb} ({b} rows, seqlen {s}, tgt_seqlen {t}) lies beyond the "
                     "cost tables"
                 )
-            cached = tuple(
-                arr.tolist() for arr in (c.forward, c.backward, c.activation, c.transient)
-            )
+            forward, backward = c.forward, c.backward
+            saved = self.attention_saved.get(mb, 0.0)
+            if saved:  # packed rows: attention only inside each sample, as the planner priced it
+                cut = saved * self.costs[replica].attention_coef
+                forward, backward = forward - cut / 3, backward - 2 * cut / 3
+            cached = tuple(arr.tolist() for arr in (forward, backward, c.activation, c.transient))
             self.mb_costs[mb] = cached
         return cached
 

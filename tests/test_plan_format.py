@@ -48,8 +48,12 @@ def test_binary_is_compact(tmp_path, plans):
 def test_packed_rows_survive(plans):
     packed = [m for m in plans["packing"].microbatches if m.row_sizes]
     assert packed and all(sum(m.row_sizes) == len(m.samples) for m in packed)
+    assert all(m.attention_saved > 0 for m in packed)  # block-diagonal attention travels along
     again = ExecutionPlan.from_bytes(plans["packing"].to_bytes())
     assert [m.row_sizes for m in again.microbatches] == [m.row_sizes for m in packed]
+    saved = [m.attention_saved for m in packed]
+    assert [m.attention_saved for m in again.microbatches] == saved
+    assert not any(m.attention_saved for m in plans["dynamic"].microbatches)
 
 
 def mutate(plan: ExecutionPlan, edit) -> dict:
@@ -75,6 +79,10 @@ def mutate(plan: ExecutionPlan, edit) -> dict:
         (lambda d: d["microbatches"].append(dict(d["microbatches"][0])), "appears twice"),
         (lambda d: d["ranks"].pop(), "ranks, expected 6"),
         (lambda d: d["microbatches"][0].update(row_sizes=[99]), "row_sizes do not cover"),
+        (
+            lambda d: d["microbatches"][2].update(attention_saved=-1.0),
+            r"microbatches\[2\].attention_saved must be a number >= 0",
+        ),
     ],
 )
 def test_malformed_json_names_the_item(plans, edit, message):
