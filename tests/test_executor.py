@@ -11,84 +11,23 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
 from distributed import run_ranks  # noqa: E402
+from gpt_reference import (  # noqa: E402
+    DATA,
+    SPEC,
+    assert_matches_reference,
+    make_plan,
+    stage_gradients,
+    stage_model_like_reference,
+)
+from gpt_reference import reference as _reference  # noqa: E402
 
-from dynapipe_planner.cluster import ClusterSpec, get_gpu  # noqa: E402
-from dynapipe_planner.cost import AnalyticCostModel  # noqa: E402
-from dynapipe_planner.model_spec import ModelSpec  # noqa: E402
 from dynapipe_planner.plan import ExecutionPlan, RankPlan  # noqa: E402
-from dynapipe_planner.planner import IterationPlanner, PlannerConfig  # noqa: E402
-
-SPEC = ModelSpec("tiny", "gpt", 4, 32, 4, 64, 64, max_position_embeddings=64)
-LENGTHS = np.array([5, 37, 12, 3, 29, 18, 8, 44, 21, 6, 15, 33])
-
-
-def _dataset():
-    """Random documents whose samples have exactly LENGTHS (vocabulary 64: 62 = EOD, 63 = pad)."""
-    from megatron.dynapipe.data import in_memory_dataset
-
-    rng = np.random.default_rng(0)
-    documents = [np.append(rng.integers(0, 62, n), 62) for n in LENGTHS]
-    return in_memory_dataset("test", documents, 64, vocab_size=64, eod_id=62, pad_id=63)
-
-
-DATA = _dataset()
-
-
-def make_plan(tp: int, pp: int, dp: int, batching: str = "dynamic") -> ExecutionPlan:
-    """The planner's plan; a memory limit of about a megabyte makes this tiny model need several
-    micro-batches (and packed rows for the packing baseline)."""
-    memory = 1_000_000 if batching == "dynamic" else 1_200_000
-    cluster = ClusterSpec(
-        get_gpu("A100-80GB"), num_stages=pp, num_replicas=dp, tp=tp, memory_limit_bytes=memory
-    )
-    schedule = "adaptive" if batching == "dynamic" else "1f1b"
-    config = PlannerConfig(
-        num_replicas=dp,
-        batching=batching,
-        schedule=schedule,
-        recompute="none",
-        dtype="fp32",
-        max_seqlen=64,
-    )
-    plan = IterationPlanner(AnalyticCostModel(SPEC, cluster), pp, config).plan(LENGTHS)
-    assert len(plan.microbatches) >= 2 * dp, "the test needs several micro-batches per pipeline"
-    return plan
-
-
-def _reference(rank: int, world: int) -> tuple[float, dict, dict]:
-    """Every sample alone through a PP=1 model: (loss, weights, gradients) by parameter name.
-
-    Results cross the process boundary as numpy arrays: torch tensors would be shared through
-    file descriptors that die with the forked rank."""
-    from megatron.dynapipe import cpu_compat
-    from megatron.dynapipe import parallel_state as ps
-    from megatron.dynapipe.model import build_stage_model
-
-    cpu_compat.install()
-    ps.initialize(1, 1, 1)
-    try:
-        _, model = build_stage_model(SPEC, 64)
-        weights = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
-        total = torch.zeros(())
-        for i in range(len(LENGTHS)):
-            t = torch.as_tensor(DATA.tokens(i), dtype=torch.int64)[None]
-            n = t.shape[1] - 1
-            mask = torch.ones(1, 1, n, n, dtype=torch.bool).triu(1)
-            per_token = model(t[:, :-1], torch.arange(n)[None], mask, labels=t[:, 1:])
-            total = total + per_token.sum()
-        loss = total / int(LENGTHS.sum())
-        loss.backward()
-        grads = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
-        return float(loss), weights, grads
-    finally:
-        ps.destroy()
 
 
 @pytest.fixture(scope="module")
@@ -96,61 +35,23 @@ def reference() -> tuple[float, dict, dict]:
     return run_ranks(_reference, 1)[0]
 
 
-def _reference_name(local: str, layer_offset: int) -> str:
-    """Name of a stage-local parameter in the PP=1 reference model."""
-    if local == "output_layer.weight":
-        return "embedding.word_embeddings.weight"  # tied: the last stage's copy
-    parts = local.split(".")
-    if parts[:2] == ["decoder", "layers"]:
-        parts[2] = str(int(parts[2]) + layer_offset)
-    return ".".join(parts)
-
-
-def _shard(full: np.ndarray, param: torch.Tensor, tp_rank: int, tp: int) -> torch.Tensor:
-    full = torch.from_numpy(full)
-    if tp == 1 or not getattr(param, "tensor_model_parallel", False):
-        return full
-    return full.chunk(tp, dim=param.partition_dim)[tp_rank]
-
-
 def _pipelined(rank: int, world: int, tp: int, pp: int, plan: ExecutionPlan, weights: dict):
-    """One iteration of `plan`; returns (loss or None, {reference name: (grad, expected slice)})."""
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-
+    """One iteration of `plan`; returns ((loss sum, real tokens), stage gradients)."""
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
-    from megatron.dynapipe.data import microbatch_tensors
+    from megatron.dynapipe.data import rank_microbatches
     from megatron.dynapipe.executor import PlanExecutor
-    from megatron.dynapipe.model import build_stage_model, stage_layer_counts
 
     cpu_compat.install()
     ps.initialize(tp, pp, world // (tp * pp))
     try:
-        config, model = build_stage_model(SPEC, 64)
-        offset = sum(stage_layer_counts(SPEC, pp)[: ps.stage()])
-        names = {}
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                names[name] = _reference_name(name, offset)
-                param.copy_(_shard(weights[names[name]], param, ps.tp_rank(), tp))
-        model = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
-        config.finalize_model_grads_func = finalize_model_grads
+        config, model, names = stage_model_like_reference(tp, pp, weights)
         executor = PlanExecutor.for_this_rank(
             model, config, device=torch.device("cpu"), timeout_s=30
         )
-        batches = {
-            mb.id: microbatch_tensors(mb, DATA)
-            for mb in plan.microbatches
-            if mb.replica == ps.replica()
-        }
         model.zero_grad_buffer()
-        result = executor.run(plan, batches)
-        grads = {
-            names[n]: (p.main_grad.numpy().copy(), ps.tp_rank(), tp, getattr(p, "partition_dim", 0))
-            for n, p in model.module.named_parameters()
-        }
-        return (result.loss_sum, result.num_tokens), grads
+        result = executor.run(plan, rank_microbatches(plan, ps.replica(), DATA))
+        return (result.loss_sum, result.num_tokens), stage_gradients(model, names, tp)
     finally:
         ps.destroy()
 
@@ -166,22 +67,9 @@ def _pipelined(rank: int, world: int, tp: int, pp: int, plan: ExecutionPlan, wei
     ],
 )
 def test_pipelined_gradients_equal_reference(reference, tp, pp, dp, batching) -> None:
-    ref_loss, weights, ref_grads = reference
     plan = make_plan(tp, pp, dp, batching)
-    results = run_ranks(_pipelined, tp * pp * dp, tp, pp, plan, weights)
-    loss_sum = sum(r[0][0] for r in results if r[0][1]) / tp  # each TP shard reports it
-    tokens = sum(r[0][1] for r in results) / tp
-    assert tokens == LENGTHS.sum()
-    assert loss_sum / tokens == pytest.approx(ref_loss, rel=1e-5)
-    seen = set()
-    for _, grads in results:
-        for name, (grad, tp_rank, tp_size, dim) in grads.items():
-            expected = ref_grads[name]
-            if grad.shape != expected.shape:
-                expected = np.split(expected, tp_size, axis=dim)[tp_rank]
-            np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-6, err_msg=name)
-            seen.add(name)
-    assert seen == set(ref_grads)
+    results = run_ranks(_pipelined, tp * pp * dp, tp, pp, plan, reference[1])
+    assert_matches_reference(reference, results, tp)
 
 
 def test_wrong_order_is_rejected_before_running() -> None:

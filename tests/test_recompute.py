@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
 from distributed import run_ranks  # noqa: E402
-from test_executor import DATA, SPEC, make_plan  # noqa: E402
+from gpt_reference import DATA, SPEC, make_plan  # noqa: E402
 
 MODES = ["none", "full", "selective", "none"]
 

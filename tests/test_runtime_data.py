@@ -36,6 +36,7 @@ from megatron.dynapipe.data import (  # noqa: E402
     stdlib_corpus,
     stdlib_files,
     synthetic_dataset,
+    with_empty_rows,
 )
 
 # megatron-core's index reader logs "on rank 0 only" and warns outside torch.distributed.
@@ -113,6 +114,21 @@ def test_packed_microbatch_tensors_exact(abc) -> None:
     causal_then_padding = _masked(".xxxxx", "..xxxx", "...xxx", "....xx", ".....x", "xxxxx.")
     assert torch.equal(t.attention_mask[1, 0], causal_then_padding)
     assert t.num_tokens == 10
+
+
+def test_empty_rows_top_up_a_fixed_shape_microbatch(abc) -> None:
+    mb = MicroBatch(id=3, replica=0, samples=[0, 1], seqlen=4, row_sizes=[1, 1])
+    t = microbatch_tensors(mb, abc)
+    full = with_empty_rows(t, 3, PAD)
+    assert full.tokens.shape == (3, 4) and full.attention_mask.shape == (3, 1, 4, 4)
+    assert torch.equal(full.tokens[:2], t.tokens) and torch.equal(full.labels[:2], t.labels)
+    assert full.tokens[2].tolist() == full.labels[2].tolist() == [PAD] * 4
+    assert full.loss_mask[2].tolist() == [0, 0, 0, 0] and full.num_tokens == t.num_tokens
+    assert full.position_ids[2].tolist() == [0, 1, 2, 3]
+    assert torch.equal(full.attention_mask[2, 0], _masked(".xxx", "..xx", "...x", "...."))
+    assert with_empty_rows(t, 2, PAD) is t
+    with pytest.raises(DataError, match="more than 1"):
+        with_empty_rows(t, 1, PAD)
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dynapipe_planner.cluster import GPU_PRESETS
 from dynapipe_planner.planner import BATCHING, RECOMPUTE, SCHEDULES
 
+BASELINES = ("megatron-1f1b",)
+
 
 def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """DynaPipe's flags, in their own group."""
@@ -36,6 +38,15 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         help="global batch size in tokens (default: --global-batch-size x --seq-length)",
     )
     g.add_argument("--pipeline-schedule", choices=SCHEDULES, default="adaptive")
+    g.add_argument(
+        "--baseline",
+        choices=BASELINES,
+        default=None,
+        help="train a baseline instead of DynaPipe's executor: megatron-1f1b packs each global "
+        "batch into rows of exactly --seq-length tokens (first-fit-decreasing), "
+        "--micro-batch-size rows per micro-batch, run by megatron-core's own schedule "
+        "(get_forward_backward_func: 1F1B on PP>1); implies --batching packing",
+    )
     g.add_argument(
         "--dynapipe-recompute",
         choices=RECOMPUTE,
@@ -130,6 +141,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     _add_megatron_args(parser)
     add_dynapipe_args(parser)
     args = parser.parse_args(argv)
+    if args.baseline:
+        if args.dynamic_micro_batching or args.batching not in (None, "packing"):
+            parser.error(f"--baseline {args.baseline} trains packing; drop the other batching")
+        args.batching = "packing"
     if args.batching is None:
         args.batching = "dynamic" if args.dynamic_micro_batching else "padding"
     if args.ffn_hidden_size is None:

@@ -636,6 +636,36 @@ def microbatch_tensors(mb: MicroBatch, dataset: VariableLengthDataset) -> MicroB
     )
 
 
+def with_empty_rows(batch: MicroBatchTensors, num_rows: int, pad_id: int) -> MicroBatchTensors:
+    """`batch` topped up to `num_rows` rows with rows of padding only (no label, no loss).
+
+    Fixed-shape schedules (megatron-core's) need every micro-batch to have the same number of
+    rows; the last packed micro-batch of a global batch may have fewer. A filler row follows the
+    padding convention above (positions 0, 1, ..., causal attention among its own positions).
+    """
+    missing = num_rows - batch.tokens.shape[0]
+    if missing < 0:
+        raise DataError(f"micro-batch has {batch.tokens.shape[0]} rows, more than {num_rows}")
+    if missing == 0:
+        return batch
+    seqlen = batch.tokens.shape[1]
+    padding = torch.full((missing, seqlen), pad_id, dtype=torch.int64)
+    filler = MicroBatchTensors(
+        tokens=padding,
+        labels=padding,
+        loss_mask=torch.zeros(missing, seqlen, dtype=torch.float32),
+        position_ids=torch.arange(seqlen).expand(missing, seqlen),
+        attention_mask=_block_causal_mask(torch.zeros(missing, seqlen, dtype=torch.int64)),
+        num_tokens=0,
+    )
+    joined = {
+        f.name: torch.cat([getattr(batch, f.name), getattr(filler, f.name)])
+        for f in fields(batch)
+        if f.name != "num_tokens"
+    }
+    return MicroBatchTensors(**joined, num_tokens=batch.num_tokens)
+
+
 def rank_microbatches(
     plan: ExecutionPlan, replica: int, dataset: VariableLengthDataset
 ) -> dict[int, MicroBatchTensors]:

@@ -34,6 +34,7 @@ from .checkpointing import TrainState
 from .data import GlobalBatchSampler, build_dataset, rank_microbatches
 from .executor import PlanExecutor
 from .liveness import Liveness
+from .megatron_baseline import MegatronPackingBaseline
 from .model import ModelOptions, build_stage_model
 from .plan_source import PLANNING_RANK, dtype_name, open_plan_source, planner_recipe
 
@@ -142,9 +143,18 @@ def _train(args: argparse.Namespace, tp: int) -> list[float]:
             _log0(rank, f"resumed from {args.load} at iteration {state.iteration}")
         cuda = torch.cuda.is_available()
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        executor = PlanExecutor.for_this_rank(
-            model, config, device=device, timeout_s=args.dynapipe_timeout
-        )
+        if args.baseline == "megatron-1f1b":  # the plans' packed rows, megatron-core's schedule
+            executor = MegatronPackingBaseline(
+                model,
+                config,
+                seq_length=args.seq_length,
+                micro_batch_size=args.micro_batch_size,
+                pad_id=dataset.pad_id,
+            )
+        else:
+            executor = PlanExecutor.for_this_rank(
+                model, config, device=device, timeout_s=args.dynapipe_timeout
+            )
         _log0(rank, f"dataset {dataset.name}: {len(dataset)} samples; model {spec.to_dict()}")
         losses = []
         while state.iteration < args.train_iters:

@@ -1,0 +1,95 @@
+"""The baseline DynaPipe is measured against, inside the same program: fixed-length packing run
+by megatron-core's own pipeline schedule (seed `dynapipe.txt` §2.2 "packing", §8 baselines).
+
+Megatron-LM trains variable-length data by packing samples into rows of exactly `--seq-length`
+tokens and running `--micro-batch-size` rows per micro-batch through
+`get_forward_backward_func()` (1F1B when PP > 1). Measuring DynaPipe against a separate program
+would compare two code bases; here both methods share the model, DDP, optimiser, data and loss,
+and differ only in what makes an iteration's forward and backward passes:
+
+- the rows are the planner's packing baseline (first-fit-decreasing,
+  `dynapipe_planner.microbatch.baselines.packing_groups`), read from the plan's micro-batch list;
+  the plan's schedule and communication are ignored, megatron-core's schedule decides both;
+- every micro-batch has exactly `micro_batch_size` rows of `seq_length` tokens, because
+  megatron-core's schedule sends fixed shapes (`variable_seq_lengths` off, as in Megatron-LM):
+  a global batch's last micro-batch is topped up with rows of padding;
+- samples in a row are kept apart by block-diagonal causal masks and per-sample position ids
+  (`megatron.dynapipe.data`), which megatron-core's local attention computes in full;
+- activations are recomputed as the plan's `stats["recompute"]` says, as in `PlanExecutor`
+  (megatron-core's own recompute settings, which its schedule honours);
+- the loss is Megatron's per-token form, normalised by the global batch's real tokens in
+  `finalize_model_grads` (`calculate_per_token_loss`), as in `PlanExecutor`: for the same samples
+  both compute the same gradients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.transformer import TransformerConfig
+
+from dynapipe_planner.plan import ExecutionPlan
+
+from . import parallel_state as ps
+from .data import MicroBatchTensors, with_empty_rows
+from .executor import IterationResult, PlanRejected, gpt_forward_step
+from .recompute import apply_recompute
+
+
+class MegatronPackingBaseline:
+    """Runs a packing plan's micro-batches on this rank through megatron-core's schedule.
+
+    A drop-in for `PlanExecutor` in the training loop: same `run(plan, batches)` and result.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: TransformerConfig,
+        *,
+        seq_length: int,
+        micro_batch_size: int,
+        pad_id: int,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.seq_length = seq_length
+        self.micro_batch_size = micro_batch_size
+        self.pad_id = pad_id
+        # What Megatron-LM's training sets up for its schedule: fixed tensor shapes, and DDP's
+        # gradient reduction deferred to the last micro-batch.
+        config.variable_seq_lengths = False
+        config.no_sync_func = getattr(model, "no_sync", None)
+        self._forward_backward = get_forward_backward_func()
+
+    def run(
+        self, plan: ExecutionPlan, batches: Mapping[int, MicroBatchTensors], *, iteration: int = 0
+    ) -> IterationResult:
+        """Forward and backward of this replica's micro-batches of `plan`, in plan order, then
+        `finalize_model_grads`; the optimiser step is the caller's."""
+        ordered = []
+        for mb in plan.microbatches:
+            if mb.replica != ps.replica():
+                continue
+            if mb.seqlen != self.seq_length or mb.num_rows > self.micro_batch_size:
+                raise PlanRejected(
+                    f"iteration {iteration}: micro-batch {mb.id} has {mb.num_rows} rows of "
+                    f"{mb.seqlen} tokens; megatron-core's schedule runs at most "
+                    f"{self.micro_batch_size} rows of {self.seq_length} (use --batching packing)"
+                )
+            ordered.append(with_empty_rows(batches[mb.id], self.micro_batch_size, self.pad_id))
+        if "recompute" in plan.stats:
+            apply_recompute(self.model, self.config, plan.stats["recompute"])
+        reports = self._forward_backward(
+            forward_step_func=gpt_forward_step,
+            data_iterator=iter(ordered),
+            model=[self.model],
+            num_microbatches=len(ordered),
+            seq_length=self.seq_length,
+            micro_batch_size=self.micro_batch_size,
+        )
+        # Last stage only: one (loss sum, real tokens) report per micro-batch.
+        totals = sum((r["lm loss"].double() for r in reports), torch.zeros(2, dtype=torch.float64))
+        return IterationResult(reports, round(float(totals[1])), float(totals[0]))

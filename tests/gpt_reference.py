@@ -1,0 +1,155 @@
+"""Shared by the gradient-equality tests: a tiny GPT, one global batch of known lengths, the
+planner's plan of it, and the single-process non-pipelined reference every pipelined run must
+match (loss and every parameter gradient, within fp32 tolerance).
+
+The reference runs each sample alone through the whole model, so it checks micro-batching,
+packing masks, the schedule, p2p and the per-token loss normalisation all at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dynapipe_planner.cluster import ClusterSpec, get_gpu
+from dynapipe_planner.cost import AnalyticCostModel
+from dynapipe_planner.model_spec import ModelSpec
+from dynapipe_planner.plan import ExecutionPlan
+from dynapipe_planner.planner import IterationPlanner, PlannerConfig
+
+SPEC = ModelSpec("tiny", "gpt", 4, 32, 4, 64, 64, max_position_embeddings=64)
+MAX_SEQLEN = 64
+LENGTHS = np.array([5, 37, 12, 3, 29, 18, 8, 44, 21, 6, 15, 33])
+
+
+def _dataset():
+    """Random documents whose samples have exactly LENGTHS (vocabulary 64: 62 = EOD, 63 = pad)."""
+    from megatron.dynapipe.data import in_memory_dataset
+
+    rng = np.random.default_rng(0)
+    documents = [np.append(rng.integers(0, 62, n), 62) for n in LENGTHS]
+    return in_memory_dataset("test", documents, MAX_SEQLEN, vocab_size=64, eod_id=62, pad_id=63)
+
+
+DATA = _dataset()
+
+
+def make_plan(
+    tp: int, pp: int, dp: int, batching: str = "dynamic", micro_batch_size: int = 0
+) -> ExecutionPlan:
+    """The planner's plan; a memory limit of about a megabyte makes this tiny model need several
+    micro-batches (and packed rows for the packing baseline). A fixed `micro_batch_size` (rows)
+    makes packing megatron-core's fixed-shape micro-batches, priced under the device's memory."""
+    memory = 1_000_000 if batching == "dynamic" else 0 if micro_batch_size else 1_200_000
+    cluster = ClusterSpec(
+        get_gpu("A100-80GB"), num_stages=pp, num_replicas=dp, tp=tp, memory_limit_bytes=memory
+    )
+    config = PlannerConfig(
+        num_replicas=dp,
+        batching=batching,
+        schedule="adaptive" if batching == "dynamic" else "1f1b",
+        recompute="none",
+        dtype="fp32",
+        max_seqlen=MAX_SEQLEN,
+        micro_batch_size=micro_batch_size,
+    )
+    plan = IterationPlanner(AnalyticCostModel(SPEC, cluster), pp, config).plan(LENGTHS)
+    assert len(plan.microbatches) >= 2 * dp, "the test needs several micro-batches per pipeline"
+    return plan
+
+
+def reference(rank: int, world: int) -> tuple[float, dict, dict]:
+    """Every sample alone through a PP=1 model: (loss, weights, gradients) by parameter name.
+
+    Run it on one forked rank. Results cross the process boundary as numpy arrays: torch
+    tensors would be shared through file descriptors that die with the forked rank."""
+    from megatron.dynapipe import cpu_compat
+    from megatron.dynapipe import parallel_state as ps
+    from megatron.dynapipe.model import build_stage_model
+
+    cpu_compat.install()
+    ps.initialize(1, 1, 1)
+    try:
+        _, model = build_stage_model(SPEC, MAX_SEQLEN)
+        weights = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
+        total = torch.zeros(())
+        for i in range(len(LENGTHS)):
+            t = torch.as_tensor(DATA.tokens(i), dtype=torch.int64)[None]
+            n = t.shape[1] - 1
+            mask = torch.ones(1, 1, n, n, dtype=torch.bool).triu(1)
+            per_token = model(t[:, :-1], torch.arange(n)[None], mask, labels=t[:, 1:])
+            total = total + per_token.sum()
+        loss = total / int(LENGTHS.sum())
+        loss.backward()
+        grads = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
+        return float(loss), weights, grads
+    finally:
+        ps.destroy()
+
+
+def _reference_name(local: str, layer_offset: int) -> str:
+    """Name of a stage-local parameter in the PP=1 reference model."""
+    if local == "output_layer.weight":
+        return "embedding.word_embeddings.weight"  # tied: the last stage's copy
+    parts = local.split(".")
+    if parts[:2] == ["decoder", "layers"]:
+        parts[2] = str(int(parts[2]) + layer_offset)
+    return ".".join(parts)
+
+
+def _shard(full: np.ndarray, param: torch.Tensor, tp_rank: int, tp: int) -> torch.Tensor:
+    full = torch.from_numpy(full)
+    if tp == 1 or not getattr(param, "tensor_model_parallel", False):
+        return full
+    return full.chunk(tp, dim=param.partition_dim)[tp_rank]
+
+
+def stage_model_like_reference(tp: int, pp: int, weights: dict):
+    """This rank's stage (parallel state initialised) with the reference's weights, wrapped in
+    Megatron DDP with `finalize_model_grads`; returns (config, model, {local: reference name})."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+
+    from megatron.dynapipe import parallel_state as ps
+    from megatron.dynapipe.model import build_stage_model, stage_layer_counts
+
+    config, model = build_stage_model(SPEC, MAX_SEQLEN)
+    offset = sum(stage_layer_counts(SPEC, pp)[: ps.stage()])
+    names = {}
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            names[name] = _reference_name(name, offset)
+            param.copy_(_shard(weights[names[name]], param, ps.tp_rank(), tp))
+    model = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
+    config.finalize_model_grads_func = finalize_model_grads
+    return config, model, names
+
+
+def stage_gradients(model, names: dict, tp: int) -> dict:
+    """{reference name: (main grad, tp rank, tp size, partition dim)} of this rank's stage."""
+    from megatron.dynapipe import parallel_state as ps
+
+    return {
+        names[n]: (p.main_grad.numpy().copy(), ps.tp_rank(), tp, getattr(p, "partition_dim", 0))
+        for n, p in model.module.named_parameters()
+    }
+
+
+def assert_matches_reference(ref: tuple[float, dict, dict], results: list, tp: int) -> None:
+    """`results` of every rank, each ((loss sum, real tokens), stage_gradients(...)), give the
+    reference's loss and gradients."""
+    ref_loss, _, ref_grads = ref
+    loss_sum = sum(r[0][0] for r in results if r[0][1]) / tp  # each TP shard reports it
+    tokens = sum(r[0][1] for r in results) / tp
+    assert tokens == LENGTHS.sum()
+    assert loss_sum / tokens == pytest.approx(ref_loss, rel=1e-5)
+    seen = set()
+    for _, grads in results:
+        for name, (grad, tp_rank, tp_size, dim) in grads.items():
+            expected = ref_grads[name]
+            if grad.shape != expected.shape:
+                expected = np.split(expected, tp_size, axis=dim)[tp_rank]
+            np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-6, err_msg=name)
+            seen.add(name)
+    assert seen == set(ref_grads)
