@@ -18,7 +18,8 @@ Measurement: each run's per-iteration log line gives real tokens / (forward-back
 step time) (data loading and planning are outside that time, for both methods); the first
 `--warmup-iters` iterations of each run are dropped and the median of the rest is reported, with
 padding efficiency. The methods run one after another, so load from other processes on a shared
-machine shifts both: the 1-minute load average is printed around every run. Not a test.
+machine shifts them unequally: `--rounds N` repeats every method N times in alternating order and
+pools the iterations, and the 1-minute load average is printed around every run. Not a test.
 """
 
 from __future__ import annotations
@@ -43,13 +44,10 @@ LINE = re.compile(
 
 @dataclass
 class Run:
-    """What one method's run measured (after warm-up) and the load around it."""
+    """One torchrun of one method: its measured iterations' log fields and the load around it."""
 
     label: str
-    tokens_per_s: float
-    padding_efficiency: float
-    microbatches: float
-    iteration_ms: float
+    iterations: list[dict[str, float]]
     first_loss: float
     load: tuple[float, float]
 
@@ -74,7 +72,7 @@ def _model_args(args: argparse.Namespace) -> list[str]:
 
 
 def run_method(label: str, method_args: list[str], args: argparse.Namespace) -> Run:
-    """One torchrun of pretrain_gpt.py; the medians of its measured iterations."""
+    """One torchrun of pretrain_gpt.py; keeps the iterations after the warm-up."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
         "--master-port", str(_free_port()), str(ROOT / "pretrain_gpt.py"),
@@ -86,32 +84,25 @@ def run_method(label: str, method_args: list[str], args: argparse.Namespace) -> 
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"{label} failed:\n{' '.join(cmd)}\n{out.stderr[-4000:]}")
-    rows = [m.groupdict() for m in map(LINE.search, out.stdout.splitlines()) if m]
+    rows = [
+        {k: float(v.replace(",", "")) for k, v in m.groupdict().items()}
+        for m in map(LINE.search, out.stdout.splitlines())
+        if m
+    ]
     if len(rows) != args.warmup_iters + args.measured_iters:
         raise SystemExit(f"{label}: expected one log line per iteration, got:\n{out.stdout}")
-    measured = rows[args.warmup_iters :]
-
-    def median(key: str) -> float:
-        return statistics.median(float(r[key].replace(",", "")) for r in measured)
-
-    run = Run(
-        label,
-        median("tps"),
-        median("eff"),
-        median("mbs"),
-        median("ms"),
-        float(rows[0]["loss"]),
-        (load_before, os.getloadavg()[0]),
-    )
-    wall_s = time.perf_counter() - started
+    run = Run(label, rows[args.warmup_iters :], rows[0]["loss"], (load_before, os.getloadavg()[0]))
+    tokens_per_s = ", ".join(f"{r['tps']:,.0f}" for r in run.iterations)
     print(
-        f"  {label:<32} {run.tokens_per_s:>9,.0f} tokens/s  "
-        f"padding eff {run.padding_efficiency:.3f}  micro-batches {run.microbatches:.0f}  "
-        f"iteration {run.iteration_ms:,.0f} ms  "
-        f"(run {wall_s:,.0f} s, load {run.load[0]:.1f} -> {run.load[1]:.1f})",
+        f"  {label:<32} tokens/s {tokens_per_s}  (run {time.perf_counter() - started:,.0f} s, "
+        f"load {run.load[0]:.1f} -> {run.load[1]:.1f})",
         flush=True,
     )
     return run
+
+
+def _median(runs: list[Run], key: str) -> float:
+    return statistics.median(row[key] for run in runs for row in run.iterations)
 
 
 def main() -> None:
@@ -126,6 +117,13 @@ def main() -> None:
     parser.add_argument("--warmup-iters", type=int, default=1)
     parser.add_argument("--measured-iters", type=int, default=3)
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every method this many times, alternating the order, and pool the iterations "
+        "(evens out load that drifts on a shared machine)",
+    )
+    parser.add_argument(
         "--baseline-micro-batch-sizes", type=int, nargs="+", default=[1, 2, 4], metavar="ROWS"
     )
     parser.add_argument(
@@ -138,33 +136,48 @@ def main() -> None:
         f"PP=2 on {os.cpu_count()} CPUs (gloo, OMP_NUM_THREADS=1 per rank); GPT "
         f"{args.num_layers} layers x {args.hidden_size} hidden; {args.data_path} truncated at "
         f"{args.seq_length}; {args.tokens_per_global_batch:,} tokens per global batch; median "
-        f"of {args.measured_iters} iterations after {args.warmup_iters} warm-up",
+        f"of {args.measured_iters} iterations after {args.warmup_iters} warm-up per run, "
+        f"{args.rounds} round(s)",
         flush=True,
     )
-    dynapipe = run_method(
-        "dynapipe (dynamic + adaptive)",
-        [
+    dynapipe = "dynapipe (dynamic + adaptive)"
+    methods = {
+        dynapipe: [
             "--dynamic-micro-batching",
             "--pipeline-schedule",
             "adaptive",
             *args.dynapipe_args.split(),
         ],
-        args,
+        **{
+            f"megatron-1f1b packing (mbs={mbs})": [
+                "--baseline",
+                "megatron-1f1b",
+                "--micro-batch-size",
+                str(mbs),
+            ]
+            for mbs in args.baseline_micro_batch_sizes
+        },
+    }
+    runs: dict[str, list[Run]] = {label: [] for label in methods}
+    for round_index in range(args.rounds):
+        order = list(methods) if round_index % 2 == 0 else list(reversed(methods))
+        for label in order:
+            runs[label].append(run_method(label, methods[label], args))
+    print("method                           median tokens/s  padding eff  micro-batches  iter ms")
+    for label, method_runs in runs.items():
+        tps, eff = _median(method_runs, "tps"), _median(method_runs, "eff")
+        mbs, ms = _median(method_runs, "mbs"), _median(method_runs, "ms")
+        print(f"{label:<32} {tps:>15,.0f}  {eff:>11.3f}  {mbs:>13.0f}  {ms:>7,.0f}")
+    best = max(
+        (label for label in runs if label != dynapipe), key=lambda k: _median(runs[k], "tps")
     )
-    baselines = [
-        run_method(
-            f"megatron-1f1b packing (mbs={mbs})",
-            ["--baseline", "megatron-1f1b", "--micro-batch-size", str(mbs)],
-            args,
-        )
-        for mbs in args.baseline_micro_batch_sizes
-    ]
-    best = max(baselines, key=lambda r: r.tokens_per_s)
-    ratio = dynapipe.tokens_per_s / best.tokens_per_s
-    losses = ", ".join(f"{r.first_loss:.4f}" for r in [dynapipe, *baselines])
-    print(f"first-iteration loss (same model, same data): {losses}")
+    ratio = _median(runs[dynapipe], "tps") / _median(runs[best], "tps")
+    losses = ", ".join(
+        f"{run.first_loss:.4f}" for method_runs in runs.values() for run in method_runs
+    )
+    print(f"first-iteration loss of every run (same model, same data): {losses}")
     print(
-        f"ratio: {ratio:.2f}x real tokens/s of DynaPipe over the best baseline ({best.label}); "
+        f"ratio: {ratio:.2f}x median real tokens/s of DynaPipe over the best baseline ({best}); "
         f"target 1.5x {'met' if ratio >= 1.5 else 'NOT met'}"
     )
 

@@ -12,7 +12,8 @@ and differ only in what makes an iteration's forward and backward passes:
   the plan's schedule and communication are ignored, megatron-core's schedule decides both;
 - every micro-batch has exactly `micro_batch_size` rows of `seq_length` tokens, because
   megatron-core's schedule sends fixed shapes (`variable_seq_lengths` off, as in Megatron-LM):
-  a global batch's last micro-batch is topped up with rows of padding;
+  a global batch's last micro-batch is topped up with rows of padding (computed like any row;
+  the logged padding efficiency, real tokens / (packed rows x seq-length), leaves them out);
 - samples in a row are kept apart by block-diagonal causal masks and per-sample position ids
   (`megatron.dynapipe.data`), which megatron-core's local attention computes in full;
 - activations are recomputed as the plan's `stats["recompute"]` says, as in `PlanExecutor`
