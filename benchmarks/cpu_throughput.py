@@ -14,6 +14,14 @@ script prints it as the check that both trained the same model on the same data.
   first-fit-decreasing, run by megatron-core's `get_forward_backward_func()`. Its micro-batch size
   is the best measured of a small grid (default 1, 2, 4 rows), a fair baseline.
 
+What the ratio measures on CPU: megatron-core's local attention (the only one without a GPU)
+computes every row's full seq-length x seq-length scores, then masks all but the diagonal blocks,
+so a packed row pays attention for 4,096^2 positions whatever it holds, while a DynaPipe
+micro-batch pays for its own padded length. At 4,096 tokens and hidden 128 attention is most of a
+row's FLOPs, so this is where the gain comes from. With TransformerEngine or flash-attention
+varlen kernels on GPU, packed rows pay only their samples' own attention; the planner's analytic
+A100 model prices packing that way and predicts close throughputs for this small model (README).
+
 Measurement: each run's per-iteration log line gives real tokens / (forward-backward + optimiser
 step time) (data loading and planning are outside that time, for both methods); the first
 `--warmup-iters` iterations of each run are dropped and the median of the rest is reported, with
