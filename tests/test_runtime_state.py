@@ -2,7 +2,8 @@
 globals in ClusterSpec's rank order, a real megatron-core GPTModel runs under cpu_compat with
 TP=2 and matches TP=1, megatron-core's 1F1B schedule + DDP + Adam train on TP=2 x PP=2, and
 cpu_compat redirects no CUDA call site beyond tests/data/cuda_call_sites.txt (regenerate it with
-DYNAPIPE_WRITE_CALL_SITES=1 after checking each new site is safe on CPU).
+DYNAPIPE_WRITE_CALL_SITES=1 after checking each new site is safe on CPU; test_megatron_baseline.py
+checks its runs against the same list and adds the tied-embedding PP site of language_module).
 
 Skipped when the `runtime` extra (torch, megatron-core) is not installed.
 """
