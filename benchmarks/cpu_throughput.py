@@ -47,7 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LINE = re.compile(
     r"iteration (?P<it>\d+)/\d+ \| lm loss (?P<loss>[\d.]+) \| tokens/s (?P<tps>[\d,]+) \| "
-    r"padding eff (?P<eff>[\d.]+) \| micro-batches (?P<mbs>\d+) \| iteration (?P<ms>[\d,]+) ms"
+    r"padding eff (?P<eff>[\d.]+) \| micro-batches (?P<mbs>\d+) \| .*?iteration (?P<ms>[\d,]+) ms"
 )
 
 
