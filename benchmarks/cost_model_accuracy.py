@@ -16,6 +16,9 @@ What is measured, through `pretrain(probe=...)` around each iteration's pipeline
 * time: wall time of running the plan's instructions up to finalised gradients (the part the
   plan predicts: forward and backward passes, transfers and waits), the slower of the two
   ranks. The optimiser step is not in the prediction and not in the measurement.
+* busy (diagnostic): each rank's CPU time (`time.thread_time`) during that run against its
+  stage's predicted forward + backward seconds; unlike wall time it barely changes when other
+  processes compete for the cores, so it separates load from modelling errors.
 * memory of a stage: `static + peak`, where `static` is the rank's live tensor bytes when the
   iteration starts (weights, gradient buffers, Adam state, the iteration's input tensors) and
   `peak` the maximum of the bytes allocated during the pipeline run that are alive at once
@@ -113,6 +116,7 @@ def _worker(args: argparse.Namespace, records_path: Path) -> None:
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.core")
     import torch
 
+    from dynapipe_planner.cost import cost_model_from_description
     from megatron.dynapipe import parallel_state as ps
     from megatron.dynapipe.arguments import parse_args as training_args
     from megatron.dynapipe.memory import MemoryTrace, live_tensor_bytes
@@ -124,6 +128,21 @@ def _worker(args: argparse.Namespace, records_path: Path) -> None:
     )
     device = device or torch.device("cpu")
     records: list[dict] = []
+    tables = {}
+
+    def predicted_busy_s(plan, stage: int) -> float:
+        """This stage's forward + backward seconds for the plan's micro-batches, per the table."""
+        recompute = plan.stats["recompute"]
+        if recompute not in tables:
+            model = cost_model_from_description(plan.meta["cost_model"])
+            tables[recompute] = model.pipeline_costs(recompute)
+        mine = [mb for mb in plan.microbatches if mb.replica == ps.replica()]
+        fwd, bwd, _, _ = tables[recompute].stage_costs_many(
+            np.array([mb.num_rows for mb in mine]),
+            np.array([mb.seqlen for mb in mine]),
+            np.array([mb.tgt_seqlen for mb in mine]),
+        )
+        return float((fwd + bwd)[:, stage].sum())
 
     def synchronize() -> None:
         if device.type == "cuda":
@@ -141,10 +160,12 @@ def _worker(args: argparse.Namespace, records_path: Path) -> None:
         }
         if args.worker == "time":
             synchronize()
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.thread_time()
             yield
             synchronize()
             record["measured_s"] = time.perf_counter() - started
+            record["busy_cpu_s"] = time.thread_time() - cpu_started
+            record["predicted_busy_s"] = predicted_busy_s(plan, stage)
         else:
             static = live_tensor_bytes(device)
             with MemoryTrace(device) as trace, trace.phase("iteration"):
@@ -228,6 +249,16 @@ def _points(args, timed: list[list[dict]], traced: list[list[dict]]) -> list[dic
         )
         points.extend(
             {
+                "kind": "busy",
+                "iteration": it,
+                "stage": rank[it]["stage"],
+                "predicted": rank[it]["predicted_busy_s"],
+                "measured": rank[it]["busy_cpu_s"],
+            }
+            for rank in timed_at
+        )
+        points.extend(
+            {
                 "kind": "memory",
                 "iteration": it,
                 "stage": rank[it]["stage"],
@@ -265,14 +296,15 @@ def _plot(points: list[dict], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.6))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
     for ax, kind, scale, unit, band in (
         (axes[0], "time", 1e3, "ms", 0.10),
-        (axes[1], "memory", 2**20, "MiB", 0.06),
+        (axes[1], "memory", 2**-20, "MiB", 0.06),
+        (axes[2], "busy", 1e3, "ms", 0.10),
     ):
         sel = [p for p in points if p["kind"] == kind]
-        measured = np.array([p["measured"] for p in sel]) / scale
-        predicted = np.array([p["predicted"] for p in sel]) / scale
+        measured = np.array([p["measured"] for p in sel]) * scale
+        predicted = np.array([p["predicted"] for p in sel]) * scale
         stages = np.array([p["stage"] if p["stage"] != "" else 0 for p in sel])
         for stage in sorted(set(stages.tolist())):
             mask = stages == stage
@@ -288,7 +320,8 @@ def _plot(points: list[dict], path: Path, title: str) -> None:
                         label=f"±{band:.0%}")  # fmt: skip
         ax.set_xlabel(f"measured ({unit})")
         ax.set_ylabel(f"predicted ({unit})")
-        ax.set_title(f"{kind}")
+        ax.set_title({"time": "iteration time", "memory": "peak memory per stage",
+                      "busy": "CPU time per stage (diagnostic)"}[kind])  # fmt: skip
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
@@ -317,6 +350,13 @@ def main() -> None:
     print(f"predicted vs measured, iterations {args.warmup_iterations}..{args.iterations - 1}:")
     print("  " + _summary(points, "time", 0.10))
     print("  " + _summary(points, "memory", 0.06))
+    print("  " + _summary(points, "busy", 0.10) + " (diagnostic, see below)")
+    print(
+        "busy: each stage's CPU time in the pipeline run (its compute, not its waits) against\n"
+        "the table's forward + backward for its micro-batches; CPU time hardly grows when other\n"
+        "processes compete for the cores, wall time does, so a small busy error next to a large\n"
+        "time error points at load rather than at the per-layer costs."
+    )
     print(f"points: {out / 'points.csv'}; plot: {out / 'scatter.png'}; {_load()}")
 
 
