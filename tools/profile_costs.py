@@ -155,6 +155,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def write_atomically(path: Path, table: dict) -> None:
     """Write next to the destination, then rename: readers never see half a table."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)  # mkstemp's private 0600 would outlive the rename
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(table, f, indent=1)
