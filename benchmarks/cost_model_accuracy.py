@@ -123,10 +123,8 @@ def _worker(args: argparse.Namespace, records_path: Path) -> None:
     from megatron.dynapipe.training import pretrain
 
     torch.set_num_threads(1)
-    device = (
-        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-    )
-    device = device or torch.device("cpu")
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     records: list[dict] = []
     tables = {}
 
