@@ -5,10 +5,14 @@ NCCL runs all point-to-point operations between two ranks in the order they were
 both ranks must post them in the same order (§2.3). We walk the simulated compute timeline in
 order of op end time; when a forward (backward) finishes we post the send on its stage and the
 matching receive on the neighbour at that same moment. Each stage interleaves these posts with
-its compute ops by time, so every pair of neighbours sees one global order. Waits go as late as
-possible: a received tensor is waited for right before the op that consumes it, an activation
-send before the stage's backward of that micro-batch (when its buffer is released), a gradient
-send at the end of the iteration.
+its compute ops by time, so every pair of neighbours sees one global order. A received tensor is
+waited for right before the op that consumes it, an activation send before the stage's backward
+of that micro-batch (when its buffer is released). A gradient send is waited for before this
+stage's first op that begins once the neighbour has posted the matching receive (in timeline
+order), not at the end of the iteration: its buffer lives until the wait, and holding every
+micro-batch's gradient to the end grows memory the schedule never priced (measured by
+benchmarks/cost_model_accuracy.py). Deadlock-free as before: by then this stage has posted
+everything the neighbour waits on before posting that receive.
 """
 
 from __future__ import annotations
@@ -56,29 +60,42 @@ def plan_communication(
             posts[j].append((t, Instruction("SendGradStart", mb, j - 1, shape, dtype)))
             posts[j - 1].append((t, Instruction("RecvGradStart", mb, j, shape, dtype)))
     return [
-        _stage_program(j, num_stages, orders[j], start, posts[j], mb_ids) for j in range(num_stages)
+        _stage_program(j, num_stages, orders, start, end, posts[j], mb_ids)
+        for j in range(num_stages)
     ]
+
+
+def _first_begin_from(order: list[int], start: np.ndarray, j: int, t: float) -> float:
+    """Begin time of stage j's first op that begins at or after t (inf if none): where a post
+    made at time t lands in that stage's program."""
+    begins = [float(start[code >> 1, j, code & 1]) for code in order]
+    return min((b for b in begins if b >= t), default=np.inf)
 
 
 def _stage_program(
     j: int,
     num_stages: int,
-    order: list[int],
+    orders: list[list[int]],
     start: np.ndarray,
+    end: np.ndarray,
     posts: list[tuple[float, Instruction]],
     mb_ids: list[int],
 ) -> list[Instruction]:
     last = num_stages - 1
     program: list[Instruction] = []
-    pending_grad_sends: list[Instruction] = []
+    # (time the neighbour posts the receive, wait instruction), for sent gradients
+    pending_grad_sends: list[tuple[float, Instruction]] = []
     p = 0
-    for code in order:
+    for code in orders[j]:
         m, kind = code >> 1, code & 1
         mb = mb_ids[m]
         begins = float(start[m, j, kind])
         while p < len(posts) and posts[p][0] <= begins:
             program.append(posts[p][1])
             p += 1
+        due = [w for w in pending_grad_sends if w[0] <= begins]
+        program.extend(ins for _, ins in due)
+        pending_grad_sends = [w for w in pending_grad_sends if w[0] > begins]
         if kind == FORWARD:
             if j == 0 or j == last:
                 program.append(Instruction("LoadBatch", mb))
@@ -92,7 +109,9 @@ def _stage_program(
             program.append(Instruction("BackwardPass", mb))
             program.append(Instruction("FreeBuffer", mb))
             if j > 0:
-                pending_grad_sends.append(Instruction("WaitSendGrad", mb, j - 1))
+                sent = float(end[m, j, BACKWARD])
+                posted = _first_begin_from(orders[j - 1], start, j - 1, sent)
+                pending_grad_sends.append((posted, Instruction("WaitSendGrad", mb, j - 1)))
     program.extend(ins for _, ins in posts[p:])
-    program.extend(pending_grad_sends)
+    program.extend(ins for _, ins in pending_grad_sends)
     return program

@@ -105,6 +105,20 @@ def test_dynapipe_is_no_slower_than_its_own_1f1b_ablation():
     assert times["adaptive"] <= times["1f1b"] * 1.0001
 
 
+def test_gradient_sends_are_not_held_to_the_end_of_the_iteration():
+    """A sent gradient's buffer lives until its Wait and the schedule prices no such buffers, so
+    each is waited for before the stage's backward of a later micro-batch, not all at the end."""
+    planner = make_planner(MODEL_PRESETS["gpt-125m"], 2, 1, 20, micro_batch_size=1)
+    lengths = np.full(12, 1024)
+    plan = planner.plan(lengths)
+    program = [(ins.op, ins.mb) for ins in plan.rank_plan(0, 1).instructions]
+    backwards = [mb for op, mb in program if op == "BackwardPass"]
+    assert len(backwards) > 3
+    for sent, later in zip(backwards, backwards[2:], strict=False):
+        assert program.index(("WaitSendGrad", sent)) < program.index(("BackwardPass", later))
+    check_plan(planner, plan, lengths)
+
+
 def test_sample_ids_are_carried_into_the_plan():
     planner = make_planner(MODEL_PRESETS["gpt-125m"], 2, 1, 20)
     ids = np.array([1000, 1001, 1002, 1003])

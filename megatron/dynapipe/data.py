@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import os
 import sysconfig
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from itertools import pairwise
 from pathlib import Path
@@ -601,12 +601,18 @@ class MicroBatchTensors:
         return MicroBatchTensors(**moved, num_tokens=self.num_tokens)
 
 
-def microbatch_tensors(mb: MicroBatch, dataset: VariableLengthDataset) -> MicroBatchTensors:
-    """Tensors of plan micro-batch `mb`: one sample per row, or packed rows per `mb.row_sizes`."""
+def _checked_rows(mb: MicroBatch, dataset: VariableLengthDataset) -> list[list[int]]:
+    """The sample ids of each row of `mb`, after checking that they exist and fit."""
     if mb.tgt_seqlen:
         raise DataError(f"micro-batch {mb.id}: encoder-decoder micro-batches are not supported")
     rows = _rows(mb)
     _check_fits(mb, rows, dataset.lengths())
+    return rows
+
+
+def microbatch_tensors(mb: MicroBatch, dataset: VariableLengthDataset) -> MicroBatchTensors:
+    """Tensors of plan micro-batch `mb`: one sample per row, or packed rows per `mb.row_sizes`."""
+    rows = _checked_rows(mb, dataset)
     shape = (len(rows), mb.seqlen)
     tokens = np.full(shape, dataset.pad_id, dtype=np.int64)
     labels = np.full(shape, dataset.pad_id, dtype=np.int64)
@@ -666,13 +672,36 @@ def with_empty_rows(batch: MicroBatchTensors, num_rows: int, pad_id: int) -> Mic
     return MicroBatchTensors(**joined, num_tokens=batch.num_tokens)
 
 
+class RankMicroBatches(Mapping[int, MicroBatchTensors]):
+    """The micro-batches of one pipeline by id, checked at once but built when read and not kept.
+
+    The executor reads a micro-batch at its forward pass; autograd then keeps what the backward
+    needs (the [b, 1, s, s] attention mask among it) until that backward. Building every
+    micro-batch up front would hold all their masks for the whole iteration, memory the plan
+    never priced (seed `dynapipe.txt` §3: the executor loads each micro-batch by instruction).
+    """
+
+    def __init__(self, microbatches: Sequence[MicroBatch], dataset: VariableLengthDataset) -> None:
+        for mb in microbatches:
+            _checked_rows(mb, dataset)  # a bad plan fails before any rank starts running it
+        self._microbatches = {mb.id: mb for mb in microbatches}
+        self._dataset = dataset
+
+    def __getitem__(self, mb_id: int) -> MicroBatchTensors:
+        return microbatch_tensors(self._microbatches[mb_id], self._dataset)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._microbatches)
+
+    def __len__(self) -> int:
+        return len(self._microbatches)
+
+
 def rank_microbatches(
     plan: ExecutionPlan, replica: int, dataset: VariableLengthDataset
-) -> dict[int, MicroBatchTensors]:
-    """Tensors of every micro-batch of pipeline `replica`, by micro-batch id."""
-    return {
-        mb.id: microbatch_tensors(mb, dataset) for mb in plan.microbatches if mb.replica == replica
-    }
+) -> RankMicroBatches:
+    """The micro-batches of pipeline `replica`, by micro-batch id (built when read)."""
+    return RankMicroBatches([mb for mb in plan.microbatches if mb.replica == replica], dataset)
 
 
 def _block_causal_mask(segments: torch.Tensor) -> torch.Tensor:

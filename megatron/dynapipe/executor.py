@@ -32,6 +32,7 @@ from dynapipe_planner.plan import ExecutionPlan, Instruction
 from dynapipe_planner.simulate import verify_plan
 
 from . import parallel_state as ps
+from .memory import release_megatron_workspace
 from .p2p import PLAN_DTYPES, PeerToPeer, Transfer
 from .recompute import RECOMPUTE_MODES, apply_recompute
 
@@ -211,6 +212,7 @@ class PlanExecutor:
         finalize = getattr(self.config, "finalize_model_grads_func", None)
         if finalize is not None:  # broadcasts `tokens` over the pipeline, sums it over replicas
             finalize([self.model], num_tokens=tokens)
+        release_megatron_workspace()  # the plan priced it per iteration (memory.py)
         return IterationResult(reports, local_tokens, loss_sum)
 
     # ---- instructions ----------------------------------------------------------------------

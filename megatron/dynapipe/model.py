@@ -9,6 +9,7 @@ and a GPU is present.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,28 @@ class ModelOptions:
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     seed: int = 1234
+    recompute: str = "none"  # "selective": core attention; "full": whole layers
+
+
+def _recompute_kwargs(mode: str) -> dict[str, object]:
+    """megatron-core's switches for the planner's recompute modes (seed dynapipe.txt §7)."""
+    if mode == "none":
+        return {}
+    if mode == "selective":
+        return {"recompute_granularity": "selective"}
+    if mode == "full":
+        return {
+            "recompute_granularity": "full",
+            "recompute_method": "uniform",
+            "recompute_num_layers": 1,
+        }
+    raise ValueError(f"recompute must be none, selective or full, got {mode!r}")
+
+
+def padded_vocab_size(dataset_vocab: int, tp: int) -> int:
+    """Megatron pads the vocabulary so each tensor-parallel shard is a multiple of 128 rows."""
+    multiple = 128 * tp
+    return math.ceil(dataset_vocab / multiple) * multiple
 
 
 def stage_layer_counts(spec: ModelSpec, num_stages: int) -> list[int]:
@@ -92,6 +115,7 @@ def transformer_config(
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
+        **_recompute_kwargs(options.recompute),
         **_layer_split_kwargs(stage_layer_counts(spec, pp)),
     )
 
@@ -116,6 +140,25 @@ def build_stage_model(
     spec: ModelSpec, max_seqlen: int, options: ModelOptions = ModelOptions()
 ) -> tuple[TransformerConfig, GPTModel]:
     """This rank's stage of `spec` (parallel state must be initialised first)."""
+    return build_gpt_model(
+        spec,
+        max_seqlen,
+        options,
+        pre_process=mpu.is_pipeline_first_stage(),
+        post_process=mpu.is_pipeline_last_stage(),
+    )
+
+
+def build_gpt_model(
+    spec: ModelSpec,
+    max_seqlen: int,
+    options: ModelOptions,
+    *,
+    pre_process: bool,
+    post_process: bool,
+) -> tuple[TransformerConfig, GPTModel]:
+    """A GPTModel of `spec` with or without the embedding (`pre_process`) and the output layer
+    with the loss (`post_process`); the cost profiler builds its components this way."""
     if max_seqlen > spec.max_position_embeddings:
         raise ValueError(
             f"sequences of {max_seqlen} tokens exceed the {spec.max_position_embeddings} "
@@ -131,8 +174,8 @@ def build_stage_model(
         _layer_spec(),
         vocab_size=spec.vocab_size,
         max_sequence_length=spec.max_position_embeddings,
-        pre_process=mpu.is_pipeline_first_stage(),
-        post_process=mpu.is_pipeline_last_stage(),
+        pre_process=pre_process,
+        post_process=post_process,
         share_embeddings_and_output_weights=options.tie_embeddings,
         position_embedding_type=options.position_embedding,
     )

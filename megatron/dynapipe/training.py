@@ -13,11 +13,12 @@ waited for it. A step that fails because a peer died names that rank and the ite
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
-import math
 import os
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,7 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from dynapipe_planner.model_spec import ModelSpec
+from dynapipe_planner.plan import ExecutionPlan
 
 from . import checkpointing, cpu_compat
 from . import parallel_state as ps
@@ -35,16 +37,10 @@ from .data import GlobalBatchSampler, build_dataset, rank_microbatches
 from .executor import PlanExecutor
 from .liveness import Liveness
 from .megatron_baseline import MegatronPackingBaseline
-from .model import ModelOptions, build_stage_model
+from .model import ModelOptions, build_stage_model, padded_vocab_size
 from .plan_source import PLANNING_RANK, dtype_name, open_plan_source, planner_recipe
 
 log = logging.getLogger("dynapipe")
-
-
-def _vocab_size(dataset_vocab: int, tp: int) -> int:
-    """Megatron pads the vocabulary so each tensor-parallel shard is a multiple of 128 rows."""
-    multiple = 128 * tp
-    return math.ceil(dataset_vocab / multiple) * multiple
 
 
 def _optimizer(args: argparse.Namespace, model: torch.nn.Module):
@@ -92,13 +88,21 @@ def _global_loss(loss_sum: float, tokens: int, tp: int) -> tuple[float, int]:
     return loss_sum / max(tokens, 1), tokens
 
 
-def pretrain(args: argparse.Namespace) -> list[float]:
-    """Train for `args.train_iters` iterations; returns the per-iteration losses (every rank)."""
+IterationProbe = Callable[[int, ExecutionPlan], contextlib.AbstractContextManager[object]]
+
+
+def pretrain(args: argparse.Namespace, probe: IterationProbe | None = None) -> list[float]:
+    """Train for `args.train_iters` iterations; returns the per-iteration losses (every rank).
+
+    `probe(iteration, plan)`, if given, is a context manager wrapped around each iteration's
+    pipeline run (the plan's instructions, up to finalised gradients; not the optimiser step),
+    the part the plan predicts: the cost-model accuracy benchmark measures it there.
+    """
     cpu_compat.install()
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     ps.initialize(tp, pp, max(1, _world_size() // (tp * pp)), timeout_s=args.dynapipe_timeout)
     try:
-        return _train(args, tp)
+        return _train(args, tp, probe)
     finally:
         ps.destroy()
 
@@ -107,7 +111,7 @@ def _world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
 
 
-def _train(args: argparse.Namespace, tp: int) -> list[float]:
+def _train(args: argparse.Namespace, tp: int, probe: IterationProbe | None) -> list[float]:
     rank = dist.get_rank()
     dataset = build_dataset(args.data_path, max_seqlen=args.seq_length, seed=args.seed)
     spec = ModelSpec(
@@ -117,7 +121,7 @@ def _train(args: argparse.Namespace, tp: int) -> list[float]:
         args.hidden_size,
         args.num_attention_heads,
         args.ffn_hidden_size,
-        _vocab_size(dataset.vocab_size, tp),
+        padded_vocab_size(dataset.vocab_size, tp),
         max_position_embeddings=args.max_position_embeddings,
     )
     sampler = GlobalBatchSampler(dataset.lengths(), args.tokens_per_global_batch, args.seed)
@@ -166,7 +170,8 @@ def _train(args: argparse.Namespace, tp: int) -> list[float]:
             optimizer.zero_grad()
             started = time.perf_counter()
             with liveness.step(iteration):
-                result = executor.run(plan, batches, iteration=iteration)
+                with probe(iteration, plan) if probe else contextlib.nullcontext():
+                    result = executor.run(plan, batches, iteration=iteration)
                 optimizer.step()
                 scheduler.step(increment=1)
                 measured_s = time.perf_counter() - started

@@ -1,0 +1,340 @@
+"""Measures the profiled cost table on this device (DynaPipe seed `dynapipe.txt` §3 "Cost
+models": per-layer forward/backward time and memory profiled over micro-batch sizes and sequence
+lengths, interpolated by the planner; §8 checks the result against real iterations).
+
+Each component is a piece of a real megatron-core GPTModel wrapped in megatron's DDP with its
+optimiser, exactly as `megatron.dynapipe.training` runs it:
+
+* `embedding`: `GPTModel.embedding` (word + position embeddings, dropout);
+* `decoder_layer`: the `TransformerBlock` of a one-layer model without the output layer, so
+  megatron's own recompute paths (`selective`, `full`) run as in training;
+* `lm_head`: final layer norm, output layer, cross-entropy and the executor's masked token sum.
+
+Per grid point, forward and backward times are medians of timed repeats (after warm-up), and
+memory comes from one traced forward + backward (`megatron.dynapipe.memory`):
+`activation_bytes` are the bytes the forward allocated that are still alive when it returns (its
+saved tensors and its output: what a micro-batch holds until its backward; megatron's attention
+workspace excepted, see `memory.py`), `transient_bytes` the extra above that level at the peak
+of the forward or the backward. `static_bytes` (weights,
+DDP gradient buffers, Adam state) are live-tensor differences between models with and without
+the component, after one optimiser step created Adam's state. Points that run out of memory, or
+that exceed the grid's token cap, are `null` (infeasible for the planner).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+from dynapipe_planner.cost.profiled import FORMAT
+from dynapipe_planner.model_spec import ModelSpec
+
+from .executor import masked_token_loss
+from .memory import (
+    MemoryTrace,
+    live_tensor_bytes,
+    megatron_workspace_bytes,
+    release_megatron_workspace,
+)
+from .model import DTYPES, ModelOptions, build_gpt_model
+
+COMPONENTS = ("embedding", "decoder_layer", "lm_head")
+
+
+@dataclass(frozen=True)
+class ProfileGrid:
+    """Micro-batch sizes x sequence lengths to measure; points above `max_tokens` (b * s) are
+    not run and stay null (0: no cap)."""
+
+    microbatch_sizes: tuple[int, ...]
+    seqlens: tuple[int, ...]
+    max_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("microbatch_sizes", "seqlens"):
+            values = getattr(self, name)
+            if not values or min(values) < 1 or list(values) != sorted(set(values)):
+                raise ValueError(f"{name} must be positive and strictly increasing, got {values}")
+        if self.microbatch_sizes[0] != 1:
+            raise ValueError("microbatch_sizes must start at 1 (the planner's grid does)")
+
+    def points(self) -> list[tuple[int, int]]:
+        return [(b, s) for b in self.microbatch_sizes for s in self.seqlens]
+
+
+@dataclass(frozen=True)
+class PointCost:
+    forward_s: float
+    backward_s: float
+    activation_bytes: int
+    transient_bytes: int
+
+
+@dataclass
+class _Component:
+    """A measured piece of the model: `make_inputs(b, s)` gives the forward's arguments and the
+    gradient its output receives (None for a loss)."""
+
+    name: str
+    forward: Callable[..., torch.Tensor]
+    make_inputs: Callable[[int, int], tuple[tuple[torch.Tensor, ...], torch.Tensor | None]]
+
+
+@dataclass
+class _Built:
+    model: DistributedDataParallel
+    optimizer: Any  # holds Adam's state, alive as long as the model, as in training
+    static_bytes: int
+
+
+def _build(
+    spec: ModelSpec,
+    options: ModelOptions,
+    device: torch.device,
+    *,
+    layers: int,
+    pre_process: bool,
+    post_process: bool,
+) -> _Built:
+    """A DDP-wrapped model with its Adam state, and the tensor bytes they added."""
+    before = live_tensor_bytes(device)
+    config, model = build_gpt_model(
+        replace(spec, num_layers=layers),
+        spec.max_position_embeddings,
+        replace(options, tie_embeddings=False),
+        pre_process=pre_process,
+        post_process=post_process,
+    )
+    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(
+            optimizer="adam",
+            lr=1e-4,
+            clip_grad=0.0,
+            bf16=options.dtype == "bf16",
+            fp16=options.dtype == "fp16",
+        ),
+        [ddp],
+    )
+    ddp.zero_grad_buffer()
+    optimizer.step()  # Adam allocates its state at the first step
+    return _Built(ddp, optimizer, live_tensor_bytes(device) - before)
+
+
+def static_bytes(spec: ModelSpec, options: ModelOptions, device: torch.device) -> dict[str, int]:
+    """Weights + gradient buffers + optimiser state of each component, by difference of three
+    measured models: A = embedding + 1 layer, B = 1 layer + head, C = embedding + 2 layers."""
+    sizes = {}
+    for key, layers, pre, post in (
+        ("A", 1, True, False),
+        ("B", 1, False, True),
+        ("C", 2, True, False),
+    ):
+        built = _build(spec, options, device, layers=layers, pre_process=pre, post_process=post)
+        sizes[key] = built.static_bytes
+        del built
+    layer = sizes["C"] - sizes["A"]
+    return {
+        "decoder_layer": layer,
+        "embedding": sizes["A"] - layer,
+        "lm_head": sizes["B"] - layer,
+    }
+
+
+def _components(
+    spec: ModelSpec, options: ModelOptions, device: torch.device
+) -> tuple[list[_Component], list[_Built]]:
+    """The three components, built for `options.recompute`; keep the models alive while used."""
+    front = _build(spec, options, device, layers=1, pre_process=True, post_process=False)
+    back = _build(spec, options, device, layers=1, pre_process=False, post_process=True)
+    first, last = front.model.module, back.model.module
+    dtype, h, vocab = DTYPES[options.dtype], spec.hidden_size, spec.vocab_size
+
+    def tokens(b: int, s: int) -> torch.Tensor:
+        return torch.randint(0, vocab, (b, s), device=device)
+
+    def hidden(b: int, s: int, grad: bool) -> torch.Tensor:
+        return torch.randn(s, b, h, dtype=dtype, device=device, requires_grad=grad)
+
+    def embedding_inputs(b, s):
+        positions = torch.arange(s, device=device).repeat(b, 1)
+        return (tokens(b, s), positions), hidden(b, s, False)
+
+    def decoder_inputs(b, s):
+        causal = torch.ones(s, s, dtype=torch.bool, device=device).triu(1)
+        mask = causal.repeat(b, 1, 1, 1)  # [b, 1, s, s] as the runtime's data builds it
+        return (hidden(b, s, True), mask), hidden(b, s, False)
+
+    def head_inputs(b, s):
+        loss_mask = torch.ones(b, s, dtype=torch.float32, device=device)
+        return (hidden(b, s, True), tokens(b, s), loss_mask), None
+
+    def head(x: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+        logits, _ = last.output_layer(last.decoder.final_layernorm(x))
+        return masked_token_loss(loss_mask, last.compute_language_model_loss(labels, logits))[0]
+
+    components = [
+        _Component("embedding", lambda t, p: first.embedding(t, p), embedding_inputs),
+        _Component(
+            "decoder_layer",
+            lambda x, mask: first.decoder(hidden_states=x, attention_mask=mask),
+            decoder_inputs,
+        ),
+        _Component("lm_head", head, head_inputs),
+    ]
+    return components, [front, back]
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _is_out_of_memory(err: BaseException) -> bool:
+    return isinstance(err, torch.OutOfMemoryError) or (
+        isinstance(err, RuntimeError) and "allocate" in str(err)
+    )
+
+
+def measure_point(
+    component: _Component, b: int, s: int, device: torch.device, warmup: int, repeats: int
+) -> PointCost | None:
+    """Time and memory of one component at micro-batch shape (b, s); None if out of memory."""
+    try:
+        args, grad = component.make_inputs(b, s)
+
+        def backward(out: torch.Tensor) -> None:
+            torch.autograd.backward(out, grad)
+            for a in args:
+                a.grad = None  # the executor sends the input gradient away each time
+
+        for _ in range(warmup):
+            backward(component.forward(*args))
+        forward_s, backward_s = [], []
+        for _ in range(repeats):
+            _synchronize(device)
+            t0 = time.perf_counter()
+            out = component.forward(*args)
+            _synchronize(device)
+            t1 = time.perf_counter()
+            backward(out)
+            _synchronize(device)
+            forward_s.append(t1 - t0)
+            backward_s.append(time.perf_counter() - t1)
+            del out
+        release_megatron_workspace()
+        with MemoryTrace(device) as trace:
+            with trace.phase("forward"):
+                out = component.forward(*args)
+            workspace = megatron_workspace_bytes()
+            with trace.phase("backward"):
+                backward(out)
+        del out
+    except (RuntimeError, torch.OutOfMemoryError) as err:
+        if not _is_out_of_memory(err):
+            raise
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return None
+    fwd, bwd = trace.phases["forward"], trace.phases["backward"]
+    activation = fwd.end - workspace  # megatron's attention workspace is transient (memory.py)
+    return PointCost(
+        statistics.median(forward_s),
+        statistics.median(backward_s),
+        activation,
+        max(fwd.peak, bwd.peak) - activation,
+    )
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def profile_cost_table(
+    spec: ModelSpec,
+    options: ModelOptions,
+    grid: ProfileGrid,
+    recompute_modes: tuple[str, ...],
+    device: torch.device,
+    *,
+    warmup: int = 1,
+    repeats: int = 3,
+    progress: Callable[[str], None] = lambda _line: None,
+) -> dict[str, Any]:
+    """The cost table (README "Cost tables") of `spec` for TP 1; parallel state must be set up
+    for one rank. `progress` receives one line per measured point."""
+    statics = static_bytes(spec, options, device)
+    entries = []
+    total = len(recompute_modes) * len(COMPONENTS) * len(grid.points())
+    done = 0
+    for mode in recompute_modes:
+        components, keep_alive = _components(spec, replace(options, recompute=mode), device)
+        for component in components:
+            table: dict[tuple[int, int], PointCost | None] = {}
+            for b, s in grid.points():
+                done += 1
+                where = f"[{done}/{total}] recompute={mode} {component.name} b={b} s={s}"
+                if grid.max_tokens and b * s > grid.max_tokens:
+                    table[b, s] = None
+                    progress(f"{where}: skipped (b*s > max tokens {grid.max_tokens}), null")
+                    continue
+                cost = measure_point(component, b, s, device, warmup, repeats)
+                table[b, s] = cost
+                progress(f"{where}: {_describe(cost)}")
+            entries.append(_entry(mode, component.name, grid, table, statics[component.name]))
+        del components, keep_alive
+    return {
+        "format": FORMAT,
+        "version": 1,
+        "device": device_name(device),
+        "dtype": options.dtype,
+        "model": spec.to_dict(),
+        "profile": {"warmup": warmup, "repeats": repeats, "max_tokens": grid.max_tokens},
+        "entries": entries,
+    }
+
+
+def _describe(cost: PointCost | None) -> str:
+    if cost is None:
+        return "out of memory, null"
+    return (
+        f"forward {cost.forward_s * 1e3:.2f} ms, backward {cost.backward_s * 1e3:.2f} ms, "
+        f"activations {cost.activation_bytes / 2**20:.2f} MiB, "
+        f"transient {cost.transient_bytes / 2**20:.2f} MiB"
+    )
+
+
+def _entry(
+    mode: str,
+    component: str,
+    grid: ProfileGrid,
+    table: dict[tuple[int, int], PointCost | None],
+    static: int,
+) -> dict[str, Any]:
+    def field(name: str) -> list[list[float | int | None]]:
+        return [
+            [None if table[b, s] is None else getattr(table[b, s], name) for s in grid.seqlens]
+            for b in grid.microbatch_sizes
+        ]
+
+    return {
+        "tp": 1,
+        "recompute": mode,
+        "component": component,
+        "microbatch_sizes": list(grid.microbatch_sizes),
+        "seqlens": list(grid.seqlens),
+        "forward_s": field("forward_s"),
+        "backward_s": field("backward_s"),
+        "activation_bytes": field("activation_bytes"),
+        "transient_bytes": field("transient_bytes"),
+        "static_bytes": static,
+    }

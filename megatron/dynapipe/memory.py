@@ -1,0 +1,151 @@
+"""Measured tensor memory: what the profiler's cost table and the accuracy benchmark both read.
+
+DynaPipe's cost model (seed `dynapipe.txt` §3 "Cost models", §8 "cost model accuracy") is only
+as good as its memory numbers, so they are measured, never derived from formulas, and the
+table and the run are measured with the same instrument:
+
+* CUDA: the caching allocator's counters (`memory_allocated`, `max_memory_allocated`).
+* CPU: torch has no allocator counters, but the profiler with `profile_memory=True` reports
+  every allocation and free of the CPU allocator (with its size); the running sum of those
+  events is the live tensor bytes allocated since the trace began, and its maximum the peak.
+  Frees of tensors allocated before the trace are not reported, so a trace never sees memory
+  go below its start; every region traced here starts after what it may free was created
+  (e.g. a forward and its backward are traced together).
+
+Kineto prints a line per CPU trace unless `KINETO_LOG_LEVEL=5` is set before torch is imported
+(the command-line tools do so).
+
+`live_tensor_bytes` measures what exists at one moment (weights, gradients, optimiser state):
+on CUDA the allocator's count, on CPU the storages of every live tensor, each counted once.
+
+megatron-core's local attention takes a workspace as large as the micro-batch's attention scores
+from its global memory buffer and keeps the largest one ever requested for the rest of the job.
+The planner prices that workspace as transient memory of the micro-batch that needs it (the
+largest one in flight sets the peak), so the executor releases it after every iteration
+(`release_megatron_workspace`) and the profiler counts it as transient, not as activations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from megatron.core import parallel_state as mpu
+from torch._C._autograd import DeviceType
+
+_PHASE = "dynapipe::phase::"
+
+
+@dataclass(frozen=True)
+class PhaseMemory:
+    """Bytes above the trace's start: the maximum during a phase and the level when it ended."""
+
+    peak: int
+    end: int
+
+
+def live_tensor_bytes(device: torch.device) -> int:
+    """Bytes of tensor storage alive on `device` now (each storage once)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return torch.cuda.memory_allocated(device)
+    gc.collect()
+    seen: dict[int, int] = {}
+    for obj in gc.get_objects():
+        if not issubclass(type(obj), torch.Tensor) or obj.device.type != device.type:
+            continue
+        try:
+            storage = obj.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # sparse or wrapper tensors own no storage
+            continue
+        if storage.data_ptr():
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def megatron_workspace_bytes() -> int:
+    """Bytes held by megatron-core's global memory buffer now."""
+    buffers = mpu.get_global_memory_buffer().buffer.values()
+    return sum(t.untyped_storage().nbytes() for t in buffers)
+
+
+def release_megatron_workspace() -> None:
+    """Drop megatron-core's global memory buffer; it is re-allocated at the next request."""
+    mpu.get_global_memory_buffer().buffer.clear()
+
+
+class MemoryTrace:
+    """Allocations on `device` during a region, split into named phases.
+
+    Use `with MemoryTrace(device) as trace:` around the region and `with trace.phase(name):`
+    around each part; after the region `trace.phases[name]` holds that phase's `PhaseMemory`.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.phases: dict[str, PhaseMemory] = {}
+        self._profiler: torch.profiler.profile | None = None
+        self._base = 0
+
+    def __enter__(self) -> MemoryTrace:
+        if self.device.type == "cuda":
+            self._base = live_tensor_bytes(self.device)
+        else:
+            self._profiler = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+            )
+            self._profiler.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._profiler is None:
+            return
+        self._profiler.__exit__(*exc_info)
+        if exc_info[0] is None:
+            self.phases = _phases_from_events(self._profiler.profiler.kineto_results.events())
+        self._profiler = None
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Mark the enclosed code as phase `name`."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            yield
+            torch.cuda.synchronize(self.device)
+            self.phases[name] = PhaseMemory(
+                torch.cuda.max_memory_allocated(self.device) - self._base,
+                torch.cuda.memory_allocated(self.device) - self._base,
+            )
+            return
+        with torch.profiler.record_function(_PHASE + name):
+            yield
+
+
+def _phases_from_events(events: list) -> dict[str, PhaseMemory]:
+    """Replay the CPU allocator's events in time order and read each phase's window."""
+    allocations = sorted(
+        (e.start_ns(), e.nbytes())
+        for e in events
+        if e.name() == "[memory]" and e.device_type() == DeviceType.CPU
+    )
+    windows = sorted(
+        (e.start_ns(), e.start_ns() + e.duration_ns(), e.name().removeprefix(_PHASE))
+        for e in events
+        if e.name().startswith(_PHASE)
+    )
+    phases, live, k = {}, 0, 0
+    for start, end, name in windows:
+        while k < len(allocations) and allocations[k][0] < start:
+            live += allocations[k][1]
+            k += 1
+        peak = live
+        while k < len(allocations) and allocations[k][0] <= end:
+            live += allocations[k][1]
+            peak = max(peak, live)
+            k += 1
+        phases[name] = PhaseMemory(peak, live)
+    return phases
