@@ -65,11 +65,17 @@ def plan_communication(
     ]
 
 
-def _first_begin_from(order: list[int], start: np.ndarray, j: int, t: float) -> float:
-    """Begin time of stage j's first op that begins at or after t (inf if none): where a post
-    made at time t lands in that stage's program."""
-    begins = [float(start[code >> 1, j, code & 1]) for code in order]
-    return min((b for b in begins if b >= t), default=np.inf)
+def _begin_times(order: list[int], start: np.ndarray, j: int) -> np.ndarray:
+    """Begin times of stage j's ops, sorted: a post made at time t lands before the first op
+    that begins at or after t."""
+    codes = np.asarray(order, dtype=np.int64)
+    return np.sort(start[codes >> 1, j, codes & 1]) if len(codes) else np.empty(0)
+
+
+def _first_begin_from(begins: np.ndarray, t: float) -> float:
+    """The first of the sorted `begins` at or after t (inf if none)."""
+    k = int(np.searchsorted(begins, t, side="left"))
+    return float(begins[k]) if k < len(begins) else np.inf
 
 
 def _stage_program(
@@ -85,6 +91,7 @@ def _stage_program(
     program: list[Instruction] = []
     # (time the neighbour posts the receive, wait instruction), for sent gradients
     pending_grad_sends: list[tuple[float, Instruction]] = []
+    upstream = _begin_times(orders[j - 1], start, j - 1) if j > 0 else np.empty(0)
     p = 0
     for code in orders[j]:
         m, kind = code >> 1, code & 1
@@ -110,7 +117,7 @@ def _stage_program(
             program.append(Instruction("FreeBuffer", mb))
             if j > 0:
                 sent = float(end[m, j, BACKWARD])
-                posted = _first_begin_from(orders[j - 1], start, j - 1, sent)
+                posted = _first_begin_from(upstream, sent)
                 pending_grad_sends.append((posted, Instruction("WaitSendGrad", mb, j - 1)))
     program.extend(ins for _, ins in posts[p:])
     program.extend(ins for _, ins in pending_grad_sends)

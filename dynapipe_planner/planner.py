@@ -40,6 +40,10 @@ from .schedule import ScheduleChoice, search_schedule
 from .schedule.balance import rebalance_replicas, unbalanced
 
 BATCHING = ("dynamic", "packing", "padding", "token-budget")
+# The winner's replicas are rebalanced by makespan only while each holds at most this many
+# micro-batches: beyond, the work split is fine-grained, gaps are a few percent, and each move
+# costs full schedule searches over hundreds of micro-batches (planning time is the budget).
+REBALANCE_MAX_MICROBATCHES = 64
 SCHEDULES = ("adaptive", "1f1b")
 RECOMPUTE = ("auto", "none", "selective", "full")
 
@@ -179,7 +183,8 @@ class IterationPlanner:
                 break
         if best is None:
             raise PlanningError("no feasible plan. " + " | ".join(failures))
-        if unbalanced([c.timeline.makespan for c in best.choices]):  # the winner only
+        spans = [c.timeline.makespan for c in best.choices]
+        if unbalanced(spans) and max(map(len, best.replicas)) <= REBALANCE_MAX_MICROBATCHES:
             rebalanced = self._schedule(best.groups, best.costs, rebalanced_from=best)
             rebalanced.dp_passes, rebalanced.label = best.dp_passes, best.label
             best = rebalanced

@@ -47,6 +47,7 @@ class SelectionConfig:
     trials: int = 100
     seed: int = 0
     window: int | None = None
+    homogeneous: bool = True  # also price one-scheme strategies (not in the paper's set)
     packing: str = "lpt"
     recompute: str = "none"
     dtype: str = "bf16"
@@ -142,7 +143,9 @@ class StrategySelector:
         homogeneous = [
             Strategy.of({p.scheme: self.num_gpus // p.scheme.num_gpus})
             for p in self.profiles.values()
-            if p.max_len >= longest and p.scheme.num_gpus <= self.num_gpus
+            if self.config.homogeneous
+            and p.max_len >= longest
+            and p.scheme.num_gpus <= self.num_gpus
         ]
         return list(dict.fromkeys(proposed + homogeneous))
 
