@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,7 +41,7 @@ def micro_batch_range(lengths: np.ndarray, profile: SchemeProfile) -> range:
     return range(low, max(low, high) + 1)
 
 
-def pack_lpt(times: np.ndarray, lengths: np.ndarray, max_len: int, count: int):
+def pack_lpt(times: Sequence[float], lengths: Sequence[int], max_len: int, count: int):
     """Longest processing time first into `count` micro-batches of at most `max_len` tokens:
     each sequence goes to the least loaded micro-batch with room. None when one does not fit."""
     bins: list[list[int]] = [[] for _ in range(count)]
@@ -107,21 +108,22 @@ def pack_pipeline(
             f"sequence {i} (length {lengths[i]}) exceeds MaxLen {profile.max_len} of "
             f"{profile.scheme}"
         )
-    times = profile.time(lengths.astype(np.float64))
+    times = profile.time(lengths.astype(np.float64)).tolist()  # plain floats: tiny inputs
+    tokens = lengths.tolist()
     best = None
     for count in micro_batch_range(lengths, profile):
         if method == "lpt":
-            bins = pack_lpt(times, lengths, profile.max_len, count)
+            bins = pack_lpt(times, tokens, profile.max_len, count)
         else:
-            bins = pack_exact(times, lengths, profile.max_len, count, time_limit_s)
+            bins = pack_exact(np.array(times), lengths, profile.max_len, count, time_limit_s)
         if bins is None:
             continue
-        slowest = max(float(times[b].sum()) for b in bins)
+        slowest = max(sum(times[i] for i in b) for b in bins)
         objective = slowest * (profile.scheme.pp - 1 + len(bins))
         if best is None or objective < best.objective:
             best = Packing(tuple(tuple(b) for b in bins), objective)
     if best is None:  # one sequence per micro-batch always fits
         bins = [[i] for i in range(len(lengths))]
-        slowest = float(times.max())
+        slowest = max(times)
         best = Packing(tuple(tuple(b) for b in bins), slowest * (profile.scheme.pp - 1 + len(bins)))
     return best
