@@ -1,13 +1,13 @@
 """Hydraulis plan quality (issue #4): predicted per-iteration latency of dynamic heterogeneous
 strategies against homogeneous baselines, and the ablation of seed hydraulis.txt Fig. 13.
 
-Workload: LLaMA-2 style 7B / 13B / 32B (`llama-*` presets) on A800 GPUs (8 per node, TP within
-a node), contexts 16K and 32K, SYNTHETIC CommonCrawl-like lengths truncated at the context,
-12.5K tokens per GPU per iteration, the same global batches for every method. Every latency is
-the planner core's schedule timeline for each pipeline's micro-batches on that pipeline's
-analytic cost model (the timeline the simulator reproduces), the iteration's being its slowest
-pipeline's. Baselines (`dynapipe_planner.strategy.baselines`) get their best homogeneous
-scheme, picked on the first iterations:
+Workload: LLaMA-2 style 7B / 13B / 32B (`llama-*` presets) on A800 GPUs (8 per node, TP up to
+16 as in the paper's 32B runs), contexts 16K and 32K, SYNTHETIC CommonCrawl-like lengths
+truncated at the context, 12.5K tokens per GPU per iteration, the same global batches for every
+method. Every latency is the planner core's schedule timeline for each pipeline's micro-batches
+on that pipeline's analytic cost model (the timeline the simulator reproduces), the iteration's
+being its slowest pipeline's. Baselines (`dynapipe_planner.strategy.baselines`) get their best
+homogeneous scheme, picked on the first iterations:
 - megatron: packing to the context length, rows split evenly, 1F1B;
 - dp-balanced: the same rows balanced over pipelines by attention-aware cost;
 - hotspa: the best scheme for each of the caps context/4, /2, /1 by GPU-seconds per token at
@@ -58,6 +58,7 @@ CONTEXTS = (16384, 32768)
 GPU = "A800"
 TOKENS_PER_GPU = 12_500
 PICK_ITERATIONS = 4
+MAX_TP = 16  # Hydraulis's 32B runs use TP16 across two nodes (its Table 3)
 
 
 def selected(selector: StrategySelector, batch: np.ndarray) -> IterationLatency:
@@ -78,7 +79,8 @@ def setting(model_name: str, num_gpus: int, context: int, iterations: int, trial
     gpu = get_gpu(GPU)
     tokens = TOKENS_PER_GPU * num_gpus
     models = analytic_scheme_models(model, gpu, num_gpus)
-    profiles = profile_schemes(scheme_space(model, num_gpus), scheme_tables(models, context))
+    schemes = scheme_space(model, num_gpus, max_tp=MAX_TP)
+    profiles = profile_schemes(schemes, scheme_tables(models, context))
     data = np.minimum(sample_lengths("commoncrawl", 300_000, seed=0), context)
     stream = global_batches(data, tokens, seed=1)
     batches = [data[next(stream)] for _ in range(iterations)]
