@@ -89,7 +89,10 @@ def test_plans_are_keyed_by_iteration_whatever_the_order():
             service.get(12)
         with pytest.raises(PlanningServiceError, match="iteration 14: the work source ended"):
             service.get(14)
-        assert all(s is not None and s > 0 for s in service.worker_startup_s)
+        # A worker that started late, after the other had planned everything, may not have
+        # reported yet (its "ready" is read with its first plan): only reported times count.
+        reported = [s for s in service.worker_startup_s if s is not None]
+        assert reported and all(s > 0 for s in reported)
     assert_no_children(service)
 
 
