@@ -1,18 +1,20 @@
 """Per-iteration strategy selection: Hydraulis (seed hydraulis.txt) §4, steps 1-4, with the
 planner core inside every pipeline.
 
-For each global batch, the candidate strategies proposed for maximum lengths from the batch's
-longest sequence up to `window` histogram intervals beyond it are priced by the two-stage
-assignment: dispatch across pipelines (§6.2, `dispatch`) then Eq. 1 packing within each
-(§6.1, `pack_pipeline`); the slowest pipeline's Eq. 1 latency is the strategy's estimate and the
-lowest estimate wins (step 4).
+For each global batch, the candidates are the strategies proposed for maximum lengths from the
+batch's longest sequence upwards (or `window` lengths above it) and, by default, the
+homogeneous strategy of every scheme that holds the batch. Each is assigned in two stages:
+dispatch across pipelines (§6.2, `dispatch`), then Eq. 1 packing within each (§6.1,
+`pack_pipeline`). The paper prices a strategy by its slowest pipeline's Eq. 1 latency
+(`estimate="eq1"`); by default we price each pipeline as the planner core will plan it, so the
+choice matches the latency it will have, and then move the winner's sequences between its
+pipelines while that lowers its planned latency.
 
-The winner is then planned for real, pipeline by pipeline, by the planner core on that
-pipeline's own cost model, so its latency is a schedule timeline (what the simulator checks),
-not an estimate: with `inside="packing"` (Hydraulis) each pipeline runs its Eq. 1 micro-batches
-under 1F1B; with `inside="dynapipe"` (our extension) DynaPipe's DP builds the micro-batches of
-the pipeline's sequences and the adaptive schedule runs them (seed dynapipe.txt §4-§5).
-"""
+The winner is planned pipeline by pipeline by the planner core on that pipeline's own cost
+model: with `inside="packing"` (Hydraulis) each pipeline runs its Eq. 1 micro-batches under
+1F1B; with `inside="dynapipe"` (our extension) DynaPipe's DP builds the micro-batches of the
+pipeline's sequences and the adaptive schedule runs them (seed dynapipe.txt §4-§5), the Eq. 1
+packing kept as an option."""
 
 from __future__ import annotations
 
@@ -149,13 +151,13 @@ class StrategySelector:
         ]
         return list(dict.fromkeys(proposed + homogeneous))
 
-    def assign(self, lengths: np.ndarray, strategy: Strategy) -> Assignment:
+    def assign(self, prices: _BatchPrices, strategy: Strategy) -> Assignment:
         """Two-stage assignment of one batch to one strategy (dispatch, then Eq. 1 packing)."""
         cfg = self.config
         profiles = list(self.profiles.values())
-        placed = dispatch(lengths, strategy, profiles, trials=cfg.trials, seed=cfg.seed)
+        placed = dispatch(prices.lengths, strategy, profiles, trials=cfg.trials, seed=cfg.seed)
         packings = tuple(
-            pack_pipeline(lengths[placed.assignment == j], self.profiles[s], method=cfg.packing)
+            prices.packing(s, _members(placed.assignment, j))
             for j, s in enumerate(placed.pipelines)
         )
         return Assignment(strategy, placed, packings)
@@ -164,56 +166,44 @@ class StrategySelector:
         """Steps 1-4 for one batch, then the winner planned pipeline by pipeline."""
         lengths = np.asarray(lengths, dtype=np.int64)
         ids = np.arange(len(lengths)) if sample_ids is None else np.asarray(sample_ids)
+        prices = _BatchPrices(self, lengths)
         best, estimates, failures = None, {}, []
         for strategy in self.candidates(int(lengths.max())):
             try:
-                assignment = self.assign(lengths, strategy)
+                assignment = self.assign(prices, strategy)
             except PlanningError as err:
                 failures.append(f"{strategy}: {err}")
                 continue
-            estimates[strategy] = self._score(assignment, lengths)
+            estimates[strategy] = self._score(assignment, prices)
             if best is None or estimates[strategy] < estimates[best.strategy]:
                 best = assignment
         if best is None:
             raise PlanningError("no candidate strategy can take this batch: " + "; ".join(failures))
         if self.config.estimate == "planned":
-            best = self._rebalanced(best, lengths)
-        return IterationChoice(best, self._plan_pipelines(best, lengths, ids), estimates)
+            best = self._rebalanced(best, prices)
+        return IterationChoice(best, self._plan_pipelines(best, prices, ids), estimates)
 
-    def _rebalanced(self, assignment: Assignment, lengths: np.ndarray) -> Assignment:
+    def _rebalanced(self, assignment: Assignment, prices: _BatchPrices) -> Assignment:
         """The winner's sequences moved off its slowest pipeline while that lowers the
         planned latency (`rebalance_replicas`, priced by the planner core): the dispatch
         balances Eq. 2 bounds, which miss what the schedule adds."""
         placed = assignment.dispatch
-        schemes = placed.pipelines
-        cache: dict[tuple[int, tuple[int, ...]], tuple[float, Packing | None]] = {}
-
-        def priced(j: int, members: tuple[int, ...]) -> tuple[float, Packing | None]:
-            if (j, members) not in cache:
-                own, profile = lengths[list(members)], self.profiles[schemes[j]]
-                if own.max() > profile.max_len:
-                    cache[j, members] = (math.inf, None)
-                else:
-                    packing = pack_pipeline(own, profile, method=self.config.packing)
-                    cache[j, members] = (self._micro_batches(schemes[j], own, packing)[1], packing)
-            return cache[j, members]
-
-        parts = [tuple(np.flatnonzero(placed.assignment == j)) for j in range(len(schemes))]
+        schemes, lengths = placed.pipelines, prices.lengths
+        parts = [_members(placed.assignment, j) for j in range(len(schemes))]
         stage_time = np.array(
             [
                 float(self.profiles[schemes[j]].time(lengths[i]))
                 for i, j in enumerate(placed.assignment)
             ]
         )
-        moved = rebalance_replicas(parts, lambda j, m: priced(j, m)[0], stage_time)
+        moved = rebalance_replicas(parts, lambda j, m: prices.latency(schemes[j], m), stage_time)
         if moved == parts:
             return assignment
         where = np.empty(len(lengths), dtype=np.int64)
         for j, members in enumerate(moved):
             where[list(members)] = j
         packings = tuple(
-            priced(j, members)[1] if members else Packing((), 0.0)
-            for j, members in enumerate(moved)
+            prices.packing(s, members) for s, members in zip(schemes, moved, strict=True)
         )
         bounds = [
             pipeline_bound(self.profiles[s].time(lengths[where == j]), s.pp)
@@ -221,30 +211,16 @@ class StrategySelector:
         ]
         return Assignment(assignment.strategy, Dispatch(schemes, where, max(bounds)), packings)
 
-    def _score(self, assignment: Assignment, lengths: np.ndarray) -> float:
+    def _score(self, assignment: Assignment, prices: _BatchPrices) -> float:
         """The paper's Eq. 1 estimate, or (`estimate="planned"`) each pipeline's time as the
         planner core will plan it, so the choice matches the latency it will have."""
         if self.config.estimate == "eq1":
             return assignment.estimate
-        slowest = 0.0
-        for j, scheme in enumerate(assignment.dispatch.pipelines):
-            own = lengths[assignment.dispatch.assignment == j]
-            if len(own):
-                slowest = max(slowest, self._micro_batches(scheme, own, assignment.packings[j])[1])
-        return slowest
-
-    def _micro_batches(
-        self, scheme: ParallelScheme, lengths: np.ndarray, packing: Packing
-    ) -> tuple[list[Group] | None, float]:
-        """A pipeline's micro-batches for the planner core (None: DynaPipe's DP decides) and
-        their predicted time. Inside DynaPipe the Eq. 1 packing stays an option under the
-        adaptive schedule: with a handful of long sequences it can beat the DP's split."""
-        planner = self.planner(scheme)
-        packed = packed_groups(lengths, packing)
-        options = [packed] if self.config.inside == "packing" else [None, packed]
-        timed = [(planner.predict(lengths, groups), k) for k, groups in enumerate(options)]
-        latency, k = min(timed)
-        return options[k], latency
+        placed = assignment.dispatch
+        return max(
+            prices.latency(s, _members(placed.assignment, j))
+            for j, s in enumerate(placed.pipelines)
+        )
 
     def plan(self, lengths: np.ndarray, sample_ids: np.ndarray | None = None) -> ExecutionPlan:
         """`select`, then the winner as one heterogeneous ExecutionPlan for the runtime (what
@@ -264,26 +240,75 @@ class StrategySelector:
         return merge_pipeline_plans(plans, layouts)
 
     def _plan_pipelines(
-        self, assignment: Assignment, lengths: np.ndarray, ids: np.ndarray
+        self, assignment: Assignment, prices: _BatchPrices, ids: np.ndarray
     ) -> tuple[PipelinePlan, ...]:
         pipelines = []
         placed = assignment.dispatch
-        for j, (scheme, packing) in enumerate(
-            zip(placed.pipelines, assignment.packings, strict=True)
-        ):
-            mine = np.flatnonzero(placed.assignment == j)
-            if len(mine) == 0:
+        for j, scheme in enumerate(placed.pipelines):
+            members = _members(placed.assignment, j)
+            mine = np.array(members, dtype=np.int64)
+            if not members:
                 pipelines.append(PipelinePlan(scheme, mine, None))
                 continue
-            own = lengths[mine]
-            groups, _ = self._micro_batches(scheme, own, packing)
-            plan = self.planner(scheme).plan(own, ids[mine], groups=groups)
+            groups = prices.micro_batches(scheme, members)[0]
+            plan = self.planner(scheme).plan(prices.lengths[mine], ids[mine], groups=groups)
             pipelines.append(PipelinePlan(scheme, mine, plan))
         return tuple(pipelines)
 
     def planner(self, scheme: ParallelScheme) -> IterationPlanner:
         """The planner core that plans `scheme`'s pipelines (`inside` decides which)."""
         return self.planners.of(scheme, self.config.inside)
+
+
+class _BatchPrices:
+    """Each pipeline of one batch priced once, however often selection, rebalancing and
+    planning ask: its Eq. 1 packing, then the planner core's micro-batches and predicted time.
+    Keyed by (scheme, sorted sequence indices); the planner core is deterministic."""
+
+    def __init__(self, selector: StrategySelector, lengths: np.ndarray) -> None:
+        self.selector, self.lengths = selector, lengths
+        self._packings: dict[tuple[ParallelScheme, tuple[int, ...]], Packing] = {}
+        self._planned: dict[tuple[ParallelScheme, tuple[int, ...]], tuple] = {}
+
+    def packing(self, scheme: ParallelScheme, members: tuple[int, ...]) -> Packing:
+        key = (scheme, members)
+        if key not in self._packings:
+            cfg, profile = self.selector.config, self.selector.profiles[scheme]
+            own = self.lengths[list(members)]
+            self._packings[key] = pack_pipeline(own, profile, method=cfg.packing)
+        return self._packings[key]
+
+    def micro_batches(
+        self, scheme: ParallelScheme, members: tuple[int, ...]
+    ) -> tuple[list[Group] | None, float]:
+        """Micro-batches for the planner core (None: DynaPipe's DP decides) and their predicted
+        time. Inside DynaPipe the Eq. 1 packing stays an option under the adaptive schedule:
+        with a handful of long sequences it can beat the DP's split."""
+        key = (scheme, members)
+        if key not in self._planned:
+            own = self.lengths[list(members)]
+            planner = self.selector.planner(scheme)
+            packed = packed_groups(own, self.packing(scheme, members))
+            dynapipe = self.selector.config.inside == "dynapipe"
+            options = [None, packed] if dynapipe else [packed]
+            timed = [(planner.predict(own, groups), k) for k, groups in enumerate(options)]
+            latency, k = min(timed)
+            self._planned[key] = (options[k], latency)
+        return self._planned[key]
+
+    def latency(self, scheme: ParallelScheme, members: tuple[int, ...]) -> float:
+        """Predicted time of these sequences on a pipeline of `scheme`: 0 for none, inf when
+        one is longer than its MaxLen."""
+        if not members:
+            return 0.0
+        if self.lengths[list(members)].max() > self.selector.profiles[scheme].max_len:
+            return math.inf
+        return self.micro_batches(scheme, members)[1]
+
+
+def _members(assignment: np.ndarray, pipeline: int) -> tuple[int, ...]:
+    """Sorted indices of the sequences dispatched to `pipeline`."""
+    return tuple(np.flatnonzero(assignment == pipeline).tolist())
 
 
 @dataclass(frozen=True)
