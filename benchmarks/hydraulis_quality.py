@@ -113,7 +113,7 @@ def setting(model_name: str, num_gpus: int, context: int, iterations: int, trial
     bandwidth = gpu.intra_node_bandwidth if num_gpus <= 8 else gpu.inter_node_bandwidth
     params = sum(model.layer_params(k) for k in model.layer_kinds()) + model.embedding_params()
     switch_s = 2.0 * params / bandwidth
-    homogeneous_best = Strategy.of({mega_best.scheme: num_gpus // mega_best.scheme.num_gpus})
+    homogeneous_best = Strategy.homogeneous(mega_best.scheme, num_gpus)
     static = proposals[-1].strategies[0]
     profiles_list = list(profiles)
     methods = {

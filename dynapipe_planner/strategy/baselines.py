@@ -54,11 +54,6 @@ def per_gpu(
     return busy
 
 
-def homogeneous(profile: SchemeProfile, num_gpus: int) -> Strategy:
-    """The one-scheme strategy that uses as many of the GPUs as fit."""
-    return Strategy.of({profile.scheme: num_gpus // profile.scheme.num_gpus})
-
-
 def _fixed_rows(lengths: np.ndarray, row_len: int) -> list[list[int]]:
     return first_fit_decreasing(np.minimum(lengths, row_len), row_len)
 

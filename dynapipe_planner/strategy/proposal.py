@@ -45,6 +45,11 @@ class Strategy:
     def of(cls, counts: dict[ParallelScheme, int]) -> Strategy:
         return cls(tuple(sorted((s, d) for s, d in counts.items() if d > 0)))
 
+    @classmethod
+    def homogeneous(cls, scheme: ParallelScheme, num_gpus: int) -> Strategy:
+        """The one-scheme strategy with as many pipelines as fit on `num_gpus`."""
+        return cls.of({scheme: num_gpus // scheme.num_gpus})
+
     @property
     def num_gpus(self) -> int:
         return sum(s.num_gpus * d for s, d in self.pipelines)

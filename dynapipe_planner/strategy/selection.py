@@ -143,7 +143,7 @@ class StrategySelector:
         end = len(self.proposals) if window is None else first + 1 + window
         proposed = [s for p in self.proposals[first:end] for s in p.strategies]
         homogeneous = [
-            Strategy.of({p.scheme: self.num_gpus // p.scheme.num_gpus})
+            Strategy.homogeneous(p.scheme, self.num_gpus)
             for p in self.profiles.values()
             if self.config.homogeneous
             and p.max_len >= longest
