@@ -281,8 +281,8 @@ def _describe(pipelines: np.ndarray, profiles: tuple[SchemeProfile, ...]) -> str
 def integer_proposal_dp(iw: IntervalWork, num_gpus: int) -> tuple[np.ndarray, list[Strategy]]:
     """Eq. 4 over whole GPUs and pipelines: t[N][l] and S[N][l] for l = 1..L intervals.
 
-    Exact but O(K N^2 L^2): a reference for small instances (tests, `--exact`), where the
-    relaxation is what scales.
+    Exact but O(K N^2 L^2): the reference for small instances (the tests hold it to exhaustive
+    enumeration and the relaxation below it); the relaxation is what scales.
     """
     num_intervals, num_schemes = iw.work.shape
     gpus = [p.scheme.num_gpus for p in iw.profiles]
