@@ -57,7 +57,15 @@ def _train_until(
 
 
 def _dies(rank: int, world: int, dying_rank: int, layout: list[str]) -> tuple[str, float]:
-    return _train_until(rank, dying_rank, lambda: os._exit(1), layout)
+    return _train_until(rank, dying_rank, _die_after_the_handoff, layout)
+
+
+def _die_after_the_handoff() -> None:
+    """Exit mid-iteration, once the other rank has had time to read this iteration's plan: rank
+    0 serves the plan store, and dying while the survivor still fetches the plan is the store's
+    loss (`PlanChannel.fetch` names the planning rank then), not a peer lost mid-step."""
+    time.sleep(1.0)
+    os._exit(1)
 
 
 @pytest.mark.parametrize(

@@ -22,9 +22,11 @@ that is once per "waiting for plan" line.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -130,11 +132,23 @@ class PlanChannel:
             return ExecutionPlan.from_bytes(self._published.pop(iteration), source)
         key = self._key(iteration)
         self._wait(key, iteration, timeout)
-        data = self.store.get(key)
-        if self.store.add(f"{key}/acks", 1) == self.world_size - 1:
-            self.store.delete_key(key)
-            self.store.delete_key(f"{key}/acks")
+        with self._store_lost(iteration, "reading"):
+            data = self.store.get(key)
+            if self.store.add(f"{key}/acks", 1) == self.world_size - 1:
+                self.store.delete_key(key)
+                self.store.delete_key(f"{key}/acks")
         return ExecutionPlan.from_bytes(data, source)
+
+    @contextlib.contextmanager
+    def _store_lost(self, iteration: int, doing: str) -> Iterator[None]:
+        """A store that drops the connection means its server, the planning rank, is gone."""
+        try:
+            yield
+        except dist.DistNetworkError as e:
+            raise PlanningServiceError(
+                f"rank {self.rank}: lost the plan store of rank {self.publisher_rank} (the "
+                f"planner) while {doing} the plan of iteration {iteration}: {e}"
+            ) from e
 
     def _key(self, iteration: int) -> str:
         return f"{self.prefix}/{iteration}"
@@ -151,15 +165,11 @@ class PlanChannel:
                     f"is it alive, and is its planner keeping up?"
                 )
             try:
-                self.store.wait([key], timedelta(seconds=min(remaining, self.log_interval_s)))
+                with self._store_lost(iteration, "waiting for"):
+                    self.store.wait([key], timedelta(seconds=min(remaining, self.log_interval_s)))
                 return
             except dist.DistStoreError:
                 pass  # not there yet
-            except dist.DistNetworkError as e:
-                raise PlanningServiceError(
-                    f"rank {self.rank}: lost the plan store of rank {self.publisher_rank} (the "
-                    f"planner) while waiting for iteration {iteration}: {e}"
-                ) from e
             if time.monotonic() < deadline:
                 self._log.warning(
                     "rank %d waiting for plan of iteration %d from rank %d (the planner), "
