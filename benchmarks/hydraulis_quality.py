@@ -3,11 +3,13 @@ strategies against homogeneous baselines, and the ablation of seed hydraulis.txt
 
 Workload: LLaMA-2 style 7B / 13B / 32B (`llama-*` presets) on A800 GPUs (8 per node, TP up to
 16 as in the paper's 32B runs), contexts 16K and 32K, SYNTHETIC CommonCrawl-like lengths
-truncated at the context, 12.5K tokens per GPU per iteration, the same global batches for every
-method. Every latency is the planner core's schedule timeline for each pipeline's micro-batches
-on that pipeline's analytic cost model (the timeline the simulator reproduces), the iteration's
-being its slowest pipeline's. Baselines (`dynapipe_planner.strategy.baselines`) get their best
-homogeneous scheme, picked on the first iterations:
+truncated at the context, 200K tokens per iteration in every setting (the paper's workload for
+its scalability study, Fig. 11, and its solve times, App. E; `--tokens-per-iteration`), the
+same global batches for every method. Every latency is the planner core's schedule timeline
+for each pipeline's micro-batches on that pipeline's analytic cost model (the timeline the
+simulator reproduces), the iteration's being its slowest pipeline's. Baselines
+(`dynapipe_planner.strategy.baselines`) get their best homogeneous scheme, picked on the first
+iterations:
 - megatron: packing to the context length, rows split evenly, 1F1B;
 - dp-balanced: the same rows balanced over pipelines by attention-aware cost;
 - hotspa: the best scheme for each of the caps context/4, /2, /1 by GPU-seconds per token at
@@ -15,7 +17,9 @@ homogeneous scheme, picked on the first iterations:
   (one node) or the network between them (generous: no optimiser-state movement).
 Ablation: (a) best homogeneous scheme + greedy dispatch + packing to MaxLen, (b) + Eq. 1
 packing, (c) + the heterogeneous strategy proposed for the context length (static), (d) +
-per-iteration selection, (e) + DynaPipe micro-batching inside pipelines = ours.
+per-iteration selection, (e) + DynaPipe micro-batching inside pipelines = ours. Every row's
+dispatch prices short sequences as packed (`dispatch(packed=True)`, our extension), and (d)
+also prices strategies proposed from each batch's own lengths (`batch_proposals`).
 Imbalance is (busiest - idlest GPU) / busiest GPU per iteration, averaged.
 """
 
@@ -56,7 +60,7 @@ SETTINGS = (
 )
 CONTEXTS = (16384, 32768)
 GPU = "A800"
-TOKENS_PER_GPU = 12_500
+TOKENS_PER_ITERATION = 200_000
 PICK_ITERATIONS = 4
 MAX_TP = 16  # Hydraulis's 32B runs use TP16 across two nodes (its Table 3)
 
@@ -74,10 +78,11 @@ def best_of(candidates, run, batches):
     return min(candidates, key=lambda c: np.mean([run(c, b).latency for b in batches]))
 
 
-def setting(model_name: str, num_gpus: int, context: int, iterations: int, trials: int):
+def setting(
+    model_name: str, num_gpus: int, context: int, iterations: int, trials: int, tokens: int
+):
     model = MODEL_PRESETS[model_name]
     gpu = get_gpu(GPU)
-    tokens = TOKENS_PER_GPU * num_gpus
     models = analytic_scheme_models(model, gpu, num_gpus)
     schemes = scheme_space(model, num_gpus, max_tp=MAX_TP)
     profiles = profile_schemes(schemes, scheme_tables(models, context))
@@ -121,13 +126,25 @@ def setting(model_name: str, num_gpus: int, context: int, iterations: int, trial
         "dp-balanced": lambda b: dp_balanced(dpb_best, b),
         "hotspa": lambda b: hotspa_iteration(b, hot_stages, num_gpus, planners, switch_s),
         "(a) dispatch+max": lambda b: dispatched_iteration(
-            b, homogeneous_best, profiles_list, planners, packing="max", trials=trials
+            b,
+            homogeneous_best,
+            profiles_list,
+            planners,
+            packing="max",
+            trials=trials,
+            packed_dispatch=True,
         ),
         "(b) +Eq.1 pack": lambda b: dispatched_iteration(
-            b, homogeneous_best, profiles_list, planners, packing="eq1", trials=trials
+            b,
+            homogeneous_best,
+            profiles_list,
+            planners,
+            packing="eq1",
+            trials=trials,
+            packed_dispatch=True,
         ),
         "(c) +hetero": lambda b: dispatched_iteration(
-            b, static, profiles_list, planners, packing="eq1", trials=trials
+            b, static, profiles_list, planners, packing="eq1", trials=trials, packed_dispatch=True
         ),
         "(d) +selection": lambda b: selected(packing, b),
         "(e) +DynaPipe=ours": lambda b: selected(ours, b),
@@ -153,6 +170,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=100)
     parser.add_argument("--trials", type=int, default=100, help="dispatch trials (App. D.2)")
     parser.add_argument("--models", nargs="*", default=None, help="subset of the settings")
+    parser.add_argument("--tokens-per-iteration", type=int, default=TOKENS_PER_ITERATION)
     args = parser.parse_args()
     print(__doc__)
     summary = []
@@ -162,7 +180,12 @@ def main() -> None:
         for context in CONTEXTS:
             started = time.perf_counter()
             results, chosen, tokens = setting(
-                model_name, num_gpus, context, args.iterations, args.trials
+                model_name,
+                num_gpus,
+                context,
+                args.iterations,
+                args.trials,
+                args.tokens_per_iteration,
             )
             ours = results["(e) +DynaPipe=ours"][0]
             print(

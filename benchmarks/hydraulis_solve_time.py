@@ -38,8 +38,9 @@ PAPER = {64: (2.03, 5.46, 10.15), 1024: (107.21, 38.56, 13.46)}  # proposal, dis
 SETTINGS = ((64, 200_000), (1024, 3_200_000))
 CONTEXT = 32768
 # The paper's candidate set: the proposals around the batch's maximum length, no extra
-# homogeneous strategies (our selection adds those by default, at several times the work).
-PAPER_CANDIDATES = {"window": 4, "homogeneous": False}
+# homogeneous strategies or per-batch proposals (our selection adds those by default, at
+# several times the work).
+PAPER_CANDIDATES = {"window": 4, "homogeneous": False, "batch_candidates": 0}
 
 
 def measure(num_gpus: int, tokens: int, iterations: int, trials: int) -> tuple[float, ...]:
@@ -63,7 +64,7 @@ def measure(num_gpus: int, tokens: int, iterations: int, trials: int) -> tuple[f
     priced = 0
     for _ in range(iterations):
         batch = lengths[next(batches)]
-        for strategy in selector.candidates(int(batch.max())):
+        for strategy in selector.candidates(batch):
             started = time.process_time()
             placed = dispatch(batch, strategy, profiles, trials=trials)
             dispatch_s += time.process_time() - started

@@ -17,6 +17,7 @@ from dynapipe_planner.strategy.dispatch import (
     dispatch_exact,
     dispatch_reference,
     pipeline_bound,
+    sequence_times,
 )
 from dynapipe_planner.strategy.proposal import Strategy
 from dynapipe_planner.strategy.schemes import ParallelScheme, SchemeProfile
@@ -24,15 +25,18 @@ from dynapipe_planner.strategy.schemes import ParallelScheme, SchemeProfile
 SHORT, MEDIUM, LONG = ParallelScheme(1, 1), ParallelScheme(1, 2), ParallelScheme(2, 4)
 
 
-def profile(scheme: ParallelScheme, max_len: int, a: float, b: float, c: float) -> SchemeProfile:
+def profile(
+    scheme: ParallelScheme, max_len: int, util_len: int, a: float, b: float, c: float
+) -> SchemeProfile:
     lengths = np.array([1.0, float(max_len)])
-    return SchemeProfile(scheme, max_len, 1, (a, b, c), lengths, (a * lengths + b) * lengths + c)
+    times = (a * lengths + b) * lengths + c
+    return SchemeProfile(scheme, max_len, util_len, (a, b, c), lengths, times)
 
 
 PROFILES = [
-    profile(SHORT, 2000, 4e-9, 2e-4, 0.01),
-    profile(MEDIUM, 6000, 2e-9, 1e-4, 0.006),
-    profile(LONG, 16000, 5e-10, 3e-5, 0.003),
+    profile(SHORT, 2000, 300, 4e-9, 2e-4, 0.01),
+    profile(MEDIUM, 6000, 500, 2e-9, 1e-4, 0.006),
+    profile(LONG, 16000, 900, 5e-10, 3e-5, 0.003),
 ]
 
 strategies = st.tuples(st.integers(0, 4), st.integers(0, 2), st.integers(1, 2)).map(
@@ -46,11 +50,14 @@ strategies = st.tuples(st.integers(0, 4), st.integers(0, 2), st.integers(1, 2)).
     strategies,
     st.integers(1, 12),
     st.integers(0, 99),
+    st.booleans(),
 )
-def test_cpp_greedy_equals_the_reference_and_respects_max_len(lengths, strategy, trials, seed):
+def test_cpp_greedy_equals_the_reference_and_respects_max_len(
+    lengths, strategy, trials, seed, packed
+):
     lengths = np.array(lengths)
-    fast = dispatch(lengths, strategy, PROFILES, trials=trials, seed=seed)
-    slow = dispatch_reference(lengths, strategy, PROFILES, trials=trials, seed=seed)
+    fast = dispatch(lengths, strategy, PROFILES, trials=trials, seed=seed, packed=packed)
+    slow = dispatch_reference(lengths, strategy, PROFILES, trials=trials, seed=seed, packed=packed)
     assert fast.pipelines == slow.pipelines
     assert fast.assignment.tolist() == slow.assignment.tolist()
     assert fast.objective == slow.objective
@@ -60,8 +67,20 @@ def test_cpp_greedy_equals_the_reference_and_respects_max_len(lengths, strategy,
     for j, scheme in enumerate(fast.pipelines):
         mine = lengths[fast.assignment == j]
         assert np.all(mine <= max_len[scheme])
-        bounds.append(pipeline_bound(by_scheme[scheme].time(mine), scheme.pp))
+        times = sequence_times(by_scheme[scheme], mine, packed)
+        bounds.append(pipeline_bound(times, scheme.pp))
     assert fast.objective == pytest.approx(max(bounds), rel=1e-12)
+
+
+def test_packed_pricing_charges_a_short_sequence_its_share_of_a_util_len_row():
+    short = PROFILES[1]  # UtilLen 500
+    lengths = np.array([50.0, 250.0, 499.0, 500.0, 3000.0])
+    packed = short.packed_time(lengths)
+    row = float(short.time(500.0))
+    np.testing.assert_allclose(packed[:3], lengths[:3] / 500.0 * row, rtol=1e-12)
+    np.testing.assert_allclose(packed[3:], short.time(lengths[3:]), rtol=1e-12)
+    # Alone, the fixed per-sequence cost makes short sequences dearer than their share.
+    assert np.all(packed[:3] < short.time(lengths[:3]))
 
 
 def test_more_trials_never_do_worse():

@@ -23,10 +23,12 @@ from dynapipe_planner.strategy.cli import strategy_main
 from dynapipe_planner.strategy.proposal import (
     IntervalWork,
     Strategy,
+    _EstimateTable,
     estimate_latency,
     integer_proposal_dp,
     interval_work,
     propose_strategies,
+    refine_strategies,
     relaxed_proposal,
     round_strategy,
     unique_candidates,
@@ -173,6 +175,69 @@ def test_whole_relaxed_solution_is_kept_as_is():
     longest = max(p.max_len for p in iw.profiles[:2])
     found = round_strategy(pipelines, iw.profiles, 4, longest)
     assert Strategy.of({SMALL_SCHEMES[0]: 2, SMALL_SCHEMES[1]: 1}) in found
+
+
+def all_strategies(schemes: list[ParallelScheme], num_gpus: int) -> list[Strategy]:
+    """Every whole-pipeline strategy within `num_gpus` (small scheme sets only)."""
+    ranges = [range(num_gpus // s.num_gpus + 1) for s in schemes]
+    return [
+        Strategy.of(dict(zip(schemes, counts, strict=True)))
+        for counts in itertools.product(*ranges)
+        if 0 < sum(s.num_gpus * d for s, d in zip(schemes, counts, strict=True)) <= num_gpus
+    ]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000), st.integers(3, 6), st.integers(4, 14))
+def test_neighbourhood_prices_each_move_as_pricing_it_whole_does(seed, num_intervals, num_gpus):
+    iw = synthetic_work(seed, num_intervals, SMALL_SCHEMES)
+    table = _EstimateTable(iw, num_intervals)
+    base = np.random.default_rng(seed).integers(0, 3, size=len(SMALL_SCHEMES))
+    base[np.argmax([p.max_len for p in iw.profiles])] += 1
+    if base @ iw.gpus > num_gpus:
+        return
+    around, estimates = table.neighbourhood(base, num_gpus)
+    assert len(around) and np.all(around @ iw.gpus <= num_gpus) and np.all(around >= 0)
+    assert np.all(np.abs(around - base).sum(axis=1) <= 2)
+    np.testing.assert_allclose(estimates, table.of_counts(around), rtol=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000), st.integers(4, 14))
+def test_refinement_climbs_to_a_local_optimum_no_worse_than_its_starts(seed, num_gpus):
+    iw = synthetic_work(seed, 5, SMALL_SCHEMES)
+    relaxed = relaxed_proposal(iw, 5, num_gpus)
+    starts = list(round_strategy(relaxed.pipelines, iw.profiles, num_gpus, int(iw.upper[-1])))
+    found = refine_strategies(starts, iw, 5, num_gpus, keep=4, climbs=len(starts))
+    values = [v for v, _ in found]
+    assert values == sorted(values) and len({s for _, s in found}) == len(found)
+    assert all(s.num_gpus <= num_gpus for _, s in found)
+    assert all(v == estimate_latency(s, iw, 5) for v, s in found)
+    assert values[0] <= min(estimate_latency(s, iw, 5) for s in starts)
+    table = _EstimateTable(iw, 5)
+    _, around = table.neighbourhood(table.counts_of(found[0][1]), num_gpus)
+    assert around.min() >= values[0] * (1 - 1e-9)  # no single move improves the best
+
+
+def test_refinement_puts_gpus_stranded_by_rounding_to_work():
+    """Pipelines of 8 GPUs (the only one holding long sequences), 5 and 3 GPUs on 16: the
+    relaxation uses 0.89 x 8 + 1.78 x 5, every rounding ends at 8 + 5 GPUs and no used scheme
+    fits the 3 left; adding the 3-GPU scheme uses all 16, which is the exhaustive optimum."""
+    schemes = [ParallelScheme(2, 4), ParallelScheme(1, 5), ParallelScheme(1, 3)]
+    upper = np.array([100, 200])
+    work = np.array([[0.7, 1.0, 1.8], [0.5, math.inf, math.inf]])
+    profiles = tuple(
+        SchemeProfile(s, m, 1, (0.0, 0.0, 1.0), upper[:1], upper[:1])
+        for s, m in zip(schemes, (200, 100, 100), strict=True)
+    )
+    iw = IntervalWork(upper, work, np.ones(2, dtype=int), profiles)
+    relaxed = relaxed_proposal(iw, 2, 16)
+    starts = round_strategy(relaxed.pipelines, profiles, 16, 200)
+    assert all(s.num_gpus == 13 for s in starts)
+    (value, best), *_ = refine_strategies(list(starts), iw, 2, 16)
+    exhaustive = min(estimate_latency(s, iw, 2) for s in all_strategies(schemes, 16))
+    assert value == pytest.approx(exhaustive) and best.num_gpus == 16
+    assert value < min(estimate_latency(s, iw, 2) for s in starts)
 
 
 def test_scheme_space_follows_divisibility_and_gpu_count():

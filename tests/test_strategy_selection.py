@@ -13,7 +13,11 @@ from dynapipe_planner.errors import PlanningError
 from dynapipe_planner.model_spec import MODEL_PRESETS
 from dynapipe_planner.service import PlanningService
 from dynapipe_planner.simulate import simulate, verify_plan
-from dynapipe_planner.strategy.proposal import interval_work, propose_strategies
+from dynapipe_planner.strategy.proposal import (
+    batch_proposals,
+    interval_work,
+    propose_strategies,
+)
 from dynapipe_planner.strategy.schemes import (
     analytic_scheme_models,
     profile_schemes,
@@ -49,7 +53,7 @@ def test_selected_plans_pass_the_simulator_and_cover_the_batch(setting, inside):
         batch = lengths[ids]
         choice = selector.select(batch, ids)
         assert choice.estimates[choice.strategy] == min(choice.estimates.values())
-        assert set(choice.estimates) <= set(selector.candidates(int(batch.max())))
+        assert set(choice.estimates) <= set(selector.candidates(batch))
         assert choice.strategy.num_gpus <= NUM_GPUS
         planned = []
         for pipeline in choice.pipelines:
@@ -97,7 +101,28 @@ def test_candidates_come_from_the_window_above_the_batch_maximum(setting):
     selector = StrategySelector(profiles, proposals, models, NUM_GPUS, SelectionConfig(window=0))
     longest = proposals[len(proposals) // 2].max_len - 1
     own = next(p for p in proposals if p.max_len >= longest)
-    assert selector.candidates(longest)[: len(own.strategies)] == list(own.strategies)
+    assert selector.candidates(np.array([longest]))[: len(own.strategies)] == list(own.strategies)
+
+
+def test_proposals_from_the_batch_only_widen_the_choice(setting):
+    models, profiles, proposals, lengths = setting
+    paper = StrategySelector(
+        profiles, proposals, models, NUM_GPUS, SelectionConfig(batch_candidates=0, trials=10)
+    )
+    ours = StrategySelector(profiles, proposals, models, NUM_GPUS, SelectionConfig(trials=10))
+    max_len = {p.scheme: p.max_len for p in profiles}
+    batches = global_batches(lengths, TOKENS, seed=6)
+    for _ in range(2):
+        batch = lengths[next(batches)]
+        own = batch_proposals(batch, profiles, NUM_GPUS, keep=5)
+        assert 0 < len(own) <= 5
+        for strategy in own:
+            assert strategy.num_gpus <= NUM_GPUS
+            assert max(max_len[s] for s, _ in strategy.pipelines) >= batch.max()
+        assert set(paper.candidates(batch)) <= set(ours.candidates(batch))
+        assert min(ours.select(batch).estimates.values()) <= min(
+            paper.select(batch).estimates.values()
+        )
 
 
 def test_batch_beyond_every_proposal_and_bad_config_are_named(setting):

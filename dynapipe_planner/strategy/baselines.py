@@ -138,10 +138,12 @@ def dispatched_iteration(
     *,
     packing: str = "eq1",
     trials: int = 100,
+    packed_dispatch: bool = False,
 ) -> IterationLatency:
-    """Hydraulis's assignment on a fixed strategy: greedy dispatch (App. D.2), then packing to
-    MaxLen (`packing="max"`, first-fit decreasing) or by Eq. 1 (`"eq1"`), 1F1B per pipeline."""
-    placed = dispatch(lengths, strategy, profiles, trials=trials)
+    """Hydraulis's assignment on a fixed strategy: greedy dispatch (App. D.2, `packed_dispatch`
+    as in `dispatch`), then packing to MaxLen (`packing="max"`, first-fit decreasing) or by
+    Eq. 1 (`"eq1"`), 1F1B per pipeline."""
+    placed = dispatch(lengths, strategy, profiles, trials=trials, packed=packed_dispatch)
     by_scheme = {p.scheme: p for p in profiles}
     per = []
     for j, scheme in enumerate(placed.pipelines):

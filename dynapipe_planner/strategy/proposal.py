@@ -164,22 +164,49 @@ class Proposal:
 
 def propose_strategies(iw: IntervalWork, num_gpus: int, *, keep: int = 3) -> list[Proposal]:
     """For every maximum length the histogram holds, the `keep` best rounded strategies (§7)."""
-    proposals = []
+    proposals: list[Proposal] = []
     for intervals in np.flatnonzero(iw.counts) + 1:
         relaxed = relaxed_proposal(iw, intervals, num_gpus)
         longest = int(iw.upper[intervals - 1])
-        strategies = round_strategy(relaxed.pipelines, iw.profiles, num_gpus, longest)
+        strategies = round_strategy(relaxed.pipelines, iw.profiles, num_gpus, longest, 2)
         if not strategies:
             raise PlanningError(
                 f"no whole-pipeline strategy on {num_gpus} GPUs holds sequences of {longest} "
                 f"tokens; relaxed: {_describe(relaxed.pipelines, iw.profiles)}"
             )
-        estimates = estimate_latencies(list(strategies), iw, intervals)
-        ranked = sorted(zip(estimates.tolist(), strategies, strict=True), key=lambda x: x[0])[:keep]
+        # The previous length's candidates, already climbed from, are re-priced with the
+        # new roundings; a climb starts only where a new rounding beats them all.
+        previous = proposals[-1].strategies if proposals else ()
+        ranked = refine_strategies(
+            list(strategies), iw, intervals, num_gpus, keep=keep, climbs=1, settled=previous
+        )
         proposals.append(
             Proposal(longest, relaxed, tuple(s for _, s in ranked), tuple(e for e, _ in ranked))
         )
     return proposals
+
+
+def batch_proposals(
+    lengths: np.ndarray,
+    profiles: list[SchemeProfile],
+    num_gpus: int,
+    *,
+    starts: list[Strategy] = (),
+    keep: int = 10,
+    step: int = 128,
+) -> list[Strategy]:
+    """The proposal redone for one global batch (our extension of §7): the relaxation of
+    the batch's own length histogram, rounded and refined (`refine_strategies`, also from
+    `starts`), best estimate first. A batch's long tail differs from the dataset's - one
+    batch holds two 16K sequences, the next none - so the dataset's candidates leave its
+    large pipelines over- or under-loaded; the closed form makes a per-batch proposal cost
+    milliseconds, where the paper's DP took minutes and had to run offline."""
+    iw = interval_work(lengths, profiles, step=step)
+    intervals = len(iw.upper)
+    relaxed = relaxed_proposal(iw, intervals, num_gpus)
+    rounded = round_strategy(relaxed.pipelines, iw.profiles, num_gpus, int(np.max(lengths)))
+    found = refine_strategies([*rounded, *starts], iw, intervals, num_gpus, keep=keep)
+    return [strategy for _, strategy in found]
 
 
 def unique_candidates(proposals: list[Proposal]) -> list[Strategy]:
@@ -198,20 +225,126 @@ def estimate_latency(strategy: Strategy, iw: IntervalWork, intervals: int) -> fl
 
 def estimate_latencies(strategies: list[Strategy], iw: IntervalWork, intervals: int) -> np.ndarray:
     """`estimate_latency` of several strategies at once (one array pass per maximum length)."""
-    rows = np.flatnonzero(iw.counts[:intervals])
-    gpu_seconds = iw.work[rows] * iw.gpus[None, :]  # (R, K), inf where a scheme cannot hold
-    capable = np.isfinite(gpu_seconds)
-    gpus = np.zeros((len(strategies), len(iw.profiles)))  # GPUs per strategy and scheme
-    for n, strategy in enumerate(strategies):
+    table = _EstimateTable(iw, intervals)
+    return table.of_counts(np.array([table.counts_of(s) for s in strategies]))
+
+
+class _EstimateTable:
+    """`estimate_latency` over whole-pipeline counts per scheme, for one maximum length.
+
+    `neighbourhood` prices every strategy one move away from a base in O(R) each instead of
+    O(R K): a move drops at most one scheme from the base's set and adds at most one, so the
+    cheapest holder of each row is the base's minimum without the dropped scheme (kept per
+    used scheme) against the added scheme's own, and the capacity changes by two columns."""
+
+    def __init__(self, iw: IntervalWork, intervals: int) -> None:
+        self.iw = iw
+        rows = np.flatnonzero(iw.counts[:intervals])
+        self.gpu_seconds = iw.work[rows] * iw.gpus[None, :]  # (R, K), inf: cannot hold
+        # GPUs of one pipeline of each scheme that can hold each row; row K: no scheme.
+        self.capacity_of = np.zeros((len(iw.profiles) + 1, len(rows)))
+        self.capacity_of[:-1] = (np.isfinite(self.gpu_seconds) * iw.gpus[None, :]).T
+        self.none = len(iw.profiles)
+
+    @cached_property
+    def own(self) -> np.ndarray:
+        """Each scheme's GPU-seconds per row; row K (no scheme added) is inf."""
+        return np.vstack([self.gpu_seconds.T, np.full(self.gpu_seconds.shape[0], math.inf)])
+
+    def counts_of(self, strategy: Strategy) -> np.ndarray:
+        counts = np.zeros(len(self.iw.profiles), dtype=np.int64)
         for scheme, d in strategy.pipelines:
-            gpus[n, iw.column[scheme]] = scheme.num_gpus * d
-    used = gpus > 0
-    cheapest = np.where(used[:, None, :], gpu_seconds[None, :, :], math.inf).min(axis=2)
-    suffix = np.cumsum(cheapest[:, ::-1], axis=1)[:, ::-1]  # inf once some row has no holder
-    capacity = gpus @ capable.T.astype(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        bound = np.where(capacity > 0, suffix / capacity, math.inf)
-    return bound.max(axis=1)
+            counts[self.iw.column[scheme]] = d
+        return counts
+
+    def of_counts(self, counts: np.ndarray) -> np.ndarray:
+        used = counts > 0
+        cheapest = np.where(used[:, None, :], self.gpu_seconds[None, :, :], math.inf).min(axis=2)
+        return self._bound(cheapest, counts @ self.capacity_of[:-1])
+
+    def neighbourhood(self, count: np.ndarray, num_gpus: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every strategy within `num_gpus` one move from `count` (one pipeline more, one
+        fewer, or one swapped for another scheme) and its estimate."""
+        gpus = self.iw.gpus
+        used = np.flatnonzero(count)
+        spare = num_gpus - float(count @ gpus)
+        held = self.gpu_seconds[:, used]
+        base = held.min(axis=1) if len(used) else np.full(len(held), math.inf)
+        nothing = np.full_like(base, math.inf)
+        without = [  # row minimum over the base's schemes but one
+            np.delete(held, i, axis=1).min(axis=1) if len(used) > 1 else nothing
+            for i in range(len(used))
+        ]
+        minima = np.vstack([base, *without])  # row 0: the base; row 1 + i: without used[i]
+        drop, minus, plus = [], [], []
+        for b in np.flatnonzero(gpus <= spare):
+            drop.append(0), minus.append(self.none), plus.append(b)
+        for i, a in enumerate(used):
+            keeps_a = count[a] > 1
+            for b in [self.none, *np.flatnonzero(gpus <= spare + gpus[a])]:
+                if b == a:
+                    continue
+                drop.append(0 if keeps_a else 1 + i), minus.append(a), plus.append(b)
+        drop, minus, plus = np.array(drop), np.array(minus), np.array(plus)
+        counts = np.repeat(count[None, :], len(drop), axis=0)
+        rows = np.arange(len(drop))
+        counts[rows[minus < self.none], minus[minus < self.none]] -= 1
+        counts[rows[plus < self.none], plus[plus < self.none]] += 1
+        cheapest = np.minimum(minima[drop], self.own[plus])
+        capacity = count @ self.capacity_of[:-1] + self.capacity_of[plus] - self.capacity_of[minus]
+        return counts, self._bound(cheapest, capacity)
+
+    @staticmethod
+    def _bound(cheapest: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+        suffix = np.cumsum(cheapest[:, ::-1], axis=1)[:, ::-1]  # inf once a row has no holder
+        with np.errstate(divide="ignore", invalid="ignore"):
+            bound = np.where(capacity > 0, suffix / capacity, math.inf)
+        return bound.max(axis=1)
+
+
+def refine_strategies(
+    starts: list[Strategy],
+    iw: IntervalWork,
+    intervals: int,
+    num_gpus: int,
+    *,
+    keep: int = 8,
+    climbs: int = 2,
+    settled: tuple[Strategy, ...] = (),
+) -> list[tuple[float, Strategy]]:
+    """The `keep` best strategies by `estimate_latency` met while hill-climbing from the
+    `climbs` best starts over their integer neighbours: one more pipeline of any scheme that
+    fits the spare GPUs, one pipeline fewer, or one pipeline of a scheme replaced by one of
+    another scheme that fits. Rounding alone can strand GPUs that no used scheme fits (29 of
+    32 GPUs for 8 + 6 + 6 + 5 + 4-GPU pipelines); a neighbour that swaps schemes puts them to
+    work. The estimate is a relaxation, so more than the single best is kept for exact
+    pricing. `settled` strategies (local optima of a nearby problem) are priced and kept but
+    not climbed from, and no climb starts from a start they beat."""
+    table = _EstimateTable(iw, intervals)
+    offered = list(dict.fromkeys([*starts, *settled]))
+    counts = np.array([table.counts_of(s) for s in offered])
+    estimates = table.of_counts(counts)
+    met_counts, met_estimates = [counts], [estimates]
+    floor = min(estimates[len(offered) - len(settled) :], default=math.inf)
+    climbing = [k for k in range(len(offered) - len(settled)) if estimates[k] < floor]
+    for k in sorted(climbing, key=lambda k: estimates[k])[:climbs]:
+        count, current = counts[k], float(estimates[k])
+        while math.isfinite(current):
+            around, values = table.neighbourhood(count, num_gpus)
+            met_counts.append(around)
+            met_estimates.append(values)
+            best = int(np.argmin(values))
+            if not values[best] < current * (1 - 1e-9):
+                break
+            count, current = around[best], float(values[best])
+    every, values = np.vstack(met_counts), np.concatenate(met_estimates)
+    found: dict[Strategy, float] = {}
+    for i in np.argsort(values, kind="stable"):
+        if len(found) == keep or not math.isfinite(values[i]):
+            break
+        strategy = Strategy.of({iw.profiles[k].scheme: int(d) for k, d in enumerate(every[i]) if d})
+        found.setdefault(strategy, float(values[i]))
+    return [(value, strategy) for strategy, value in found.items()]
 
 
 def round_strategy(

@@ -85,6 +85,14 @@ class SchemeProfile:
         a, b, c = self.coef
         return (a * x + b) * x + c
 
+    def packed_time(self, lengths: np.ndarray | float) -> np.ndarray:
+        """T(l, P) of a sequence that shares a packed row: below UtilLen a sequence alone
+        runs small, inefficient kernels, but packed with others it costs its share l / U of
+        a UtilLen row's T(U); from UtilLen up, packing gains nothing and it costs T(l)."""
+        x = np.asarray(lengths, dtype=np.float64)
+        util = float(self.util_len)
+        return np.where(x < util, x * (self.time(util) / util), self.time(x))
+
     @property
     def fit_error(self) -> float:
         """Largest relative error of the quadratic fit over the sampled lengths."""

@@ -31,9 +31,9 @@ from ..plan import ExecutionPlan, RankPlan, ReplicaLayout, StageLayout
 from ..plan_merge import merge_pipeline_plans
 from ..planner import CostModel, IterationPlanner, PlannerConfig
 from ..schedule.balance import rebalance_replicas
-from .dispatch import Dispatch, dispatch, pipeline_bound
+from .dispatch import Dispatch, dispatch, pipeline_bound, sequence_times
 from .packing import Packing, pack_pipeline
-from .proposal import Proposal, Strategy
+from .proposal import Proposal, Strategy, batch_proposals
 from .schemes import ParallelScheme, SchemeProfile
 
 INSIDE = ("packing", "dynapipe")
@@ -50,6 +50,11 @@ class SelectionConfig:
     seed: int = 0
     window: int | None = None
     homogeneous: bool = True  # also price one-scheme strategies (not in the paper's set)
+    # Strategies proposed from the batch's own lengths (`batch_proposals`), 0: the paper's
+    # dataset-level candidates only.
+    batch_candidates: int = 10
+    packed_dispatch: bool = True  # dispatch prices short sequences packed (dispatch.py)
+    step: int = 128  # length-interval width of those proposals
     packing: str = "lpt"
     recompute: str = "none"
     dtype: str = "bf16"
@@ -126,12 +131,14 @@ class StrategySelector:
             cost_model_of, recompute=self.config.recompute, dtype=self.config.dtype
         )
 
-    def candidates(self, longest: int) -> list[Strategy]:
+    def candidates(self, lengths: np.ndarray) -> list[Strategy]:
         """Strategies proposed for the batch's maximum length and `window` lengths above it
-        (every longer one by default: all proposed strategies that hold the batch), then the
-        homogeneous strategy of every scheme that holds the batch: the relaxation prices
-        GPU-seconds, not a long sequence's trip through a small pipeline, so one large
-        scheme everywhere can still win an iteration."""
+        (every longer one by default: all proposed strategies that hold the batch), the
+        strategies proposed from the batch itself (`batch_proposals`), then the homogeneous
+        strategy of every scheme that holds the batch: the relaxation prices GPU-seconds,
+        not a long sequence's trip through a small pipeline, so one large scheme everywhere
+        can still win an iteration."""
+        longest = int(np.max(lengths))
         first = next((k for k, p in enumerate(self.proposals) if p.max_len >= longest), None)
         if first is None:
             top = self.proposals[-1].max_len
@@ -145,17 +152,35 @@ class StrategySelector:
         homogeneous = [
             Strategy.homogeneous(p.scheme, self.num_gpus)
             for p in self.profiles.values()
-            if self.config.homogeneous
-            and p.max_len >= longest
-            and p.scheme.num_gpus <= self.num_gpus
+            if p.max_len >= longest and p.scheme.num_gpus <= self.num_gpus
         ]
-        return list(dict.fromkeys(proposed + homogeneous))
+        own = (
+            batch_proposals(
+                lengths,
+                list(self.profiles.values()),
+                self.num_gpus,
+                starts=proposed + homogeneous,
+                keep=self.config.batch_candidates,
+                step=self.config.step,
+            )
+            if self.config.batch_candidates
+            else []
+        )
+        offered = homogeneous if self.config.homogeneous else []
+        return list(dict.fromkeys(proposed + own + offered))
 
     def assign(self, prices: _BatchPrices, strategy: Strategy) -> Assignment:
         """Two-stage assignment of one batch to one strategy (dispatch, then Eq. 1 packing)."""
         cfg = self.config
         profiles = list(self.profiles.values())
-        placed = dispatch(prices.lengths, strategy, profiles, trials=cfg.trials, seed=cfg.seed)
+        placed = dispatch(
+            prices.lengths,
+            strategy,
+            profiles,
+            trials=cfg.trials,
+            seed=cfg.seed,
+            packed=cfg.packed_dispatch,
+        )
         packings = tuple(
             prices.packing(s, _members(placed.assignment, j))
             for j, s in enumerate(placed.pipelines)
@@ -168,7 +193,7 @@ class StrategySelector:
         ids = np.arange(len(lengths)) if sample_ids is None else np.asarray(sample_ids)
         prices = _BatchPrices(self, lengths)
         best, estimates, failures = None, {}, []
-        for strategy in self.candidates(int(lengths.max())):
+        for strategy in self.candidates(lengths):
             try:
                 assignment = self.assign(prices, strategy)
             except PlanningError as err:
@@ -190,9 +215,10 @@ class StrategySelector:
         placed = assignment.dispatch
         schemes, lengths = placed.pipelines, prices.lengths
         parts = [_members(placed.assignment, j) for j in range(len(schemes))]
+        packed = self.config.packed_dispatch
         stage_time = np.array(
             [
-                float(self.profiles[schemes[j]].time(lengths[i]))
+                float(sequence_times(self.profiles[schemes[j]], lengths[i], packed))
                 for i, j in enumerate(placed.assignment)
             ]
         )
@@ -206,7 +232,7 @@ class StrategySelector:
             prices.packing(s, members) for s, members in zip(schemes, moved, strict=True)
         )
         bounds = [
-            pipeline_bound(self.profiles[s].time(lengths[where == j]), s.pp)
+            pipeline_bound(sequence_times(self.profiles[s], lengths[where == j], packed), s.pp)
             for j, s in enumerate(schemes)
         ]
         return Assignment(assignment.strategy, Dispatch(schemes, where, max(bounds)), packings)
