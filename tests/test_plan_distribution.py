@@ -94,3 +94,27 @@ def test_a_missing_plan_fails_in_time_naming_the_iteration():
         assert "no plan for iteration 1 after 0.7 s; rank 0 plans and publishes it" in r["error"]
         assert 0.6 < r["spent"] < 3
         assert any("waiting for plan of iteration 1 from rank 0" in m for m in r["log"])
+
+
+class _StoreThatDiesOnRead:
+    """A plan store whose server (the planning rank) goes away after announcing the plan."""
+
+    def wait(self, keys, timeout) -> None:
+        return None
+
+    def get(self, key):
+        import torch.distributed as dist
+
+        raise dist.DistNetworkError(f"Connection reset by peer while reading {key}")
+
+
+def test_a_store_lost_while_reading_names_the_planner_and_iteration():
+    from megatron.dynapipe.plan_distribution import PlanChannel
+
+    channel = PlanChannel(_StoreThatDiesOnRead(), 2, 3, timeout_s=5)
+    with pytest.raises(PlanningServiceError) as raised:
+        channel.fetch(7)
+    message = str(raised.value)
+    assert message.startswith("rank 2: lost the plan store of rank 0 (the planner)")
+    assert "while reading the plan of iteration 7" in message
+    assert "Connection reset by peer while reading dynapipe/plan/7" in message
