@@ -1,6 +1,6 @@
 """Hydraulis packing within a pipeline (dynapipe_planner.strategy.packing): every sequence
 packed once within MaxLen, V from the pruned range, CP-SAT optimal against brute force, and the
-default heuristic never better than the exact packing."""
+default heuristic never better than the exact packing; the C++ LPT is its Python reference."""
 
 from __future__ import annotations
 
@@ -12,7 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dynapipe_planner.errors import PlanningError
-from dynapipe_planner.strategy.packing import micro_batch_range, pack_exact, pack_pipeline
+from dynapipe_planner.strategy.packing import (
+    micro_batch_range,
+    pack_exact,
+    pack_pipeline,
+    pack_pipeline_reference,
+)
 from dynapipe_planner.strategy.schemes import ParallelScheme, SchemeProfile
 
 
@@ -21,6 +26,23 @@ def profile(max_len: int, util_len: int, pp: int = 4) -> SchemeProfile:
     lengths = np.array([1.0, float(max_len)])
     times = (a * lengths + b) * lengths + c
     return SchemeProfile(ParallelScheme(1, pp), max_len, util_len, (a, b, c), lengths, times)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.integers(1, 4000), min_size=1, max_size=60),
+    st.sampled_from([1, 2, 4, 8]),
+    st.sampled_from([(4000, 500), (6000, 64), (4000, 4000)]),
+)
+def test_cpp_lpt_equals_the_python_reference(lengths, pp, limits):
+    p = profile(*limits, pp)
+    lengths = np.array(lengths)
+    reference = pack_pipeline_reference(lengths, p)
+    packing = pack_pipeline(lengths, p)
+    if reference is None:  # no count of the range fits: one micro-batch per sequence
+        assert packing.microbatches == tuple((i,) for i in range(len(lengths)))
+    else:
+        assert packing == reference
 
 
 @settings(max_examples=80, deadline=None)

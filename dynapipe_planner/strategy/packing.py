@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import _core
 from ..errors import PlanningError
 from .schemes import SchemeProfile
 
@@ -108,22 +109,60 @@ def pack_pipeline(
             f"sequence {i} (length {lengths[i]}) exceeds MaxLen {profile.max_len} of "
             f"{profile.scheme}"
         )
-    times = profile.time(lengths.astype(np.float64)).tolist()  # plain floats: tiny inputs
-    tokens = lengths.tolist()
+    times = profile.time(lengths.astype(np.float64))
+    counts = micro_batch_range(lengths, profile)
+    if method == "lpt":
+        best = _packing_of(
+            *_core.pack_lpt_best(
+                times, lengths, profile.max_len, counts.start, counts.stop - 1, profile.scheme.pp
+            )
+        )
+    else:
+        best = _best_over_counts(
+            lambda count: pack_exact(times, lengths, profile.max_len, count, time_limit_s),
+            times.tolist(),
+            counts,
+            profile.scheme.pp,
+        )
+    if best is None:  # one sequence per micro-batch always fits
+        bins = [[i] for i in range(len(lengths))]
+        slowest = float(times.max())
+        best = Packing(tuple(tuple(b) for b in bins), slowest * (profile.scheme.pp - 1 + len(bins)))
+    return best
+
+
+def pack_pipeline_reference(lengths: np.ndarray, profile: SchemeProfile) -> Packing | None:
+    """`pack_pipeline`'s LPT search in plain Python, what the C++ core mirrors (None: no
+    count fits)."""
+    times = profile.time(np.asarray(lengths, dtype=np.float64)).tolist()
+    tokens = np.asarray(lengths, dtype=np.int64).tolist()
+    return _best_over_counts(
+        lambda count: pack_lpt(times, tokens, profile.max_len, count),
+        times,
+        micro_batch_range(lengths, profile),
+        profile.scheme.pp,
+    )
+
+
+def _best_over_counts(pack, times: list[float], counts: range, pp: int) -> Packing | None:
+    """The Eq. 1 best of `pack(count)` over `counts` (first on ties)."""
     best = None
-    for count in micro_batch_range(lengths, profile):
-        if method == "lpt":
-            bins = pack_lpt(times, tokens, profile.max_len, count)
-        else:
-            bins = pack_exact(np.array(times), lengths, profile.max_len, count, time_limit_s)
+    for count in counts:
+        bins = pack(count)
         if bins is None:
             continue
         slowest = max(sum(times[i] for i in b) for b in bins)
-        objective = slowest * (profile.scheme.pp - 1 + len(bins))
+        objective = slowest * (pp - 1 + len(bins))
         if best is None or objective < best.objective:
             best = Packing(tuple(tuple(b) for b in bins), objective)
-    if best is None:  # one sequence per micro-batch always fits
-        bins = [[i] for i in range(len(lengths))]
-        slowest = max(times)
-        best = Packing(tuple(tuple(b) for b in bins), slowest * (profile.scheme.pp - 1 + len(bins)))
     return best
+
+
+def _packing_of(assignment: np.ndarray, objective: float) -> Packing | None:
+    """The C++ result as micro-batches of sorted sequence indices (None: no count fits)."""
+    if len(assignment) and assignment[0] < 0:
+        return None
+    bins = [[] for _ in range(int(assignment.max()) + 1)] if len(assignment) else []
+    for i, j in enumerate(assignment.tolist()):
+        bins[j].append(i)
+    return Packing(tuple(tuple(b) for b in bins), float(objective))
