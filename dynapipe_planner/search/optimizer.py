@@ -19,12 +19,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..errors import PlanningError
 from ..model_spec import ModelSpec
 from .cost_inputs import CostInputs
 from .estimator import Estimator, StageTables, peak_memory, pipeline_time, stage_times
 from .layer_dp import StagePlan, solve_stage
-from .partition import adjustment_moves, balanced_partition, max_stage
+from .partition import adjustment_moves, balanced_partition, max_stage, prefix_cost
 from .space import LayerStrategy, strategy_space
 
 GiB = 1024**3
@@ -121,18 +123,16 @@ class _PipelineSearch:
             return [L // self.pp + (i < L % self.pp) for i in range(self.pp)]
         j0 = min(candidates, key=lambda j: per_layer[0, j])
         act = probe.fwd_bytes[:, j0] / min(self.pp, m)
-        states = probe.state_bytes[:, j0]
-        act_prefix = [0.0]
-        state_prefix = [0.0]
-        for x, y in zip(act, states, strict=True):
-            act_prefix.append(act_prefix[-1] + float(x))
-            state_prefix.append(state_prefix[-1] + float(y))
-
-        def memory(stage: int, a: int, b: int) -> float:
-            in_flight = min(self.pp - stage, m)
-            return in_flight * (act_prefix[b] - act_prefix[a]) + state_prefix[b] - state_prefix[a]
-
+        in_flight = [min(self.pp - stage, m) for stage in range(self.pp)]
+        memory = prefix_cost(act, in_flight, probe.state_bytes[:, j0])
         return balanced_partition(L, self.pp, memory)
+
+    def _stage_tables(self, partition: Sequence[int], mb: int, m: int) -> list[StageTables]:
+        out, start = [], 0
+        for stage, n in enumerate(partition):
+            out.append(self.tables(stage, start, start + n, mb, m))
+            start += n
+        return out
 
     def evaluate(self, partition: Sequence[int], mb: int, m: int) -> _Evaluated | None:
         plans, memory, nosync, sync = [], [], [], []
@@ -171,7 +171,19 @@ class _PipelineSearch:
             def stage_memory(stage: int, a: int, b: int, chosen=chosen) -> float:
                 return peak_memory(self.tables(stage, a, b, mb, m), chosen[a:b])
 
-            p_time = balanced_partition(len(chosen), self.pp, stage_time)
+            layer_time = np.concatenate(
+                [
+                    (m - 1) * t.nosync[np.arange(len(p.chosen)), p.chosen]
+                    + t.sync[np.arange(len(p.chosen)), p.chosen]
+                    for t, p in zip(
+                        self._stage_tables(cur.partition, mb, m), cur.plans, strict=True
+                    )
+                ]
+            )
+            p_time = balanced_partition(
+                len(chosen), self.pp, prefix_cost(layer_time, [1.0] * self.pp)
+            )
+            # Rule 3 caps memory at p_t's peak; never below the current partition's own peak.
             cap = max(max_stage(p_time, stage_memory), max(cur.memory))
             for p in adjustment_moves(cur.partition, stage_time, stage_memory, self.budget, cap):
                 if tuple(p) in seen:

@@ -1,8 +1,8 @@
 """Pipeline partitions for Galvatron-BMW (seed `galvatron_bmw.txt` §IV-B, Algorithm 2, App. B).
 
 A partition is the number of layers of each stage. `balanced_partition` minimises the largest
-stage cost for any per-stage cost that grows with the stage's layers (memory-balanced p_m with
-a memory cost, time-balanced p_t with a time cost). `adjustment_moves` is one step of the
+stage cost exactly (memory-balanced p_m with the 1F1B memory of each stage, time-balanced p_t
+with its time). `adjustment_moves` is one step of the
 bi-objective adjustment: move a boundary layer off the slowest stage to a neighbour and keep
 the result only if (1) no stage gets slower than the old slowest, (2) no stage exceeds the
 memory budget and (3) no stage exceeds the peak memory of the time-balanced partition; App. B
@@ -12,6 +12,8 @@ shows such a move keeps alpha_t(p_m) <= alpha_t(p') and improves time balance.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+
+import numpy as np
 
 from ..errors import PlanningError
 
@@ -27,48 +29,55 @@ def _bounds(partition: Sequence[int]) -> list[tuple[int, int]]:
     return out
 
 
-def _greedy(num_layers: int, num_stages: int, cost: StageCost, limit: float) -> list[int] | None:
-    """Fill each stage with as many layers as fit under `limit` (leaving one per later stage)."""
-    partition, start = [], 0
-    for stage in range(num_stages):
-        last_allowed = num_layers - (num_stages - stage - 1)
-        if stage == num_stages - 1:
-            end = num_layers
-            if cost(stage, start, end) > limit:
-                return None
-        else:
-            end = start + 1
-            if cost(stage, start, end) > limit:
-                return None
-            while end < last_allowed and cost(stage, start, end + 1) <= limit:
-                end += 1
-        partition.append(end - start)
-        start = end
-    return partition
-
-
 def balanced_partition(num_layers: int, num_stages: int, cost: StageCost) -> list[int]:
     """Contiguous partition minimising max over stages of `cost` (each stage >= 1 layer).
 
-    Greedy filling is optimal for a given limit when a stage's cost only grows with its
-    layers, so a bisection over the limit finds the min-max partition (to float precision).
+    A DP over stage ends: best[e] is the least max cost of the stages so far covering layers
+    [0, e). `cost(stage, a, ends)` is called with a numpy array of end layers and must return
+    one cost per end (prefix sums make that cheap). Exact for any stage cost, including the
+    1F1B memory of a stage, which depends on the stage's index as well as its layers.
     """
-    if not 1 <= num_stages <= num_layers:
-        raise PlanningError(f"cannot split {num_layers} layers into {num_stages} stages")
-    even = [num_layers // num_stages + (i < num_layers % num_stages) for i in range(num_stages)]
-    hi = max(cost(i, a, b) for i, (a, b) in enumerate(_bounds(even)))
-    lo = 0.0
-    best = even
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        found = _greedy(num_layers, num_stages, cost, mid)
-        if found is None:
-            lo = mid
-        else:
-            hi, best = mid, found
-        if hi - lo <= 1e-9 * max(hi, 1e-30):
-            break
-    return best
+    L, P = num_layers, num_stages
+    if not 1 <= P <= L:
+        raise PlanningError(f"cannot split {L} layers into {P} stages")
+    best = np.full(L + 1, np.inf)
+    best[0] = 0.0
+    starts = np.zeros((P, L + 1), dtype=np.int64)
+    for stage in range(P):
+        nxt = np.full(L + 1, np.inf)
+        last_end = L - (P - stage - 1)
+        for a in range(stage, last_end):
+            if not np.isfinite(best[a]):
+                continue
+            ends = np.array([L]) if stage == P - 1 else np.arange(a + 1, last_end + 1)
+            values = np.maximum(best[a], np.asarray(cost(stage, a, ends), dtype=np.float64))
+            better = values < nxt[ends]
+            nxt[ends[better]] = values[better]
+            starts[stage, ends[better]] = a
+        best = nxt
+    partition, end = [], L
+    for stage in range(P - 1, -1, -1):
+        a = int(starts[stage, end])
+        partition.append(end - a)
+        end = a
+    return partition[::-1]
+
+
+def prefix_cost(
+    per_layer: Sequence[float], per_stage_scale: Sequence[float], constant: Sequence[float] = ()
+) -> StageCost:
+    """cost(stage, a, b) = scale[stage] * sum(per_layer[a:b]) + sum(constant[a:b]), vectorised
+    over b (the 1F1B memory of a stage, or a stage's time when scale is all ones)."""
+    scaled = np.concatenate([[0.0], np.cumsum(np.asarray(per_layer, dtype=np.float64))])
+    fixed = np.zeros_like(scaled)
+    if len(constant):
+        fixed[1:] = np.cumsum(np.asarray(constant, dtype=np.float64))
+    scale = list(per_stage_scale)
+
+    def cost(stage: int, a: int, b):
+        return scale[stage] * (scaled[b] - scaled[a]) + (fixed[b] - fixed[a])
+
+    return cost
 
 
 def max_stage(partition: Sequence[int], cost: StageCost) -> float:
