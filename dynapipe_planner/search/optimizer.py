@@ -330,7 +330,9 @@ def search(
     if best[0] is None:
         smallest = global_batch_size or (min(batch_sizes) if batch_sizes else num_gpus)
         raise PlanningError(
-            _infeasible_message(model, searches, smallest, memory_budget, microbatch_counts)
+            _infeasible_message(
+                model, searches, smallest, memory_budget, microbatch_counts, memory_bins
+            )
         )
     tput, batch, ps, ev, _mb, m = best[0]
     strategies = [ps.strategies[j] for plan in ev.plans for j in plan.chosen]
@@ -413,20 +415,64 @@ def minimum_memory(
     return best, where
 
 
+def _fits(searches: list[_PipelineSearch], batch: int, budget: float, counts: int, bins: int):
+    """Whether any (P, m) plan of `batch` fits `budget` (memory-balanced partition)."""
+    for template in searches:
+        ps = _PipelineSearch(template.inputs, template.strategies, budget, bins)
+        for m in _microbatch_counts(batch, ps.pp, counts):
+            mb = batch // m
+            if ps.evaluate(ps.initial_partition(mb, m), mb, m) is not None:
+                return True
+    return False
+
+
+def smallest_budget(
+    searches: list[_PipelineSearch], batch: int, counts: int, bins: int
+) -> float | None:
+    """The least memory budget (to 0.01 GiB) at which some plan of `batch` fits, found by
+    bisection around the least-memory assignment's Eq. 2 peak; None when no strategy can
+    split the batch at all. The search at `global_batch_size=batch` fits exactly when
+    `_fits` does (the bi-objective step only starts from plans that fit)."""
+    need, _ = minimum_memory(searches[0].inputs, searches, batch, counts)
+    if not math.isfinite(need):
+        return None
+    step = 0.01 * GiB
+    # In steps of 0.01 GiB; lo always fails and hi always fits, so the answer is minimal on
+    # that grid even where rounding memory into budget-sized bins is not monotone.
+    lo = math.floor(need / step)
+    while lo > 0 and _fits(searches, batch, lo * step, counts, bins):
+        lo //= 2
+    hi = max(lo + 1, math.ceil(need * 1.25 / step))
+    while not _fits(searches, batch, hi * step, counts, bins):
+        lo, hi = hi, hi * 2
+        if hi * step > 1e6 * GiB:
+            return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _fits(searches, batch, mid * step, counts, bins):
+            hi = mid
+        else:
+            lo = mid
+    return hi * step
+
+
 def _infeasible_message(
-    model: ModelSpec, searches: list[_PipelineSearch], batch: int, budget: float, counts: int
+    model: ModelSpec,
+    searches: list[_PipelineSearch],
+    batch: int,
+    budget: float,
+    counts: int,
+    bins: int,
 ) -> str:
     need, where = minimum_memory(searches[0].inputs, searches, batch, counts)
-    if not math.isfinite(need):
+    smallest = smallest_budget(searches, batch, counts, bins)
+    if smallest is None:
         return (
-            f"{model.name}: no strategy can split a global batch of {batch} at all "
-            f"(micro-batches must divide by each layer's data-parallel degree)"
+            f"{model.name}: no strategy can split a global batch of {batch} "
+            f"(each layer's micro-batch must divide by its data-parallel degree)"
         )
-    bins = len(next(iter(searches)).inputs.layer_kinds) + 1
-    # Forward memory is rounded up per layer in the layer DP; leave room for that rounding.
-    suggest = need / max(1e-9, 1.0 - bins / (budget / searches[0].granularity))
     return (
         f"{model.name} does not fit in {budget / GiB:.2f} GiB per GPU at global batch {batch}: "
-        f"the least memory any plan needs is {need / GiB:.2f} GiB ({where}); try a memory "
-        f"budget of at least {math.ceil(suggest / GiB * 100) / 100:.2f} GiB"
+        f"the least-memory plan needs {need / GiB:.2f} GiB ({where}); the smallest budget "
+        f"that works is {smallest / GiB:.2f} GiB (--memory-budget-gb {smallest / GiB:.2f})"
     )
