@@ -227,12 +227,14 @@ def search(
     microbatch_counts: int = 4,
     batch_window: int = 2,
     max_adjust_steps: int | None = None,
+    stop_after_misses: int = 2,
     progress: Progress | None = None,
 ) -> SearchResult:
     """Galvatron-BMW (or, with `bi_objective=False`, Galvatron-Base) search.
 
     `memory_budget` is bytes per GPU. Batch sizes: `global_batch_size` alone, an explicit
-    `batch_sizes` list, or a search (doubling from `num_gpus`, then bisection to the largest
+    `batch_sizes` list (tried in increasing order until `stop_after_misses` in a row fit
+    nothing), or a search (doubling from `num_gpus`, then bisection to the largest
     batch that fits, then +-`batch_window` steps around the best). For each B and PP degree,
     `microbatch_counts` counts m = P, 2P, 4P, ... dividing B are tried. `strategy_filter`
     restricts the layer strategies (the limited spaces of Table II). Raises PlanningError
@@ -298,10 +300,14 @@ def search(
         return True
 
     if global_batch_size is not None or batch_sizes is not None:
-        for batch in [global_batch_size] if global_batch_size is not None else batch_sizes:
+        listed = [global_batch_size] if global_batch_size is not None else sorted(batch_sizes)
+        misses = 0
+        for batch in listed:
             if batch < 1:
                 raise PlanningError(f"global batch size must be >= 1, got {batch}")
-            try_batch(batch)
+            misses = 0 if try_batch(batch) else misses + 1
+            if misses >= stop_after_misses:
+                break
     else:
         step = num_gpus
         batch, last_ok, first_bad = step, 0, 0
