@@ -107,25 +107,40 @@ class _PipelineSearch:
             self._plans[key] = solve_stage(t, self.budget, self.granularity)
         return self._plans[key]
 
-    def initial_partition(self, mb: int, m: int) -> list[int]:
-        """p_m: memory-balanced under the non-CKPT strategy with the least forward memory."""
+    def initial_partitions(self, mb: int, m: int) -> list[list[int]]:
+        """p_m: memory-balanced partitions under an initial strategy for every layer (§IV-B:
+        Strategy_Init, PP_Partition_Init). Which strategy decides how much activations weigh
+        against model states, so two are tried: the non-CKPT strategies with the least and
+        the most memory. The second is the partition a DP+PP-only space would start from, so
+        the full space never starts from a worse one than that limited space."""
         L = self.inputs.num_layers
         if self.pp == 1:
-            return [L]
+            return [[L]]
         probe = self.est.stage_tables(range(L), 0, mb, m)
         per_layer = probe.fwd_bytes / min(self.pp, m) + probe.state_bytes
-        candidates = [
-            j
-            for j, s in enumerate(self.strategies)
-            if not s.ckpt and math.isfinite(probe.objective[0, j])
-        ] or [j for j in range(len(self.strategies)) if math.isfinite(probe.objective[0, j])]
+        usable = [j for j in range(len(self.strategies)) if math.isfinite(probe.objective[0, j])]
+        candidates = [j for j in usable if not self.strategies[j].ckpt] or usable
         if not candidates:
-            return [L // self.pp + (i < L % self.pp) for i in range(self.pp)]
-        j0 = min(candidates, key=lambda j: per_layer[0, j])
-        act = probe.fwd_bytes[:, j0] / min(self.pp, m)
+            return [[L // self.pp + (i < L % self.pp) for i in range(self.pp)]]
         in_flight = [min(self.pp - stage, m) for stage in range(self.pp)]
-        memory = prefix_cost(act, in_flight, probe.state_bytes[:, j0])
-        return balanced_partition(L, self.pp, memory)
+        out: list[list[int]] = []
+        for pick in (min, max):
+            j0 = pick(candidates, key=lambda j: per_layer[0, j])
+            act = probe.fwd_bytes[:, j0] / min(self.pp, m)
+            memory = prefix_cost(act, in_flight, probe.state_bytes[:, j0])
+            partition = balanced_partition(L, self.pp, memory)
+            if partition not in out:
+                out.append(partition)
+        return out
+
+    def evaluate_initial(self, mb: int, m: int) -> _Evaluated | None:
+        """The best of the memory-balanced starting partitions (Galvatron-Base's answer)."""
+        best = None
+        for partition in self.initial_partitions(mb, m):
+            ev = self.evaluate(partition, mb, m)
+            if ev is not None and (best is None or ev.time < best.time):
+                best = ev
+        return best
 
     def _stage_tables(self, partition: Sequence[int], mb: int, m: int) -> list[StageTables]:
         out, start = [], 0
@@ -278,7 +293,7 @@ def search(
         found: list[tuple[float, _PipelineSearch, _Evaluated, int, int]] = []
         for ps, m in configs:
             mb = batch // m
-            ev = ps.evaluate(ps.initial_partition(mb, m), mb, m)
+            ev = ps.evaluate_initial(mb, m)
             state["evaluated"] += 1
             tick()
             if ev is not None:
@@ -404,7 +419,7 @@ def minimum_memory(
     for ps in searches:
         for m in _microbatch_counts(batch, ps.pp, counts):
             mb = batch // m
-            partition = ps.initial_partition(mb, m)
+            partition = ps.initial_partitions(mb, m)[0]
             peak, start = 0.0, 0
             for stage, n in enumerate(partition):
                 t = ps.tables(stage, start, start + n, mb, m)
@@ -427,7 +442,7 @@ def _fits(searches: list[_PipelineSearch], batch: int, budget: float, counts: in
         ps = _PipelineSearch(template.inputs, template.strategies, budget, bins)
         for m in _microbatch_counts(batch, ps.pp, counts):
             mb = batch // m
-            if ps.evaluate(ps.initial_partition(mb, m), mb, m) is not None:
+            if ps.evaluate_initial(mb, m) is not None:
                 return True
     return False
 
