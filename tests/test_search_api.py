@@ -78,7 +78,7 @@ def test_bad_arguments_are_named(inputs):
 def test_plan_file_and_megatron_flags(inputs, tmp_path):
     uniform = search(
         MODEL, inputs, 8, 20 * GiB, global_batch_size=64, pp_degrees=[2],
-        strategy_filter=lambda s: s.tp == 2 and s.dp == 2 and s.order == ("dp", "tp"),
+        strategy_filter=lambda s: s.order == ("dp", "tp") and s.tp == 2 and not s.ckpt,
     )  # fmt: skip
     flags = megatron_flags(uniform, MODEL)
     assert flags.expressible
@@ -127,3 +127,16 @@ def test_cli_prints_a_summary_and_writes_the_plan(tmp_path, capsys):
                         "--global-batch-size", "8", "--quiet"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2 and "smallest budget that works" in err
+
+
+def test_six_gpus_use_non_power_of_two_degrees():
+    model = MODEL_PRESETS["gpt-125m"]  # 12 heads: TP 3 and 6 split it
+    inputs = analytic_cost_inputs(model, GPU, 6, seq_length=512)
+    assert {3, 6} <= set(inputs.layer_types[0].forward_s_per_sample)
+    result = search(model, inputs, 6, 4 * GiB, global_batch_size=36, pp_degrees=[1, 3])
+    assert result.pp in (1, 3)
+    assert all(s.group_size * s.pp == 6 for s in result.strategies)
+    tp3 = search(
+        model, inputs, 6, 4 * GiB, global_batch_size=36, strategy_filter=lambda s: s.tp == 3
+    )
+    assert {s.tp for s in tp3.strategies} == {3}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -105,6 +106,9 @@ def test_cost_inputs_can_be_built_directly():
     )
     est = Estimator(ci, strategy_space(2)[1])
     assert np.isfinite(est.stage_tables(range(4), 0, 4, 1).objective).all()
+    assert CostInputs.from_dict(json.loads(json.dumps(ci.to_dict()))) == ci
+    with pytest.raises(PlanningError, match="malformed"):
+        CostInputs.from_dict({"layer_types": []})
     with pytest.raises(PlanningError, match="layer 1"):
         CostInputs((layer,), (0, 3), {}, {})
     with pytest.raises(PlanningError, match="overlap"):

@@ -32,6 +32,7 @@ Public API (stable)::
         output_forward_s_per_sample, output_activation_bytes_per_sample: float
         seq_length: int
         description: dict
+        to_dict() / CostInputs.from_dict(d)      # JSON round trip ("size,stride" keys)
 
     LayerTypeCosts (frozen dataclass), per layer type at the job's sequence length:
         name: str
