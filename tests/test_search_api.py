@@ -140,3 +140,19 @@ def test_six_gpus_use_non_power_of_two_degrees():
         model, inputs, 6, 4 * GiB, global_batch_size=36, strategy_filter=lambda s: s.tp == 3
     )
     assert {s.tp for s in tp3.strategies} == {3}
+
+
+def test_bi_objective_partition_beats_memory_balanced_on_two_nodes():
+    """16 GPUs on two nodes: PP=2 puts the pipeline boundary on the network; the memory-
+    balanced start gives the last stage more layers, and Alg. 2 moves one back."""
+    model = MODEL_PRESETS["bert-huge-32"]
+    inputs = analytic_cost_inputs(model, GPU, 16, seq_length=512)
+    budget = 8 * GiB
+    kw = {"global_batch_size": 256, "pp_degrees": [2]}
+    base = search(model, inputs, 16, budget, bi_objective=False, **kw)
+    bmw = search(model, inputs, 16, budget, **kw)
+    assert base.partition[0] < base.partition[1]
+    assert bmw.partition != base.partition
+    assert bmw.throughput > base.throughput * 1.01
+    assert max(bmw.stage_time_s) <= max(base.stage_time_s)
+    assert max(bmw.stage_memory_bytes) <= budget

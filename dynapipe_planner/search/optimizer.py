@@ -164,8 +164,9 @@ class _PipelineSearch:
             sync.append(sy)
             start += n
         total = pipeline_time(nosync, sync, m)
-        per_stage = [(m - 1) * a + b for a, b in zip(nosync, sync, strict=True)]
-        return _Evaluated(total, list(partition), plans, memory, per_stage)
+        per_stage = [float((m - 1) * a + b) for a, b in zip(nosync, sync, strict=True)]
+        memory = [float(x) for x in memory]
+        return _Evaluated(float(total), list(partition), plans, memory, per_stage)
 
     def adjust(self, start: _Evaluated, mb: int, m: int, max_steps: int) -> tuple[_Evaluated, int]:
         """Algorithm 2's queue: partitions move towards time balance while rules 1-3 hold."""
