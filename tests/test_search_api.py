@@ -50,6 +50,8 @@ def test_fixed_batch_and_limited_space(inputs):
         and s.sdp == 1,
     )  # fmt: skip
     assert only_tp.global_batch_size == 32
+    fixed = search(MODEL, inputs, 8, 20 * GiB, global_batch_size=32, num_microbatches=4)
+    assert fixed.num_microbatches == 4
     assert all(s.dp == s.sdp == 1 for s in only_tp.strategies)
     full = search(MODEL, inputs, 8, 20 * GiB, global_batch_size=32)
     assert full.throughput >= only_tp.throughput

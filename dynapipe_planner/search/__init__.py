@@ -10,6 +10,7 @@ Public API (stable)::
            bi_objective: bool = True, prune: bool = True, memory_bins: int = 256,
            microbatch_counts: int = 4, batch_window: int = 2,
            max_adjust_steps: int | None = None, stop_after_misses: int = 2,
+           num_microbatches: int | None = None,
            progress: Callable[[int, int], None] | None = None) -> SearchResult
 
     `memory_budget` is bytes per GPU; `bi_objective=False` is Galvatron-Base (memory-balanced

@@ -215,14 +215,19 @@ class _PipelineSearch:
         return best, steps
 
 
-def _microbatch_counts(batch: int, pp: int, limit: int) -> list[int]:
-    counts = []
+def _microbatch_counts(batch: int, pp: int, counts: tuple[int, int | None]) -> list[int]:
+    """m = P, 2P, 4P, ... dividing `batch` (at most `counts[0]` of them), or the fixed
+    `counts[1]` when given."""
+    limit, fixed = counts
+    if fixed is not None:
+        return [fixed] if batch % fixed == 0 else []
+    out = []
     m = pp
-    while m <= batch and len(counts) < limit:
+    while m <= batch and len(out) < limit:
         if batch % m == 0:
-            counts.append(m)
+            out.append(m)
         m *= 2
-    return counts
+    return out
 
 
 def search(
@@ -244,6 +249,7 @@ def search(
     batch_window: int = 2,
     max_adjust_steps: int | None = None,
     stop_after_misses: int = 2,
+    num_microbatches: int | None = None,
     progress: Progress | None = None,
 ) -> SearchResult:
     """Galvatron-BMW (or, with `bi_objective=False`, Galvatron-Base) search.
@@ -252,7 +258,8 @@ def search(
     `batch_sizes` list (tried in increasing order until `stop_after_misses` in a row fit
     nothing), or a search (doubling from `num_gpus`, then bisection to the largest
     batch that fits, then +-`batch_window` steps around the best). For each B and PP degree,
-    `microbatch_counts` counts m = P, 2P, 4P, ... dividing B are tried. `strategy_filter`
+    `microbatch_counts` counts m = P, 2P, 4P, ... dividing B are tried (or exactly
+    `num_microbatches`, for every P, when given). `strategy_filter`
     restricts the layer strategies (the limited spaces of Table II). Raises PlanningError
     naming the smallest budget that fits when nothing does.
     """
@@ -264,6 +271,9 @@ def search(
         )
     if memory_budget <= 0:
         raise PlanningError(f"memory budget must be positive, got {memory_budget}")
+    if num_microbatches is not None and num_microbatches < 1:
+        raise PlanningError(f"num_microbatches must be >= 1, got {num_microbatches}")
+    counts = (microbatch_counts, num_microbatches)
     searches = _pipeline_searches(
         cost_inputs, num_gpus, memory_budget, memory_bins, pp_degrees, max_tp, strategy_filter,
         prune,
@@ -287,9 +297,7 @@ def search(
 
     def try_batch(batch: int) -> bool:
         """Price every (P, m) for this batch; True when something fits."""
-        configs = [
-            (ps, m) for ps in searches for m in _microbatch_counts(batch, ps.pp, microbatch_counts)
-        ]
+        configs = [(ps, m) for ps in searches for m in _microbatch_counts(batch, ps.pp, counts)]
         tick(len(configs))
         found: list[tuple[float, _PipelineSearch, _Evaluated, int, int]] = []
         for ps, m in configs:
@@ -352,9 +360,7 @@ def search(
     if best[0] is None:
         smallest = global_batch_size or (min(batch_sizes) if batch_sizes else num_gpus)
         raise PlanningError(
-            _infeasible_message(
-                model, searches, smallest, memory_budget, microbatch_counts, memory_bins
-            )
+            _infeasible_message(model, searches, smallest, memory_budget, counts, memory_bins)
         )
     tput, batch, ps, ev, _mb, m = best[0]
     strategies = [ps.strategies[j] for plan in ev.plans for j in plan.chosen]
@@ -412,7 +418,7 @@ def _pipeline_searches(
 
 
 def minimum_memory(
-    inputs: CostInputs, searches: list[_PipelineSearch], batch: int, counts: int
+    inputs: CostInputs, searches: list[_PipelineSearch], batch: int, counts: tuple[int, int | None]
 ) -> tuple[float, str]:
     """The least Eq. 2 peak any (P, m) reaches at `batch` with each layer on its least-memory
     strategy and the memory-balanced partition, and where."""
@@ -437,7 +443,13 @@ def minimum_memory(
     return best, where
 
 
-def _fits(searches: list[_PipelineSearch], batch: int, budget: float, counts: int, bins: int):
+def _fits(
+    searches: list[_PipelineSearch],
+    batch: int,
+    budget: float,
+    counts: tuple[int, int | None],
+    bins: int,
+):
     """Whether any (P, m) plan of `batch` fits `budget` (memory-balanced partition)."""
     for template in searches:
         ps = _PipelineSearch(template.inputs, template.strategies, budget, bins)
@@ -449,7 +461,7 @@ def _fits(searches: list[_PipelineSearch], batch: int, budget: float, counts: in
 
 
 def smallest_budget(
-    searches: list[_PipelineSearch], batch: int, counts: int, bins: int
+    searches: list[_PipelineSearch], batch: int, counts: tuple[int, int | None], bins: int
 ) -> float | None:
     """The least memory budget (to 0.01 GiB) at which some plan of `batch` fits, found by
     bisection around the least-memory assignment's Eq. 2 peak; None when no strategy can
@@ -483,7 +495,7 @@ def _infeasible_message(
     searches: list[_PipelineSearch],
     batch: int,
     budget: float,
-    counts: int,
+    counts: tuple[int, int | None],
     bins: int,
 ) -> str:
     need, where = minimum_memory(searches[0].inputs, searches, batch, counts)
