@@ -4,9 +4,11 @@
 #include "core.h"
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "C++ hot loops of the planner (micro-batching DP, schedules, dispatch, packing).";
+  m.doc() =
+      "C++ hot loops of the planner (micro-batching DP, schedules, dispatch, packing, layer DP).";
   register_microbatch_dp(m);
   register_schedule(m);
   register_dispatch(m);
   register_packing(m);
+  register_layer_dp(m);
 }

@@ -6,10 +6,10 @@ batch's longest sequence upwards (or `window` lengths above it) and, by default,
 paper does not price: strategies proposed from the batch's own lengths (`batch_proposals`) and
 the homogeneous strategy of every scheme that holds the batch. Each is assigned in two stages:
 dispatch across pipelines (§6.2, `dispatch`, short sequences priced as packed by default),
-then Eq. 1 packing within each (§6.1, `pack_pipeline`). The paper prices a strategy by its slowest pipeline's Eq. 1 latency
-(`estimate="eq1"`); by default we price each pipeline as the planner core will plan it, so the
-choice matches the latency it will have, and then move the winner's sequences between its
-pipelines while that lowers its planned latency.
+then Eq. 1 packing within each (§6.1, `pack_pipeline`). The paper prices a strategy by its
+slowest pipeline's Eq. 1 latency (`estimate="eq1"`); by default we price each pipeline as the
+planner core will plan it, so the choice matches the latency it will have, and then move the
+winner's sequences between its pipelines while that lowers its planned latency.
 
 The winner is planned pipeline by pipeline by the planner core on that pipeline's own cost
 model: with `inside="packing"` (Hydraulis) each pipeline runs its Eq. 1 micro-batches under
