@@ -79,7 +79,18 @@ def model_part(name: str, layer_offset: int, tied_embeddings: bool) -> str | int
     raise GradSyncError(f"parameter {name!r} belongs to no part of a GPT model this sync knows")
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+def logical_name(name: str, layer_offset: int, tied_embeddings: bool) -> str:
+    """A stage-local parameter's name in the whole (unpipelined) model: global layer index, and
+    a tied output layer named as the word embeddings it shares."""
+    if tied_embeddings and name == "output_layer.weight":
+        return "embedding.word_embeddings.weight"
+    parts = name.split(".")
+    if parts[:2] == ["decoder", "layers"]:
+        parts[2] = str(layer_offset + int(parts[2]))
+    return ".".join(parts)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     while hasattr(model, "module"):
         model = model.module
     return model
@@ -109,7 +120,7 @@ class AsymmetricGradSync:
         topology = groups.topology
         self.place: StagePlace = topology.place(groups.rank)
         me = (self.place.replica, self.place.stage)
-        if getattr(getattr(_unwrap(model), "config", None), "gated_linear_unit", False):
+        if getattr(getattr(unwrap(model), "config", None), "gated_linear_unit", False):
             # A gated fc1 shard is [gate_r; up_r], not a contiguous slice of [gate; up].
             raise GradSyncError(
                 f"rank {groups.rank}: gated linear units (SwiGLU) are not supported by the "
@@ -118,7 +129,7 @@ class AsymmetricGradSync:
         order = {ranks: k for k, ranks in enumerate(groups.shared)}
         buckets: dict[tuple[int, ...], list[_Slot]] = {}
         local_only: list[torch.nn.Parameter] = []
-        for name, param in _unwrap(model).named_parameters():
+        for name, param in unwrap(model).named_parameters():
             part = model_part(name, self.place.layers[0], tied_embeddings)
             holders = topology.holders(part, tied_embeddings)
             if me not in holders:
@@ -135,7 +146,7 @@ class AsymmetricGradSync:
                 buckets.setdefault(ranks, []).append(slot)
         self.buckets = sorted(buckets.items(), key=lambda item: order[item[0]])
         self.local_only = local_only
-        self.params = [p for _, p in _unwrap(model).named_parameters()]
+        self.params = [p for _, p in unwrap(model).named_parameters()]
 
     def _slots(self, name, param, part, holders, me):
         topology, place = self.groups.topology, self.place

@@ -282,4 +282,5 @@ def fill_megatron_globals(groups: HeteroGroups) -> None:
     mpu._TENSOR_AND_CONTEXT_PARALLEL_GROUP = mpu._TENSOR_MODEL_PARALLEL_GROUP
     mpu._TENSOR_AND_DATA_PARALLEL_GROUP = mpu._TENSOR_MODEL_PARALLEL_GROUP
     mpu._TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP = mpu._TENSOR_MODEL_PARALLEL_GROUP
-    mpu._set_global_memory_buffer()
+    if mpu._GLOBAL_MEMORY_BUFFER is None:  # one buffer for every strategy's layers
+        mpu._set_global_memory_buffer()

@@ -158,20 +158,66 @@ def initialize_heterogeneous(
     hangs. `tied_embeddings` decides which stages share the word embeddings (gradient groups).
     torch.distributed is initialised as `initialize` does.
     """
-    global _layout
+    initialize_strategies(
+        [layouts], tied_embeddings=tied_embeddings, backend=backend, timeout_s=timeout_s
+    )
+
+
+def initialize_strategies(
+    strategies: list[list[ReplicaLayout]],
+    *,
+    tied_embeddings: bool = True,
+    backend: str | None = None,
+    timeout_s: float = 600.0,
+) -> None:
+    """`initialize_heterogeneous` for a job that switches between several layouts from one
+    iteration to the next (Hydraulis' per-iteration strategies, seed `hydraulis.txt` §5.2):
+    every strategy's groups are created up front, in strategy order, so a switch creates
+    nothing; strategy 0 is in use until `use_strategy` picks another. Every strategy is
+    checked against the world size before the first group exists; errors name the strategy.
+    """
+    global _layout, _strategies
     if _layout is not None:
         raise RuntimeError("megatron.dynapipe.parallel_state is already initialised")
     owns_world_group = _init_world(backend, timeout_s)
+    topologies = []
     try:
-        topology = HeteroTopology.from_layouts(layouts, dist.get_world_size())
+        for k, layouts in enumerate(strategies):
+            try:
+                topologies.append(HeteroTopology.from_layouts(layouts, dist.get_world_size()))
+            except LayoutMismatch as err:
+                if len(strategies) == 1:
+                    raise
+                raise LayoutMismatch(f"strategy {k}: {err}") from err
     except LayoutMismatch:
         if owns_world_group:
             dist.destroy_process_group()
         raise
     rank = dist.get_rank()
-    groups = HeteroGroups(topology, rank, tied_embeddings)
-    fill_megatron_globals(groups)
-    _layout = _HeteroLayout(topology, groups, topology.place(rank), owns_world_group)
+    _strategies = [
+        _HeteroLayout(t, HeteroGroups(t, rank, tied_embeddings), t.place(rank), owns_world_group)
+        for t in topologies
+    ]
+    use_strategy(0)
+
+
+_strategies: list[_HeteroLayout] = []
+
+
+def use_strategy(index: int) -> None:
+    """Make strategy `index` (of `initialize_strategies`) this rank's layout and point
+    megatron's globals at its groups. Models built under one strategy keep its groups; call
+    this before running that strategy's plan or building its model."""
+    global _layout
+    if not 0 <= index < len(_strategies):
+        raise ValueError(f"strategy {index} does not exist; the job has {len(_strategies)}")
+    _layout = _strategies[index]
+    fill_megatron_globals(_layout.groups)
+
+
+def num_strategies() -> int:
+    """How many layouts the job can switch between (1 for a static heterogeneous plan)."""
+    return len(_strategies)
 
 
 def is_heterogeneous() -> bool:
@@ -273,3 +319,4 @@ def destroy() -> None:
     if _layout.owns_world_group and dist.is_initialized():
         dist.destroy_process_group()
     _layout = None
+    _strategies.clear()
