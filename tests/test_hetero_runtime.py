@@ -225,3 +225,40 @@ def test_topology_names_leaders_and_chunk_holders() -> None:
     # The tied embedding: A's first and last stage and B's only stage.
     assert topology.holders(EMBEDDING, tied_embeddings=True) == [(0, 0), (0, 1), (1, 0)]
     assert topology.chunk_holders(topology.holders(EMBEDDING, True)) == [(0, 2, 3), (1, 2, 4)]
+
+
+def test_a_plan_laid_out_differently_is_rejected_before_running() -> None:
+    plan = hetero_plan([k % 2 for k in range(len(LENGTHS))])
+    moved = [
+        ReplicaLayout(0, 2, [StageLayout([0, 1], 2, (0, 2)), StageLayout([2], 1, (2, 4))]),
+        LAYOUTS[1],
+    ]
+    other = merge_pipeline_plans(
+        [
+            pipeline_plan(2, np.arange(0, len(LENGTHS), 2)),
+            pipeline_plan(1, np.arange(1, len(LENGTHS), 2)),
+        ],
+        moved,
+    )
+
+    def run(rank: int, world: int) -> str:
+        from megatron.dynapipe import cpu_compat
+        from megatron.dynapipe import parallel_state as ps
+        from megatron.dynapipe.executor import PlanExecutor, PlanRejected
+        from megatron.dynapipe.model import build_stage_model
+
+        cpu_compat.install()
+        ps.initialize_heterogeneous(plan.replicas, timeout_s=10)
+        try:
+            config, model = build_stage_model(SPEC, MAX_SEQLEN)
+            executor = PlanExecutor.for_this_rank(
+                model, config, device=torch.device("cpu"), timeout_s=5
+            )
+            with pytest.raises(PlanRejected) as err:
+                executor.run(other, {})
+            return str(err.value)
+        finally:
+            ps.destroy()
+
+    messages = run_ranks(run, 5)
+    assert all(m.startswith("replica 0 stage 0: plan lays it out as") for m in messages)

@@ -242,13 +242,6 @@ def hetero_groups() -> HeteroGroups:
     return _hetero().groups
 
 
-def stage_layer_range() -> tuple[int, int] | None:
-    """Transformer layers [start, end) of this rank's stage in a heterogeneous job; None in a
-    homogeneous one (the planner's even split applies)."""
-    layout = _get()
-    return layout.place.layers if isinstance(layout, _HeteroLayout) else None
-
-
 def pipeline_layer_counts() -> list[int] | None:
     """Layers per stage of this rank's pipeline in a heterogeneous job; None if homogeneous."""
     layout = _get()
