@@ -7,9 +7,10 @@ is planned alone on its share of the global batch and the plans are merged
 (`merge_pipeline_plans`). After one iteration the loss, every rank's gradient (its shard of the
 reference gradient, whatever its TP degree) and the parameters after an SGD step equal the
 reference's, both for an even split of the batch and for a very uneven one (different numbers
-of sequences and tokens per pipeline). Pipelines built with their own random initialisation
-agree on every weight after `broadcast_weights`. Layouts that do not fit the job fail before
-any collective, naming the mismatch.
+of sequences and tokens per pipeline), and with pipeline A the other way round (a TP=1 stage
+feeding a TP=2 stage). Pipelines built with their own random initialisation agree on every
+weight after `broadcast_weights`. Layouts that do not fit the job fail before any collective,
+and a plan laid out differently from the job's groups before running, naming the mismatch.
 """
 
 from __future__ import annotations
@@ -53,14 +54,22 @@ def pipeline_plan(num_stages: int, ids: np.ndarray) -> ExecutionPlan:
     return planner.plan(LENGTHS[ids], ids)
 
 
-def hetero_plan(owner: list[int]) -> ExecutionPlan:
-    """Samples with owner k go to pipeline k of LAYOUTS."""
+# The boundary the other way round: pipeline A's TP=1 stage (layers 0-2) feeds a TP=2 stage
+# (layer 3), whose leader broadcasts the activations it receives.
+WIDENING = [
+    ReplicaLayout(0, 2, [StageLayout([0], 1, (0, 3)), StageLayout([1, 2], 2, (3, 4))]),
+    ReplicaLayout(1, 1, [StageLayout([3, 4], 2, (0, 4))]),
+]
+
+
+def hetero_plan(owner: list[int], layouts: list[ReplicaLayout] = LAYOUTS) -> ExecutionPlan:
+    """Samples with owner k go to pipeline k of `layouts`."""
     owner = np.asarray(owner)
     plans = [
         pipeline_plan(layout.num_stages, np.flatnonzero(owner == k))
-        for k, layout in enumerate(LAYOUTS)
+        for k, layout in enumerate(layouts)
     ]
-    return merge_pipeline_plans(plans, LAYOUTS)
+    return merge_pipeline_plans(plans, layouts)
 
 
 def _run(rank: int, world: int, plan: ExecutionPlan, weights: dict):
@@ -133,17 +142,18 @@ def _full(stage: list[dict], name: str) -> np.ndarray:
     return np.concatenate([shards[k] for k in range(tp)], axis=dim)
 
 
+EVEN = [k % 2 for k in range(len(LENGTHS))]
+UNEVEN = [1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0]  # 9 sequences (228 tokens) vs 3 (44)
+
+
 @pytest.mark.parametrize(
-    "owner",
-    [
-        [k % 2 for k in range(len(LENGTHS))],  # (a) the batch split evenly
-        [1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0],  # (c) 9 sequences (228 tokens) vs 3 (44)
-    ],
-    ids=["even-split", "uneven-batch-sizes"],
+    ("owner", "layouts"),
+    [(EVEN, LAYOUTS), (UNEVEN, LAYOUTS), (EVEN, WIDENING)],
+    ids=["even-split", "uneven-batch-sizes", "tp1-into-tp2"],
 )
-def test_asymmetric_pipelines_equal_the_reference(reference, owner) -> None:
+def test_asymmetric_pipelines_equal_the_reference(reference, owner, layouts) -> None:
     ref_loss, ref_weights, ref_grads = reference
-    plan = hetero_plan(owner)
+    plan = hetero_plan(owner, layouts)
     assert len({m.replica for m in plan.microbatches}) == 2
     results = run_ranks(_run, 5, plan, ref_weights)
 
@@ -158,7 +168,9 @@ def test_asymmetric_pipelines_equal_the_reference(reference, owner) -> None:
     # Initial weights after the broadcast: every stage holding a parameter agrees with the
     # first stage holding it, whatever TP degree each was initialised with.
     initial = [r[1] for r in results]
-    stage_ranks = {(0, 0): [0, 1], (0, 1): [2], (1, 0): [3, 4]}
+    stage_ranks = {
+        (rep.id, j): stage.devices for rep in layouts for j, stage in enumerate(rep.stages)
+    }
     for name in ref_grads:
         fulls = [
             _full([initial[r] for r in ranks], name)
