@@ -8,7 +8,8 @@ is planned alone on its share of the global batch and the plans are merged
 reference gradient, whatever its TP degree) and the parameters after an SGD step equal the
 reference's, both for an even split of the batch and for a very uneven one (different numbers
 of sequences and tokens per pipeline), and with pipeline A the other way round (a TP=1 stage
-feeding a TP=2 stage). Pipelines built with their own random initialisation agree on every
+feeding a TP=2 stage), and with the stages in Megatron DDP stepped by Megatron's optimiser as
+the training loop runs them. Pipelines built with their own random initialisation agree on every
 weight after `broadcast_weights`. Layouts that do not fit the job fail before any collective,
 and a plan laid out differently from the job's groups before running, naming the mismatch.
 """
@@ -72,12 +73,17 @@ def hetero_plan(owner: list[int], layouts: list[ReplicaLayout] = LAYOUTS) -> Exe
     return merge_pipeline_plans(plans, layouts)
 
 
-def _run(rank: int, world: int, plan: ExecutionPlan, weights: dict):
-    """Initial-weight broadcast, then one iteration and an SGD step from the reference weights.
+def _run(rank: int, world: int, plan: ExecutionPlan, weights: dict, megatron_stack: bool):
+    """Initial-weight broadcast, then one iteration and an SGD step from the reference weights;
+    with `megatron_stack` the stage is wrapped in Megatron DDP and stepped by Megatron's
+    optimiser, as the training loop does.
 
     Returns (loss sum or None, real tokens), then by reference name: the weights after the
     broadcast, the synced gradients and the weights after the step, each with (tp rank, tp,
     partition dim) to place the shard."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
     from megatron.dynapipe.data import rank_microbatches
@@ -107,12 +113,23 @@ def _run(rank: int, world: int, plan: ExecutionPlan, weights: dict):
             for n, p in model.named_parameters():
                 p.copy_(_shard(weights[names[n]], p, place.tp_rank, place.tp))
         config.finalize_model_grads_func = sync.finalize
+        stage = model
+        if megatron_stack:
+            stage = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
+            optimizer = get_megatron_optimizer(
+                OptimizerConfig(
+                    optimizer="sgd", lr=LR, sgd_momentum=0.0, weight_decay=0.0, clip_grad=0.0
+                ),
+                [stage],
+            )
+        else:
+            optimizer = torch.optim.SGD(model.parameters(), lr=LR)
         executor = PlanExecutor.for_this_rank(
-            model, config, device=torch.device("cpu"), timeout_s=30
+            stage, config, device=torch.device("cpu"), timeout_s=30
         )
         result = executor.run(plan, rank_microbatches(plan, ps.replica(), DATA))
-        grads = snapshot(lambda p: p.grad)
-        torch.optim.SGD(model.parameters(), lr=LR).step()
+        grads = snapshot(lambda p: p.main_grad if megatron_stack else p.grad)
+        optimizer.step()
         reports = place.is_last and place.tp_rank == 0
         loss = (result.loss_sum if reports else None, result.num_tokens if reports else 0)
         return loss, initial, grads, snapshot(lambda p: p)
@@ -147,15 +164,22 @@ UNEVEN = [1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0]  # 9 sequences (228 tokens) vs 3 (
 
 
 @pytest.mark.parametrize(
-    ("owner", "layouts"),
-    [(EVEN, LAYOUTS), (UNEVEN, LAYOUTS), (EVEN, WIDENING)],
-    ids=["even-split", "uneven-batch-sizes", "tp1-into-tp2"],
+    ("owner", "layouts", "megatron_stack"),
+    [
+        (EVEN, LAYOUTS, False),
+        (UNEVEN, LAYOUTS, False),
+        (EVEN, WIDENING, False),
+        (UNEVEN, LAYOUTS, True),
+    ],
+    ids=["even-split", "uneven-batch-sizes", "tp1-into-tp2", "megatron-ddp-and-optimizer"],
 )
-def test_asymmetric_pipelines_equal_the_reference(reference, owner, layouts) -> None:
+def test_asymmetric_pipelines_equal_the_reference(
+    reference, owner, layouts, megatron_stack
+) -> None:
     ref_loss, ref_weights, ref_grads = reference
     plan = hetero_plan(owner, layouts)
     assert len({m.replica for m in plan.microbatches}) == 2
-    results = run_ranks(_run, 5, plan, ref_weights)
+    results = run_ranks(_run, 5, plan, ref_weights, megatron_stack)
 
     tokens = sum(r[0][1] for r in results)
     assert tokens == LENGTHS.sum()
