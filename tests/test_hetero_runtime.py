@@ -216,6 +216,12 @@ def test_layouts_that_do_not_fit_the_job_fail_before_any_collective() -> None:
     clash = [LAYOUTS[0], ReplicaLayout(1, 1, [StageLayout([2, 4], 2, (0, 4))])]
     with pytest.raises(LayoutMismatch, match="replica 1 stage 0: rank 2 is also used by replica 0"):
         HeteroTopology.from_layouts(clash, 5)
+    backwards = [
+        ReplicaLayout(0, 2, [StageLayout([2], 1, (0, 1)), StageLayout([0, 1], 2, (1, 4))]),
+        LAYOUTS[1],
+    ]
+    with pytest.raises(LayoutMismatch, match="replica 0 stage 1 runs on rank 0, not above rank 2"):
+        HeteroTopology.from_layouts(backwards, 5)
     short = [LAYOUTS[0], ReplicaLayout(1, 1, [StageLayout([3, 4], 2, (0, 3))])]
     with pytest.raises(LayoutMismatch, match=r"replica 1 holds layers \[0, 3\) but replica 0"):
         HeteroTopology.from_layouts(short, 5)

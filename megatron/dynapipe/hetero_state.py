@@ -75,8 +75,10 @@ class HeteroTopology:
 
     @classmethod
     def from_layouts(cls, layouts: Sequence[ReplicaLayout], world_size: int) -> HeteroTopology:
-        """Check that the layouts use exactly ranks 0..world_size-1, each once, and hold the
-        same layers [0, L) in every pipeline; errors name the replica, stage or rank."""
+        """Check that the layouts use exactly ranks 0..world_size-1, each once, hold the same
+        layers [0, L) in every pipeline, and that each pipeline's stages run on increasing
+        ranks (megatron-core reads a stage's index from its rank order in the pipeline group);
+        errors name the replica, stage or rank."""
         if not layouts:
             raise LayoutMismatch("the plan has no replica layouts; it is not heterogeneous")
         owner: dict[int, str] = {}
@@ -108,6 +110,17 @@ class HeteroTopology:
                             f"{where}: rank {device} is also used by {owner[device]}"
                         )
                     owner[device] = where
+            for t in range(max(stage.tp for stage in rep.stages)):
+                ranks = [stage.devices[min(t, stage.tp - 1)] for stage in rep.stages]
+                for j in range(1, len(ranks)):
+                    if ranks[j] <= ranks[j - 1]:
+                        # torch numbers a group's members in rank order and megatron-core
+                        # reads a stage's index from its rank in the pipeline group.
+                        raise LayoutMismatch(
+                            f"replica {k} stage {j} runs on rank {ranks[j]}, not above rank "
+                            f"{ranks[j - 1]} of stage {j - 1}: a pipeline's stages must run on "
+                            "increasing ranks (renumber the devices of the plan)"
+                        )
             if num_layers is not None and end != num_layers:
                 raise LayoutMismatch(
                     f"replica {k} holds layers [0, {end}) but replica 0 holds [0, {num_layers})"
