@@ -16,24 +16,31 @@ iteration's real-token count. `loss_func(output)` must use Megatron's per-token 
 `(loss_sum, num_tokens, report)`: the summed losses are back-propagated and the gradients are
 divided once by the real tokens of the whole global batch, so micro-batches of any size weigh
 each token equally (megatron's `calculate_per_token_loss`).
+
+Heterogeneous plans (pipelines of different depth and TP per stage; seed `hexiscale.txt` §3.2)
+run on a job whose groups were built from the same layouts
+(`parallel_state.initialize_heterogeneous`): each rank runs its (replica, stage)'s list, its
+stage boundaries go leader to leader with a TP broadcast (`p2p.LeaderPeerToPeer`) and the
+config's finalize function is the asymmetric gradient sync (`grad_sync.AsymmetricGradSync`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import torch
+from megatron.core import parallel_state as mpu
 from megatron.core.utils import get_attr_wrapped_model
 
-from dynapipe_planner.plan import ExecutionPlan, Instruction
+from dynapipe_planner.plan import ExecutionPlan, Instruction, ReplicaLayout
 from dynapipe_planner.simulate import verify_plan
 
 from . import parallel_state as ps
 from .memory import release_megatron_workspace
-from .p2p import PLAN_DTYPES, PeerToPeer, Transfer
+from .p2p import PLAN_DTYPES, LeaderPeerToPeer, PeerToPeer, Transfer
 from .recompute import RECOMPUTE_MODES, apply_recompute
 
 ForwardStepFunc = Callable[[Iterator[Any], torch.nn.Module], tuple[torch.Tensor, Callable]]
@@ -95,7 +102,9 @@ class IterationResult:
 
 class PlanExecutor:
     """Executes plans on one rank: stage `stage` of replica `replica` of a `num_replicas` x
-    `num_stages` job, over `p2p` to the neighbouring stages."""
+    `num_stages` job, over `p2p` to the neighbouring stages. In a heterogeneous job `layouts`
+    are the job's replica layouts (and `num_stages` this rank's pipeline's depth): a plan runs
+    only if its layouts are exactly these."""
 
     def __init__(
         self,
@@ -108,8 +117,10 @@ class PlanExecutor:
         num_replicas: int,
         p2p: PeerToPeer,
         forward_step_func: ForwardStepFunc = gpt_forward_step,
+        layouts: Sequence[ReplicaLayout] | None = None,
     ) -> None:
         self.model = model
+        self.layouts = list(layouts) if layouts is not None else None
         self.config = config
         self.stage, self.num_stages = stage, num_stages
         self.replica, self.num_replicas = replica, num_replicas
@@ -128,6 +139,17 @@ class PlanExecutor:
         forward_step_func: ForwardStepFunc = gpt_forward_step,
     ) -> PlanExecutor:
         """The executor of this rank's (replica, stage), as `parallel_state` laid out the job."""
+        layouts = None
+        p2p = PeerToPeer(ps.peer_rank, device, timeout_s)
+        if ps.is_heterogeneous():
+            layouts = ps.topology().layouts
+            p2p = LeaderPeerToPeer(
+                ps.peer_rank,
+                device,
+                timeout_s,
+                tp_group=mpu.get_tensor_model_parallel_group(),
+                leader=ps.peer_rank(ps.stage()),
+            )
         return cls(
             model,
             config,
@@ -135,8 +157,9 @@ class PlanExecutor:
             num_stages=ps.num_stages(),
             replica=ps.replica(),
             num_replicas=ps.num_replicas(),
-            p2p=PeerToPeer(ps.peer_rank, device, timeout_s),
+            p2p=p2p,
             forward_step_func=forward_step_func,
+            layouts=layouts,
         )
 
     @property
@@ -150,7 +173,14 @@ class PlanExecutor:
     def check(self, plan: ExecutionPlan) -> None:
         """Reject a plan for another job shape or one that breaks the plan contract, before any
         instruction runs (a wrong order would otherwise deadlock or corrupt gradients)."""
-        if (plan.num_stages, plan.num_replicas) != (self.num_stages, self.num_replicas):
+        if self.layouts is not None:
+            self._check_layouts(plan)
+        elif plan.replicas:
+            raise PlanRejected(
+                "plan is heterogeneous (it has replica layouts) but the job was laid out "
+                "homogeneously; initialise it with parallel_state.initialize_heterogeneous"
+            )
+        elif (plan.num_stages, plan.num_replicas) != (self.num_stages, self.num_replicas):
             raise PlanRejected(
                 f"plan is for {plan.num_replicas} replicas x {plan.num_stages} stages, the job "
                 f"runs {self.num_replicas} x {self.num_stages}"
@@ -169,6 +199,28 @@ class PlanExecutor:
                     f"plan transfers {ins.dtype} ({ins.op} mb {ins.mb}) but the model's "
                     f"pipeline dtype is {wanted}"
                 )
+
+    def _check_layouts(self, plan: ExecutionPlan) -> None:
+        """A heterogeneous job runs only plans laid out exactly as its groups were built."""
+        if not plan.replicas:
+            raise PlanRejected(
+                "plan is homogeneous (no replica layouts) but the job runs heterogeneous layouts"
+            )
+        if len(plan.replicas) != len(self.layouts):
+            raise PlanRejected(
+                f"plan has {len(plan.replicas)} replica(s), the job {len(self.layouts)}"
+            )
+        for k, (got, job) in enumerate(zip(plan.replicas, self.layouts, strict=True)):
+            if got.num_stages != job.num_stages:
+                raise PlanRejected(
+                    f"replica {k}: plan has {got.num_stages} stage(s), the job {job.num_stages}"
+                )
+            for j, (a, b) in enumerate(zip(got.stages, job.stages, strict=True)):
+                if (a.devices, a.tp, tuple(a.layers)) != (b.devices, b.tp, tuple(b.layers)):
+                    raise PlanRejected(
+                        f"replica {k} stage {j}: plan lays it out as {a.to_dict()}, the job "
+                        f"as {b.to_dict()}"
+                    )
 
     def run(
         self, plan: ExecutionPlan, batches: Mapping[int, Any], *, iteration: int = 0
@@ -210,7 +262,7 @@ class PlanExecutor:
                 self._wait(ins, state)
         local_tokens = int(tokens)
         finalize = getattr(self.config, "finalize_model_grads_func", None)
-        if finalize is not None:  # broadcasts `tokens` over the pipeline, sums it over replicas
+        if finalize is not None:  # counts `tokens` once per pipeline, sums them over pipelines
             finalize([self.model], num_tokens=tokens)
         release_megatron_workspace()  # the plan priced it per iteration (memory.py)
         return IterationResult(reports, local_tokens, loss_sum)

@@ -21,6 +21,8 @@ from megatron.core.transformer import TransformerConfig
 from dynapipe_planner.cost.table import split_layers
 from dynapipe_planner.model_spec import ModelSpec
 
+from . import parallel_state as ps
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -79,15 +81,40 @@ def _layer_split_kwargs(counts: list[int]) -> dict[str, int]:
     }
 
 
+def _pipeline_layout(counts: list[int]) -> str:
+    """Any layers-per-stage split as megatron-core's pipeline layout string: embedding (E) on
+    the first stage, `counts[j]` decoder layers (t) on stage j, the loss (L) on the last."""
+    stages = ["t" * n for n in counts]
+    stages[0] = "E" + stages[0]
+    stages[-1] += "L"
+    return "|".join(stages)
+
+
 def transformer_config(
-    spec: ModelSpec, tp: int, pp: int, options: ModelOptions
+    spec: ModelSpec,
+    tp: int,
+    pp: int,
+    options: ModelOptions,
+    layer_counts: list[int] | None = None,
 ) -> TransformerConfig:
     """The megatron-core config of `spec` with DynaPipe's runtime choices.
 
     `calculate_per_token_loss` makes megatron's DDP sum (not average) gradients over replicas:
     the executor already divides each loss by the global batch's real token count.
     `variable_seq_lengths` is set because every micro-batch has its own shape.
+    `layer_counts` (layers per stage of this pipeline) replaces the planner's even split: a
+    heterogeneous plan's layouts give each stage any layer range, which megatron-core takes as
+    a pipeline layout.
     """
+    if layer_counts is None:
+        split = _layer_split_kwargs(stage_layer_counts(spec, pp))
+    else:
+        if len(layer_counts) != pp or sum(layer_counts) != spec.num_layers:
+            raise ValueError(
+                f"layers per stage {layer_counts} do not split the {spec.num_layers} layers of "
+                f"model {spec.name!r} over {pp} stage(s)"
+            )
+        split = {"pipeline_model_parallel_layout": _pipeline_layout(layer_counts)}
     if spec.is_encoder_decoder:
         raise ValueError(f"model {spec.name!r} is encoder-decoder; the runtime trains GPT models")
     dtype = DTYPES[options.dtype]
@@ -116,7 +143,7 @@ def transformer_config(
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
         **_recompute_kwargs(options.recompute),
-        **_layer_split_kwargs(stage_layer_counts(spec, pp)),
+        **split,
     )
 
 
@@ -139,7 +166,8 @@ def _layer_spec():
 def build_stage_model(
     spec: ModelSpec, max_seqlen: int, options: ModelOptions = ModelOptions()
 ) -> tuple[TransformerConfig, GPTModel]:
-    """This rank's stage of `spec` (parallel state must be initialised first)."""
+    """This rank's stage of `spec` (parallel state must be initialised first); in a
+    heterogeneous job, the layers its layout gives it, with its stage's TP degree."""
     return build_gpt_model(
         spec,
         max_seqlen,
@@ -166,7 +194,8 @@ def build_gpt_model(
         )
     tp = mpu.get_tensor_model_parallel_world_size()
     pp = mpu.get_pipeline_model_parallel_world_size()
-    config = transformer_config(spec, tp, pp, options)
+    counts = ps.pipeline_layer_counts() if ps.is_initialized() else None
+    config = transformer_config(spec, tp, pp, options, counts)
     tensor_parallel.model_parallel_cuda_manual_seed(options.seed)
     torch.manual_seed(options.seed)
     model = GPTModel(

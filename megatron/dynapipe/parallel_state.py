@@ -5,10 +5,12 @@ pipeline (stage): `rank = tp_rank + tp * (replica + num_replicas * stage)`, the 
 `dynapipe_planner.cluster.ClusterSpec.rank`, so a plan's (replica, stage) names the rank that
 runs it.
 
-The layout is homogeneous here, so `initialize` lets megatron-core's own
-`initialize_model_parallel` build the groups: that fills every global of
-`megatron.core.parallel_state` on each rank and unmodified megatron-core modules (models, DDP,
-optimiser, schedules) find their groups. Everything in megatron.dynapipe asks this module for
+For a homogeneous layout `initialize` lets megatron-core's own `initialize_model_parallel`
+build the groups: that fills every global of `megatron.core.parallel_state` on each rank and
+unmodified megatron-core modules (models, DDP, optimiser, schedules) find their groups. For the
+asymmetric layouts of a heterogeneous plan (pipelines of different depth, a TP degree per
+stage; seed `hexiscale.txt` §3.2) `initialize_heterogeneous` builds them with `hetero_state`
+and fills the same globals per rank. Everything in megatron.dynapipe asks this module for
 stage, replica and peer ranks instead of computing them.
 """
 
@@ -21,6 +23,16 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as mpu
+
+from dynapipe_planner.plan import ReplicaLayout
+
+from .hetero_state import (
+    HeteroGroups,
+    HeteroTopology,
+    LayoutMismatch,
+    StagePlace,
+    fill_megatron_globals,
+)
 
 
 @dataclass(frozen=True)
@@ -47,7 +59,59 @@ class _Layout:
         return tp_rank + self.tp * (replica + self.dp * stage)
 
 
-_layout: _Layout | None = None
+@dataclass(frozen=True)
+class _HeteroLayout:
+    """An asymmetric job: this rank's place in the plan's layouts and the job's groups."""
+
+    topology: HeteroTopology
+    groups: HeteroGroups
+    place: StagePlace
+    owns_world_group: bool
+
+    @property
+    def tp(self) -> int:
+        return self.place.tp
+
+    @property
+    def pp(self) -> int:
+        return self.place.num_stages
+
+    @property
+    def dp(self) -> int:
+        return len(self.topology.layouts)
+
+    @property
+    def tp_rank(self) -> int:
+        return self.place.tp_rank
+
+    @property
+    def replica(self) -> int:
+        return self.place.replica
+
+    @property
+    def stage(self) -> int:
+        return self.place.stage
+
+
+_layout: _Layout | _HeteroLayout | None = None
+
+
+def _init_world(backend: str | None, timeout_s: float) -> bool:
+    """Initialise torch.distributed from the environment unless the caller did; returns
+    whether this module owns the world group."""
+    if dist.is_initialized():
+        return False
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":  # one GPU per process, as torchrun numbers them on each node
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(
+        backend,
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=timedelta(seconds=timeout_s),
+    )
+    return True
 
 
 def initialize(
@@ -66,18 +130,7 @@ def initialize(
         raise RuntimeError("megatron.dynapipe.parallel_state is already initialised")
     if min(tp, pp, dp) < 1:
         raise ValueError(f"parallel sizes must be >= 1, got tp={tp} pp={pp} dp={dp}")
-    owns_world_group = not dist.is_initialized()
-    if owns_world_group:
-        if backend is None:
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":  # one GPU per process, as torchrun numbers them on each node
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(
-            backend,
-            rank=int(os.environ["RANK"]),
-            world_size=int(os.environ["WORLD_SIZE"]),
-            timeout=timedelta(seconds=timeout_s),
-        )
+    owns_world_group = _init_world(backend, timeout_s)
     world = dist.get_world_size()
     if world != tp * pp * dp:
         raise ValueError(f"world size {world} != tp {tp} x pp {pp} x dp {dp}")
@@ -90,12 +143,120 @@ def initialize(
     _layout = _Layout(tp, pp, dp, dist.get_rank(), owns_world_group)
 
 
+def initialize_heterogeneous(
+    layouts: list[ReplicaLayout],
+    *,
+    tied_embeddings: bool = True,
+    backend: str | None = None,
+    timeout_s: float = 600.0,
+) -> None:
+    """Build the groups of the asymmetric job a heterogeneous plan's `layouts` describe and
+    fill megatron's globals for this rank (`hetero_state`).
+
+    The layouts are checked against the world size before any group exists: a mismatch raises
+    `hetero_state.LayoutMismatch` naming the replica, stage or rank on every rank, so nothing
+    hangs. `tied_embeddings` decides which stages share the word embeddings (gradient groups).
+    torch.distributed is initialised as `initialize` does.
+    """
+    initialize_strategies(
+        [layouts], tied_embeddings=tied_embeddings, backend=backend, timeout_s=timeout_s
+    )
+
+
+def initialize_strategies(
+    strategies: list[list[ReplicaLayout]],
+    *,
+    tied_embeddings: bool = True,
+    backend: str | None = None,
+    timeout_s: float = 600.0,
+) -> None:
+    """`initialize_heterogeneous` for a job that switches between several layouts from one
+    iteration to the next (Hydraulis' per-iteration strategies, seed `hydraulis.txt` §5.2):
+    every strategy's groups are created up front, in strategy order, so a switch creates
+    nothing; strategy 0 is in use until `use_strategy` picks another. Every strategy is
+    checked against the world size before the first group exists; errors name the strategy.
+    """
+    global _layout, _strategies
+    if _layout is not None:
+        raise RuntimeError("megatron.dynapipe.parallel_state is already initialised")
+    owns_world_group = _init_world(backend, timeout_s)
+    topologies = []
+    try:
+        for k, layouts in enumerate(strategies):
+            try:
+                topologies.append(HeteroTopology.from_layouts(layouts, dist.get_world_size()))
+            except LayoutMismatch as err:
+                if len(strategies) == 1:
+                    raise
+                raise LayoutMismatch(f"strategy {k}: {err}") from err
+    except LayoutMismatch:
+        if owns_world_group:
+            dist.destroy_process_group()
+        raise
+    rank = dist.get_rank()
+    _strategies = [
+        _HeteroLayout(t, HeteroGroups(t, rank, tied_embeddings), t.place(rank), owns_world_group)
+        for t in topologies
+    ]
+    use_strategy(0)
+
+
+_strategies: list[_HeteroLayout] = []
+
+
+def use_strategy(index: int) -> None:
+    """Make strategy `index` (of `initialize_strategies`) this rank's layout and point
+    megatron's globals at its groups. Models built under one strategy keep its groups; call
+    this before running that strategy's plan or building its model."""
+    global _layout
+    if not 0 <= index < len(_strategies):
+        raise ValueError(f"strategy {index} does not exist; the job has {len(_strategies)}")
+    _layout = _strategies[index]
+    fill_megatron_globals(_layout.groups)
+
+
+def num_strategies() -> int:
+    """How many layouts the job can switch between (1 for a static heterogeneous plan)."""
+    return len(_strategies)
+
+
+def is_heterogeneous() -> bool:
+    """Whether the job runs a heterogeneous plan's asymmetric layouts."""
+    return isinstance(_layout, _HeteroLayout)
+
+
+def _hetero() -> _HeteroLayout:
+    layout = _get()
+    if not isinstance(layout, _HeteroLayout):
+        raise RuntimeError("the job is homogeneous; it has no heterogeneous layouts")
+    return layout
+
+
+def topology() -> HeteroTopology:
+    """The asymmetric job's layouts (heterogeneous jobs only)."""
+    return _hetero().topology
+
+
+def hetero_groups() -> HeteroGroups:
+    """The asymmetric job's process groups (heterogeneous jobs only)."""
+    return _hetero().groups
+
+
+def pipeline_layer_counts() -> list[int] | None:
+    """Layers per stage of this rank's pipeline in a heterogeneous job; None if homogeneous."""
+    layout = _get()
+    if not isinstance(layout, _HeteroLayout):
+        return None
+    stages = layout.topology.layouts[layout.replica].stages
+    return [s.layers[1] - s.layers[0] for s in stages]
+
+
 def is_initialized() -> bool:
     """Whether `initialize` has run (and `destroy` has not)."""
     return _layout is not None
 
 
-def _get() -> _Layout:
+def _get() -> _Layout | _HeteroLayout:
     if _layout is None:
         raise RuntimeError("megatron.dynapipe.parallel_state is not initialised")
     return _layout
@@ -107,7 +268,7 @@ def stage() -> int:
 
 
 def num_stages() -> int:
-    """Pipeline depth."""
+    """Pipeline depth (of this rank's pipeline)."""
     return _get().pp
 
 
@@ -127,15 +288,18 @@ def tp_rank() -> int:
 
 
 def tp_size() -> int:
-    """Tensor-parallel degree."""
+    """Tensor-parallel degree (of this rank's stage)."""
     return _get().tp
 
 
 def peer_rank(stage: int) -> int:
-    """Global rank holding the same replica and tensor-parallel shard at pipeline `stage`."""
+    """Global rank this rank exchanges boundary tensors with at pipeline `stage`: the same
+    tensor-parallel shard in a homogeneous job, the stage's leader in a heterogeneous one."""
     layout = _get()
     if not 0 <= stage < layout.pp:
         raise ValueError(f"stage {stage} outside 0..{layout.pp - 1}")
+    if isinstance(layout, _HeteroLayout):
+        return layout.topology.leader(layout.replica, stage)
     return layout.rank_of(layout.replica, stage, layout.tp_rank)
 
 
@@ -148,3 +312,4 @@ def destroy() -> None:
     if _layout.owns_world_group and dist.is_initialized():
         dist.destroy_process_group()
     _layout = None
+    _strategies.clear()

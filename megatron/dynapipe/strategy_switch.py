@@ -1,0 +1,323 @@
+"""Per-iteration strategy switching over disaggregated optimiser states.
+
+Hydraulis (seed `hydraulis.txt` §5.2, "Optimization-propagation disaggregation") keeps the fp32
+master weights and the optimiser states in one fixed partition over all GPUs, whatever parallel
+strategy the next iteration propagates with. Each iteration *pulls* the working weights of its
+strategy's layout from their owners and *pushes* the gradients back, reduced, to the owners,
+which then step the optimiser on their shards. Switching strategy between iterations therefore
+moves no optimiser state and rebuilds nothing: the next pull simply fills another layout.
+
+Here the fixed partition cuts every parameter of the whole model along one dim (its TP
+partition dim, 0 for parameters TP does not shard) into one contiguous range per rank. A
+strategy's layout (`hetero_state.HeteroTopology`) puts TP shards of the same parameter on its
+ranks, ranges along the same dim. The "mutual slices" of §5.2 (there at LCM granularity) are
+the intersections of a TP shard's range with an owner's range; `link_pieces` lists them, the
+same list on every rank since it follows from the layouts and the parameter catalogue alone.
+Pull sends each piece from its owner to every rank holding it (a local copy when they are the
+same rank); push sends each piece of gradient from one holder per stage (every TP shard, or the
+TP leader for an unsharded parameter; both tied-embedding copies) to its owner, which sums the
+pieces, the sync of `grad_sync` and the reduce-scatter of §5.2 in one step. All pieces between
+two ranks travel as one message per direction, posted non-blocking on both sides before any
+wait, so an exchange cannot deadlock.
+
+The owners divide the summed gradients by the global batch's real tokens (counted once per
+pipeline, as `grad_sync` does), so every strategy computes the gradient of the same mean loss.
+
+Not yet here: pull/push overlapped with the first/last micro-batches (§5.3's subgraph
+placement), bf16 working weights from fp32 masters is only a cast in `pull`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .grad_sync import logical_name, model_part, unwrap
+from .hetero_state import HeteroTopology
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """One parameter of the whole model: full shape, and the dim its TP shards (and the
+    optimiser's owners) split; `sharded` says whether TP splits it at all."""
+
+    shape: tuple[int, ...]
+    dim: int
+    sharded: bool
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A mutual slice: rows [lo, hi) along `info.dim` of parameter `name`, held by `holder`
+    (whose local tensor starts at row `holder_lo`) and owned by `owner`."""
+
+    name: str
+    lo: int
+    hi: int
+    holder: int
+    holder_lo: int
+    owner: int
+    contributes: bool  # its gradient enters the sum (one holder per stage)
+    source: bool  # the first holding stage's copy: what `load_from` takes
+
+
+def owner_ranges(length: int, world_size: int) -> list[tuple[int, int]]:
+    """Rank k owns rows [k*L//N, (k+1)*L//N) of a parameter L rows long along its dim."""
+    return [(k * length // world_size, (k + 1) * length // world_size) for k in range(world_size)]
+
+
+def local_catalogue(
+    model: torch.nn.Module, layer_offset: int, tp: int, tied_embeddings: bool
+) -> dict[str, ParamInfo]:
+    """What this rank's stage model says about the whole model's parameters."""
+    found = {}
+    for name, param in unwrap(model).named_parameters():
+        sharded = bool(getattr(param, "tensor_model_parallel", False))
+        dim = param.partition_dim if sharded else 0
+        shape = list(param.shape)
+        shape[dim] *= tp if sharded else 1
+        found[logical_name(name, layer_offset, tied_embeddings)] = ParamInfo(
+            tuple(shape), dim, sharded
+        )
+    return found
+
+
+def link_pieces(
+    topology: HeteroTopology, catalogue: dict[str, ParamInfo], tied_embeddings: bool
+) -> list[Piece]:
+    """Every mutual slice of a strategy's layout with the fixed owner partition, in one order
+    (catalogue, holding stage, TP rank, owner) that every rank computes alike."""
+    pieces = []
+    for name, info in catalogue.items():
+        holders = topology.holders(model_part(name, 0, tied_embeddings), tied_embeddings)
+        owners = owner_ranges(info.shape[info.dim], topology.world_size)
+        for replica, stage in holders:
+            first = (replica, stage) == holders[0]
+            layout = topology.layouts[replica].stages[stage]
+            for tp_rank, rank in enumerate(layout.devices):
+                rows = info.shape[info.dim] // (layout.tp if info.sharded else 1)
+                lo = tp_rank * rows if info.sharded else 0
+                contributes = info.sharded or tp_rank == 0
+                for owner, (a, b) in enumerate(owners):
+                    start, end = max(lo, a), min(lo + rows, b)
+                    if start < end:
+                        pieces.append(
+                            Piece(
+                                name,
+                                start,
+                                end,
+                                rank,
+                                lo,
+                                owner,
+                                contributes,
+                                first and contributes,
+                            )
+                        )
+    return pieces
+
+
+class DisaggregatedOptimizer:
+    """This rank's share of the fp32 master weights and Adam states, fixed for the whole job,
+    and the pull/push links to every strategy's working weights.
+
+    `models[k]` is this rank's stage model of strategy k (built while `use_strategy(k)` was in
+    force); `topologies[k]` its layout. Construct it on every rank together: it gathers the
+    parameter catalogue from all ranks.
+    """
+
+    def __init__(
+        self,
+        models: Sequence[torch.nn.Module],
+        topologies: Sequence[HeteroTopology],
+        *,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        tied_embeddings: bool = True,
+    ) -> None:
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.models, self.topologies = list(models), list(topologies)
+        self.tied = tied_embeddings
+        local: dict[str, ParamInfo] = {}
+        self.local_params: list[dict[str, torch.nn.Parameter]] = []
+        for model, topology in zip(self.models, self.topologies, strict=True):
+            place = topology.place(self.rank)
+            local.update(local_catalogue(model, place.layers[0], place.tp, self.tied))
+            self.local_params.append(
+                {
+                    logical_name(n, place.layers[0], self.tied): p
+                    for n, p in unwrap(model).named_parameters()
+                }
+            )
+        gathered: list[dict[str, ParamInfo]] = [{} for _ in range(self.world)]
+        dist.all_gather_object(gathered, local)
+        self.catalogue = self._merge(gathered)
+        self.links = [link_pieces(t, self.catalogue, self.tied) for t in self.topologies]
+        self.master: dict[str, torch.nn.Parameter] = {}
+        for name, info in self.catalogue.items():
+            a, b = owner_ranges(info.shape[info.dim], self.world)[self.rank]
+            shape = list(info.shape)
+            shape[info.dim] = b - a
+            self.master[name] = torch.nn.Parameter(torch.zeros(shape, dtype=torch.float32))
+        owned = [p for p in self.master.values() if p.numel()]
+        self.optimizer = torch.optim.Adam(
+            owned, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
+        )
+
+    @staticmethod
+    def _merge(gathered: list[dict[str, ParamInfo]]) -> dict[str, ParamInfo]:
+        catalogue: dict[str, ParamInfo] = {}
+        for rank, found in enumerate(gathered):
+            for name, info in found.items():
+                if catalogue.setdefault(name, info) != info:
+                    raise ValueError(
+                        f"parameter {name}: rank {rank} sees {info}, another rank "
+                        f"{catalogue[name]}; the strategies disagree about the model"
+                    )
+        return dict(sorted(catalogue.items()))
+
+    # ---- the fixed partition ------------------------------------------------------------
+
+    def load_full(self, weights: dict[str, torch.Tensor]) -> None:
+        """Set the master weights from full tensors by whole-model name (a checkpoint or a
+        reference); each rank keeps its own rows."""
+        with torch.no_grad():
+            for name, info in self.catalogue.items():
+                a, b = owner_ranges(info.shape[info.dim], self.world)[self.rank]
+                full = torch.as_tensor(weights[name], dtype=torch.float32)
+                self.master[name].copy_(full.narrow(info.dim, a, b - a))
+
+    def load_from(self, strategy: int) -> None:
+        """Set the master weights from strategy `strategy`'s models (the first stage holding
+        each parameter): how a job starts from freshly initialised layers."""
+        sources = [p for p in self.links[strategy] if p.source]
+        params = self.local_params[strategy]
+        with torch.no_grad():
+            self._exchange(
+                sources,
+                send=lambda p: self._holder_slice(params[p.name], p),
+                recv=lambda p, t: self._owner_slice(p).copy_(t),
+                sender=lambda p: p.holder,
+            )
+
+    # ---- pull, push, step -------------------------------------------------------------
+
+    def pull(self, strategy: int) -> None:
+        """Fill strategy `strategy`'s working weights on every rank from the owners."""
+        params = self.local_params[strategy]
+        with torch.no_grad():
+            self._exchange(
+                self.links[strategy],
+                send=lambda p: self._owner_slice(p),
+                recv=lambda p, t: self._holder_slice(params[p.name], p).copy_(t),
+                sender=lambda p: p.owner,
+            )
+
+    def push(self, strategy: int, num_tokens: torch.Tensor | None) -> None:
+        """Send strategy `strategy`'s gradients to their owners, summed over holders and
+        divided by the global batch's real tokens (`num_tokens`: this rank's count, from the
+        last stages' TP leaders)."""
+        place = self.topologies[strategy].place(self.rank)
+        total = torch.zeros((), dtype=torch.float64)
+        if place.is_last and place.tp_rank == 0 and num_tokens is not None:
+            total += num_tokens.detach().cpu().to(torch.float64)
+        dist.all_reduce(total)
+        if float(total) <= 0:
+            raise ValueError("the global batch has no real tokens; nothing to normalise by")
+        for master in self.master.values():
+            master.grad = torch.zeros_like(master)
+        params = self.local_params[strategy]
+        self._exchange(
+            [p for p in self.links[strategy] if p.contributes],
+            send=lambda p: self._holder_slice(_grad(params[p.name]), p),
+            recv=lambda p, t: self._owner_slice(p, grad=True).add_(t),
+            sender=lambda p: p.holder,
+        )
+        for master in self.master.values():
+            master.grad.div_(float(total))
+
+    def step(self) -> None:
+        """One Adam step of the owned shards."""
+        self.optimizer.step()
+
+    def finalize_func(self, strategy: int) -> Callable[..., None]:
+        """A `finalize_model_grads_func` for strategy `strategy`'s executor: the push."""
+
+        def finalize(model_chunks=None, num_tokens: torch.Tensor | None = None, **_) -> None:
+            self.push(strategy, num_tokens)
+
+        return finalize
+
+    # ---- plumbing ---------------------------------------------------------------------
+
+    def _owner_slice(self, piece: Piece, grad: bool = False) -> torch.Tensor:
+        info = self.catalogue[piece.name]
+        a, _ = owner_ranges(info.shape[info.dim], self.world)[self.rank]
+        tensor = self.master[piece.name].grad if grad else self.master[piece.name].data
+        return tensor.narrow(info.dim, piece.lo - a, piece.hi - piece.lo)
+
+    def _holder_slice(self, tensor: torch.Tensor, piece: Piece) -> torch.Tensor:
+        dim = self.catalogue[piece.name].dim
+        return tensor.narrow(dim, piece.lo - piece.holder_lo, piece.hi - piece.lo)
+
+    def _exchange(
+        self,
+        pieces: list[Piece],
+        *,
+        send: Callable[[Piece], torch.Tensor],
+        recv: Callable[[Piece, torch.Tensor], object],
+        sender: Callable[[Piece], int],
+    ) -> None:
+        """Move every piece from `sender(piece)` to the other end (holder or owner): one
+        message per pair of ranks and direction, all posted before any wait."""
+        outgoing: dict[int, list[Piece]] = {}
+        incoming: dict[int, list[Piece]] = {}
+        for piece in pieces:
+            src = sender(piece)
+            dst = piece.owner if src == piece.holder else piece.holder
+            if src == self.rank and dst == self.rank:
+                recv(piece, send(piece).clone())
+            elif src == self.rank:
+                outgoing.setdefault(dst, []).append(piece)
+            elif dst == self.rank:
+                incoming.setdefault(src, []).append(piece)
+        buffers, requests = {}, []
+        for src, group in sorted(incoming.items()):
+            size = sum(self._numel(p) for p in group)
+            buffers[src] = torch.empty(size, dtype=torch.float32)
+            requests.append(dist.irecv(buffers[src], src))
+        for dst, group in sorted(outgoing.items()):
+            flat = torch.cat([send(p).float().reshape(-1) for p in group])
+            requests.append(dist.isend(flat, dst))
+        for request in requests:
+            request.wait()
+        for src, group in incoming.items():
+            offset = 0
+            for piece in group:
+                n = self._numel(piece)
+                shape = self._piece_shape(piece)
+                recv(piece, buffers[src][offset : offset + n].view(shape))
+                offset += n
+
+    def _piece_shape(self, piece: Piece) -> tuple[int, ...]:
+        info = self.catalogue[piece.name]
+        shape = list(info.shape)
+        shape[info.dim] = piece.hi - piece.lo
+        return tuple(shape)
+
+    def _numel(self, piece: Piece) -> int:
+        n = 1
+        for size in self._piece_shape(piece):
+            n *= size
+        return n
+
+
+def _grad(param: torch.nn.Parameter) -> torch.Tensor:
+    grad = getattr(param, "main_grad", None)
+    if grad is None:
+        grad = param.grad if param.grad is not None else torch.zeros_like(param)
+    return grad
