@@ -59,6 +59,8 @@ class SelectionConfig:
     packing: str = "lpt"
     recompute: str = "none"
     dtype: str = "bf16"
+    # The only strategies priced (None: any): a runtime built process groups for these alone.
+    allowed: frozenset[Strategy] | None = None
 
     def __post_init__(self) -> None:
         if self.inside not in INSIDE:
@@ -168,7 +170,14 @@ class StrategySelector:
             else []
         )
         offered = homogeneous if self.config.homogeneous else []
-        return list(dict.fromkeys(proposed + own + offered))
+        found = list(dict.fromkeys(proposed + own + offered))
+        if self.config.allowed is not None:
+            found = [s for s in found if s in self.config.allowed]
+            if not found:
+                raise PlanningError(
+                    f"no allowed strategy holds a batch whose longest sequence has {longest} tokens"
+                )
+        return found
 
     def assign(self, prices: _BatchPrices, strategy: Strategy) -> Assignment:
         """Two-stage assignment of one batch to one strategy (dispatch, then Eq. 1 packing)."""

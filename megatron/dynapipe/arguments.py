@@ -76,6 +76,42 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         default=1,
         help="planner processes planning ahead of training on rank 0 (0: plan inline)",
     )
+    h = parser.add_argument_group("heterogeneous jobs")
+    h.add_argument(
+        "--dynamic-strategies",
+        action="store_true",
+        help="choose each iteration's parallel strategy (Hydraulis): pipelines of different "
+        "TP/PP side by side, optimiser states sharded over all ranks and fixed",
+    )
+    h.add_argument(
+        "--strategy-candidates",
+        default=None,
+        metavar="FILE",
+        help="candidate strategies from `dynapipe-strategy propose --output FILE` (default: "
+        "proposed at start-up from the data and the cost model, plus each scheme's "
+        "homogeneous strategy)",
+    )
+    h.add_argument(
+        "--strategy-window",
+        type=int,
+        default=None,
+        help="with --dynamic-strategies, price only the proposals for the batch's longest "
+        "sequence and this many longer maximum lengths (default: all that hold the batch)",
+    )
+    h.add_argument(
+        "--hetero-plan",
+        default=None,
+        metavar="FILE",
+        help="a static asymmetric layout (JSON: replicas of stages with devices, tp, layers, "
+        "and each replica's batch_fraction; see megatron/dynapipe/hetero_plan_file.py)",
+    )
+    h.add_argument(
+        "--device-speed",
+        default=None,
+        metavar="R0:F0,R1:F1,...",
+        help="emulate slower devices: rank R's forward and backward take F times as long "
+        "(sleeps on top of the measured compute; a bare list gives every rank's factor)",
+    )
     g.add_argument(
         "--dynapipe-timeout",
         type=float,
@@ -117,6 +153,7 @@ def _add_megatron_args(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--weight-decay", type=float, default=0.01)
     t.add_argument("--adam-beta1", type=float, default=0.9)
     t.add_argument("--adam-beta2", type=float, default=0.999)
+    t.add_argument("--adam-eps", type=float, default=1e-8)
     t.add_argument("--clip-grad", type=float, default=1.0)
     t.add_argument("--seed", type=int, default=1234)
     t.add_argument("--log-interval", type=int, default=1)
@@ -145,6 +182,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if args.dynamic_micro_batching or args.batching not in (None, "packing"):
             parser.error(f"--baseline {args.baseline} trains packing; drop the other batching")
         args.batching = "packing"
+    if args.dynamic_strategies or args.hetero_plan:
+        if args.dynamic_strategies and args.hetero_plan:
+            parser.error("--dynamic-strategies and --hetero-plan exclude each other")
+        if args.baseline:
+            parser.error("--baseline trains homogeneous layouts only")
+        if args.tensor_model_parallel_size != 1 or args.pipeline_model_parallel_size != 1:
+            parser.error(
+                "with --dynamic-strategies or --hetero-plan the layouts set TP and PP; drop "
+                "--tensor-model-parallel-size and --pipeline-model-parallel-size"
+            )
+    elif args.strategy_candidates or args.strategy_window is not None:
+        parser.error("--strategy-candidates and --strategy-window need --dynamic-strategies")
     if args.batching is None:
         args.batching = "dynamic" if args.dynamic_micro_batching else "padding"
     if args.ffn_hidden_size is None:

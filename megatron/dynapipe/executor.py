@@ -39,6 +39,7 @@ from dynapipe_planner.plan import ExecutionPlan, Instruction, ReplicaLayout
 from dynapipe_planner.simulate import verify_plan
 
 from . import parallel_state as ps
+from .device_speed import paced
 from .memory import release_megatron_workspace
 from .p2p import PLAN_DTYPES, LeaderPeerToPeer, PeerToPeer, Transfer
 from .recompute import RECOMPUTE_MODES, apply_recompute
@@ -127,6 +128,8 @@ class PlanExecutor:
         self.p2p = p2p
         self.forward_step_func = forward_step_func
         self._set_input_tensor = get_attr_wrapped_model(model, "set_input_tensor")
+        # `--device-speed`: compute of this rank emulated this many times slower (device_speed).
+        self.slowdown = 1.0
 
     @classmethod
     def for_this_rank(
@@ -243,13 +246,13 @@ class PlanExecutor:
         for index, ins in enumerate(rank_plan.instructions):
             state = states.setdefault(ins.mb, _MicroBatchState())
             if ins.op == "ForwardPass":
-                result = self._forward(ins, state, batches)
+                result = paced(self.slowdown, self._forward, ins, state, batches)
                 if result is not None:
                     reports.append(result[1])
                     tokens += result[0]
                     loss_sum += float(state.output.detach())
             elif ins.op == "BackwardPass":
-                self._backward(state)
+                paced(self.slowdown, self._backward, state)
             elif ins.op == "FreeBuffer":
                 state.input = state.output = state.output_grad = None
             elif ins.op.endswith("Start"):

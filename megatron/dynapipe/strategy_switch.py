@@ -164,7 +164,8 @@ class DisaggregatedOptimizer:
             shape[info.dim] = b - a
             self.master[name] = torch.nn.Parameter(torch.zeros(shape, dtype=torch.float32))
         owned = [p for p in self.master.values() if p.numel()]
-        self.optimizer = torch.optim.Adam(
+        # Decoupled weight decay, as Megatron's "adam" optimiser does (plain Adam when 0).
+        self.optimizer = torch.optim.AdamW(
             owned, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
         )
 
@@ -203,6 +204,57 @@ class DisaggregatedOptimizer:
                 recv=lambda p, t: self._owner_slice(p).copy_(t),
                 sender=lambda p: p.holder,
             )
+
+    def full_state_dict(self, dst: int = 0) -> dict[str, dict[str, torch.Tensor]] | None:
+        """Every parameter's full fp32 master weight and AdamW states, gathered on rank `dst`
+        (None elsewhere; a collective): what a checkpoint independent of any propagation
+        strategy, and of this job's rank count, holds. `step` is 0 before the first step."""
+        local = {}
+        for name, master in self.master.items():
+            state = self.optimizer.state.get(master, {})
+            zeros = torch.zeros_like(master.data)
+            local[name] = {
+                "param": master.data.clone(),
+                "exp_avg": state.get("exp_avg", zeros).clone(),
+                "exp_avg_sq": state.get("exp_avg_sq", zeros).clone(),
+                "step": float(state.get("step", 0.0)),
+            }
+        gathered = [None] * self.world if self.rank == dst else None
+        dist.gather_object(local, gathered, dst=dst)
+        if gathered is None:
+            return None
+        full = {}
+        for name, info in self.catalogue.items():
+            shards = [g[name] for g in gathered]
+            full[name] = {
+                key: torch.cat([s[key] for s in shards], dim=info.dim)
+                for key in ("param", "exp_avg", "exp_avg_sq")
+            }
+            full[name]["step"] = torch.tensor(max(s["step"] for s in shards))
+        return full
+
+    def load_full_state_dict(self, full: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Take this rank's rows of `full_state_dict`'s output (saved by any job layout)."""
+        missing = sorted(set(self.catalogue) - set(full))
+        if missing:
+            raise KeyError(f"the saved optimiser state lacks parameter(s) {missing[:5]}")
+        self.load_full({name: entry["param"] for name, entry in full.items()})
+        for name, info in self.catalogue.items():
+            master = self.master[name]
+            step = float(full[name]["step"])
+            if not master.numel() or step == 0:
+                continue
+            a, b = owner_ranges(info.shape[info.dim], self.world)[self.rank]
+            self.optimizer.state[master] = {
+                "step": torch.tensor(step),
+                "exp_avg": full[name]["exp_avg"].narrow(info.dim, a, b - a).clone().float(),
+                "exp_avg_sq": full[name]["exp_avg_sq"].narrow(info.dim, a, b - a).clone().float(),
+            }
+
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the next step (the job's LR schedule)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     # ---- pull, push, step -------------------------------------------------------------
 

@@ -98,6 +98,10 @@ def pretrain(args: argparse.Namespace, probe: IterationProbe | None = None) -> l
     pipeline run (the plan's instructions, up to finalised gradients; not the optimiser step),
     the part the plan predicts: the cost-model accuracy benchmark measures it there.
     """
+    if getattr(args, "dynamic_strategies", False) or getattr(args, "hetero_plan", None):
+        from .hetero_training import pretrain_hetero
+
+        return pretrain_hetero(args)
     cpu_compat.install()
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     ps.initialize(tp, pp, max(1, _world_size() // (tp * pp)), timeout_s=args.dynapipe_timeout)

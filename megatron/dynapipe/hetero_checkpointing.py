@@ -1,0 +1,115 @@
+"""Checkpoints of heterogeneous and strategy-switching jobs, independent of the layout.
+
+Hydraulis (seed `hydraulis.txt` §5.2) keeps the fp32 master weights and optimiser states apart
+from whatever strategy propagates, so a checkpoint need not know the strategy either: it holds
+every parameter whole (by its name in the unpipelined model), with its AdamW states, gathered
+from the `DisaggregatedOptimizer`'s shards, plus the data sampler's position. A job resumes
+from it under any strategy set, static layout or rank count: each rank takes its own rows.
+
+Layout: the homogeneous checkpoints' directory (`<dir>/iter_<NNNNNNN>/`, `<dir>/latest_
+iteration.txt`, see `checkpointing`), with one file `full_state.pt` written by rank 0 under a
+temporary name and renamed, the `latest` marker moved only after that, so a crash mid-save
+leaves the previous checkpoint in force. Every rank reads the same file on resume.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .checkpointing import LATEST, CheckpointError, TrainState
+from .strategy_switch import DisaggregatedOptimizer
+
+FULL_STATE = "full_state.pt"
+FORMAT = "dynapipe-full-fp32-v1"
+
+
+def _path(directory: Path, iteration: int) -> Path:
+    return directory / f"iter_{iteration:07d}" / FULL_STATE
+
+
+def save(
+    directory: str | os.PathLike,
+    state: TrainState,
+    optimizer: DisaggregatedOptimizer,
+    sampler,
+) -> Path:
+    """Gather the full master weights and optimiser states on rank 0 and write them with the
+    data position (a collective: every rank calls it)."""
+    directory = Path(directory)
+    path = _path(directory, state.iteration)
+    full = optimizer.full_state_dict(dst=0)
+    if dist.get_rank() == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "format": FORMAT,
+            "iteration": state.iteration,
+            "consumed_tokens": state.consumed_tokens,
+            "saved_by_world_size": dist.get_world_size(),
+            "optimizer": full,
+            "sampler": sampler.state_dict(),
+        }
+        tmp = path.with_suffix(".pt.tmp")
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+        marker = directory / LATEST
+        tmp_marker = marker.with_suffix(".tmp")
+        tmp_marker.write_text(f"{state.iteration}\n")
+        os.replace(tmp_marker, marker)
+    dist.barrier()
+    return path
+
+
+@dataclass
+class FullCheckpoint:
+    """A layout-independent checkpoint, read but not applied (the data position is needed
+    before the models exist, so planning starts while they are built)."""
+
+    path: Path
+    payload: dict
+
+    @property
+    def state(self) -> TrainState:
+        return TrainState(self.payload["iteration"], self.payload["consumed_tokens"])
+
+    @property
+    def sampler_state(self) -> dict:
+        return self.payload["sampler"]
+
+    def restore(self, optimizer: DisaggregatedOptimizer) -> None:
+        """This rank's rows of the master weights and AdamW states."""
+        try:
+            optimizer.load_full_state_dict(self.payload["optimizer"])
+        except (KeyError, RuntimeError) as err:
+            raise CheckpointError(f"checkpoint {self.path} does not fit this model: {err}") from err
+
+
+def read(directory: str | os.PathLike) -> FullCheckpoint:
+    """The latest layout-independent checkpoint in `directory`."""
+    directory = Path(directory)
+    marker = directory / LATEST
+    try:
+        iteration = int(marker.read_text().strip())
+    except FileNotFoundError as err:
+        raise CheckpointError(f"no checkpoint in {directory}: {marker} is missing") from err
+    except ValueError as err:
+        raise CheckpointError(f"{marker} does not hold an iteration number") from err
+    path = _path(directory, iteration)
+    if not path.exists() and (path.parent / "rank_00000.pt").exists():
+        raise CheckpointError(
+            f"{path.parent} holds a homogeneous job's per-rank shards; a heterogeneous job "
+            f"resumes from {FULL_STATE} (layout-independent) checkpoints only"
+        )
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=False)
+    except FileNotFoundError as err:
+        raise CheckpointError(f"checkpoint {path} is missing") from err
+    except Exception as err:  # torch raises several types for a truncated or foreign file
+        raise CheckpointError(f"checkpoint {path} is corrupt: {err}") from err
+    if payload.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {path} is not a {FORMAT} checkpoint")
+    return FullCheckpoint(path, payload)

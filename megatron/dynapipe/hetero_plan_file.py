@@ -1,0 +1,124 @@
+"""The `--hetero-plan` file: a static asymmetric layout and each pipeline's share of the batch.
+
+HexiScale (seed `hexiscale.txt` §3.2) fixes, before training, the pipelines of a mixed
+cluster: each stage's devices (its TP group), its layer range, and each pipeline's share of the
+global batch. Until that planner emits its own plan files the runtime reads this small JSON
+layout (device indices are global ranks; `layers` is [first, end) of the transformer layers):
+
+    {"replicas": [
+        {"stages": [{"devices": [0, 1], "tp": 2, "layers": [0, 2]},
+                    {"devices": [2], "tp": 1, "layers": [2, 4]}],
+         "batch_fraction": 0.5},
+        {"stages": [{"devices": [3], "tp": 1, "layers": [0, 4]}], "batch_fraction": 0.5}]}
+
+`batch_fraction` is the pipeline's share of each global batch's tokens; the shares sum to 1.
+Everything is checked before any process group exists, and each error names the item
+(`replicas[1].stages[0].tp`), so a wrong file fails on every rank with the same message.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dynapipe_planner.model_spec import ModelSpec
+from dynapipe_planner.plan import ReplicaLayout, StageLayout
+
+from .hetero_state import HeteroTopology, LayoutMismatch
+
+
+class HeteroPlanError(ValueError):
+    """The `--hetero-plan` file is malformed or does not fit the model or the job."""
+
+
+def _int(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise HeteroPlanError(f"{where} must be an integer, got {value!r}")
+    return value
+
+
+def _list(value: object, where: str) -> list:
+    if not isinstance(value, list) or not value:
+        raise HeteroPlanError(f"{where} must be a non-empty list, got {value!r}")
+    return value
+
+
+def parse_hetero_plan(
+    data: object, spec: ModelSpec, world_size: int, *, source: str = "hetero plan"
+) -> tuple[list[ReplicaLayout], list[float]]:
+    """Layouts and batch fractions of a parsed `--hetero-plan` document, checked against the
+    model (`spec`: TP divides the heads and FFN width, every pipeline holds all its layers)
+    and the job (`world_size`: every rank in exactly one stage)."""
+    if not isinstance(data, dict) or "replicas" not in data:
+        raise HeteroPlanError(f'{source}: expected an object with a "replicas" list')
+    layouts, fractions = [], []
+    for k, rep in enumerate(_list(data["replicas"], f"{source}: replicas")):
+        where = f"{source}: replicas[{k}]"
+        if not isinstance(rep, dict):
+            raise HeteroPlanError(f"{where} must be an object, got {rep!r}")
+        unknown = sorted(set(rep) - {"stages", "batch_fraction"})
+        if unknown:
+            raise HeteroPlanError(f"{where} has unknown field(s) {unknown}")
+        fraction = rep.get("batch_fraction")
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float) or fraction <= 0:
+            raise HeteroPlanError(f"{where}.batch_fraction must be a number > 0, got {fraction!r}")
+        stages = []
+        for j, stage in enumerate(_list(rep.get("stages"), f"{where}.stages")):
+            at = f"{where}.stages[{j}]"
+            if not isinstance(stage, dict):
+                raise HeteroPlanError(f"{at} must be an object, got {stage!r}")
+            unknown = sorted(set(stage) - {"devices", "tp", "layers"})
+            if unknown:
+                raise HeteroPlanError(f"{at} has unknown field(s) {unknown}")
+            devices = [
+                _int(d, f"{at}.devices[{i}]")
+                for i, d in enumerate(_list(stage.get("devices"), f"{at}.devices"))
+            ]
+            tp = _int(stage.get("tp", len(devices)), f"{at}.tp")
+            if tp != len(devices):
+                raise HeteroPlanError(f"{at}.tp is {tp} but it lists {len(devices)} device(s)")
+            if spec.num_heads % tp or spec.ffn_hidden_size % tp:
+                raise HeteroPlanError(
+                    f"{at}.tp {tp} does not divide the model's {spec.num_heads} heads and FFN "
+                    f"width {spec.ffn_hidden_size}"
+                )
+            layers = stage.get("layers")
+            if not isinstance(layers, list) or len(layers) != 2:
+                raise HeteroPlanError(f"{at}.layers must be [first, end], got {layers!r}")
+            first, end = (_int(x, f"{at}.layers") for x in layers)
+            if not 0 <= first < end <= spec.num_layers:
+                raise HeteroPlanError(
+                    f"{at}.layers [{first}, {end}] is not a non-empty range of the model's "
+                    f"{spec.num_layers} layers"
+                )
+            stages.append(StageLayout(devices, tp, (first, end)))
+        if stages[-1].layers[1] != spec.num_layers:
+            raise HeteroPlanError(
+                f"{where}.stages[{len(stages) - 1}].layers ends at {stages[-1].layers[1]}; the "
+                f"pipeline must hold all {spec.num_layers} layers"
+            )
+        layouts.append(ReplicaLayout(k, len(stages), stages))
+        fractions.append(float(fraction))
+    if abs(sum(fractions) - 1.0) > 1e-6:
+        raise HeteroPlanError(
+            f"{source}: the replicas' batch_fraction values sum to {sum(fractions):.6g}, not 1"
+        )
+    try:
+        HeteroTopology.from_layouts(layouts, world_size)
+    except LayoutMismatch as err:
+        raise HeteroPlanError(f"{source}: {err}") from err
+    return layouts, fractions
+
+
+def load_hetero_plan(
+    path: str | Path, spec: ModelSpec, world_size: int
+) -> tuple[list[ReplicaLayout], list[float]]:
+    """`parse_hetero_plan` of the JSON file at `path` (errors name the file)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as err:
+        raise HeteroPlanError(f"--hetero-plan {path} does not exist") from err
+    except json.JSONDecodeError as err:
+        raise HeteroPlanError(f"--hetero-plan {path} is not valid JSON: {err}") from err
+    return parse_hetero_plan(data, spec, world_size, source=str(path))

@@ -1,0 +1,367 @@
+"""The training loop of heterogeneous jobs: `--dynamic-strategies` and `--hetero-plan`.
+
+Hydraulis (seed `hydraulis.txt` §4, §5.2) picks each iteration's parallel strategy, pipelines
+of different TP/PP side by side, and keeps the fp32 master weights and optimiser states in one
+fixed partition over all ranks, so a switch moves no optimiser state. HexiScale (`hexiscale.txt`
+§3.2) runs one fixed asymmetric layout with a batch share per pipeline. Both run here as one
+loop over the `DisaggregatedOptimizer` (a static layout is a set of one strategy):
+
+1. start-up: every candidate strategy's layouts (`strategy_candidates`, or the `--hetero-plan`
+   file), all their process groups in one order on every rank, each strategy's stage model on
+   this rank and its executor; master weights from strategy 0's fresh layers or a checkpoint;
+2. per iteration: rank 0's planner (planning ahead in worker processes, `plan_source`) selects
+   and plans a strategy for the global batch; every rank reads the strategy from the plan's
+   layouts, switches to it (`parallel_state.use_strategy`), pulls its working weights, runs the
+   plan, pushes gradients to the owners (the executor's finalize step), and the owners step.
+
+Why the disaggregated optimiser also for a static layout (instead of Megatron's optimiser with
+`grad_sync.AsymmetricGradSync`): one code path, the push is the asymmetric sync (pieces summed
+at the owners, weighted by real tokens), the optimiser state is sharded over every rank rather
+than replicated on every holder, and checkpoints are the same layout-independent full state
+(`hetero_checkpointing`) whichever mode saved them.
+
+Each iteration's line names the strategy and splits the time into pull, propagation, push and
+optimiser step (slowest rank of each), Hydraulis Table 1's decomposition.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from dynapipe_planner.cluster import GiB
+from dynapipe_planner.model_spec import ModelSpec
+from dynapipe_planner.plan import ReplicaLayout
+from dynapipe_planner.planner import PlannerConfig
+from dynapipe_planner.static_hetero import StaticHeteroRecipe
+from dynapipe_planner.strategy.schemes import AnalyticSchemeModels
+from dynapipe_planner.strategy.selection import SelectionConfig, StrategyRecipe
+
+from . import cpu_compat, hetero_checkpointing
+from . import parallel_state as ps
+from .checkpointing import TrainState
+from .data import GlobalBatchSampler, build_dataset, rank_microbatches
+from .device_speed import parse_device_speed
+from .executor import PlanExecutor
+from .hetero_plan_file import load_hetero_plan
+from .liveness import Liveness
+from .model import ModelOptions, build_stage_model, padded_vocab_size
+from .plan_source import PLANNING_RANK, dtype_name, open_plan_source
+from .strategy_candidates import (
+    CandidateSet,
+    load_candidates,
+    propose_candidates,
+    realisable,
+)
+from .strategy_switch import DisaggregatedOptimizer
+
+TIMES = ("pull", "propagation", "push", "optimizer")
+
+
+@dataclasses.dataclass
+class HeteroJob:
+    """What every rank derives alike from the flags and the data before any group exists."""
+
+    spec: ModelSpec
+    candidates: CandidateSet
+    recipe: object  # the planning rank's planner recipe (StrategyRecipe or StaticHeteroRecipe)
+    dropped: list[str]  # candidate strategies the job cannot run, for the log
+
+
+def describe(layouts: list[ReplicaLayout]) -> str:
+    """A layout in a few characters: each pipeline's stages as TP x layers."""
+    return " + ".join(
+        "[" + "|".join(f"TP{s.tp}:L{s.layers[0]}-{s.layers[1]}" for s in r.stages) + "]"
+        for r in layouts
+    )
+
+
+def hetero_job(args: argparse.Namespace, vocab_size: int, lengths: np.ndarray, world: int):
+    """The candidate strategies (or the static layout), the model spec with a vocabulary every
+    strategy's TP degrees divide, and the planner recipe."""
+    base = _spec(args, padded_vocab_size(vocab_size, 1))
+    memory = int(args.dynapipe_memory_limit * GiB) if args.dynapipe_memory_limit else 0
+    dtype = dtype_name(args)
+    dropped: list[str] = []
+    if args.hetero_plan:
+        layouts, fractions = load_hetero_plan(args.hetero_plan, base, world)
+        candidates = CandidateSet([f"hetero-plan {describe(layouts)}"], [layouts], [None])
+    else:
+        models = AnalyticSchemeModels(
+            base, _gpu(args), world, gpus_per_node=world, memory_limit_bytes=memory
+        )
+        if args.strategy_candidates:
+            profiles, proposals = load_candidates(args.strategy_candidates, base, world)
+        else:
+            profiles, proposals = propose_candidates(
+                base,
+                lengths,
+                models,
+                max_seqlen=args.seq_length,
+                tokens_per_iteration=args.tokens_per_global_batch,
+                recompute=_profile_recompute(args),
+            )
+        homogeneous = not args.strategy_candidates  # a file is the whole candidate set
+        candidates = realisable(
+            profiles, proposals, world, base.num_layers, homogeneous=homogeneous, dropped=dropped
+        )
+    spec = dataclasses.replace(
+        base, vocab_size=padded_vocab_size(vocab_size, candidates.vocab_multiple_tp)
+    )
+    if args.hetero_plan:
+        config = PlannerConfig(
+            num_replicas=1,
+            batching=args.batching,
+            schedule=args.pipeline_schedule if args.batching == "dynamic" else "1f1b",
+            recompute=args.dynapipe_recompute,
+            dtype=dtype,
+            max_seqlen=args.seq_length,
+            micro_batch_size=args.micro_batch_size if args.batching != "dynamic" else 0,
+            dp_time_budget_s=0.0,  # plans must not depend on a busy CPU
+        )
+        recipe = StaticHeteroRecipe(
+            spec, args.dynapipe_gpu, tuple(layouts), tuple(fractions), config, memory
+        )
+    else:
+        selection = SelectionConfig(
+            inside="dynapipe" if args.batching == "dynamic" else "packing",
+            window=args.strategy_window,
+            homogeneous=homogeneous,
+            batch_candidates=0,  # strategies from the batch itself would need new groups
+            recompute=args.dynapipe_recompute,
+            dtype=dtype,
+            seed=args.seed,
+            allowed=frozenset(candidates.strategies),
+        )
+        scheme_models = AnalyticSchemeModels(
+            spec, _gpu(args), world, gpus_per_node=world, memory_limit_bytes=memory
+        )
+        recipe = StrategyRecipe(tuple(profiles), tuple(proposals), scheme_models, world, selection)
+    return HeteroJob(spec, candidates, recipe, dropped)
+
+
+def _gpu(args: argparse.Namespace):
+    from dynapipe_planner.cluster import get_gpu
+
+    return get_gpu(args.dynapipe_gpu)
+
+
+def _profile_recompute(args: argparse.Namespace) -> str:
+    return "none" if args.dynapipe_recompute == "auto" else args.dynapipe_recompute
+
+
+def _spec(args: argparse.Namespace, vocab: int) -> ModelSpec:
+    return ModelSpec(
+        "pretrain_gpt",
+        "gpt",
+        args.num_layers,
+        args.hidden_size,
+        args.num_attention_heads,
+        args.ffn_hidden_size,
+        vocab,
+        max_position_embeddings=args.max_position_embeddings,
+    )
+
+
+def learning_rate(args: argparse.Namespace, step: int) -> float:
+    """The LR of optimiser step `step` (0-based): linear warmup, then constant, linear or
+    cosine decay to `--min-lr` over `--train-iters`, as Megatron's scheduler."""
+    if args.lr_warmup_iters and step < args.lr_warmup_iters:
+        return args.lr * step / args.lr_warmup_iters
+    if args.lr_decay_style == "constant":
+        return args.lr
+    span = max(1, args.train_iters - args.lr_warmup_iters)
+    ratio = min(1.0, (step - args.lr_warmup_iters) / span)
+    coeff = (
+        1.0 - ratio if args.lr_decay_style == "linear" else 0.5 * (math.cos(math.pi * ratio) + 1)
+    )
+    return args.min_lr + coeff * (args.lr - args.min_lr)
+
+
+def pretrain_hetero(
+    args: argparse.Namespace,
+    *,
+    initial_weights: dict[str, np.ndarray] | None = None,
+    strategies_out: list[str] | None = None,
+) -> list[float]:
+    """Train `args.train_iters` iterations of a heterogeneous job; returns the per-iteration
+    losses (every rank). `initial_weights` (whole-model names) replace the fresh layers (the
+    tests' reference); `strategies_out` collects each iteration's strategy name."""
+    cpu_compat.install()
+    world = dist.get_world_size() if dist.is_initialized() else int(os.environ["WORLD_SIZE"])
+    dataset = build_dataset(args.data_path, max_seqlen=args.seq_length, seed=args.seed)
+    job = hetero_job(args, dataset.vocab_size, dataset.lengths(), world)
+    ps.initialize_strategies(
+        job.candidates.layouts,
+        tied_embeddings=not args.untie_embeddings_and_output_weights,
+        timeout_s=args.dynapipe_timeout,
+    )
+    try:
+        return _train(args, job, dataset, initial_weights, strategies_out)
+    finally:
+        ps.destroy()
+
+
+def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> list[float]:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for line in job.dropped:
+        _log0(rank, line)
+    names = job.candidates.names
+    _log0(rank, f"{len(names)} strategies: " + "; ".join(f"{k}: {n}" for k, n in enumerate(names)))
+    sampler = GlobalBatchSampler(dataset.lengths(), args.tokens_per_global_batch, args.seed)
+    checkpoint = hetero_checkpointing.read(args.load) if args.load else None
+    if checkpoint is not None:
+        sampler.load_state_dict(checkpoint.sampler_state)
+    plans = open_plan_source(
+        job.recipe if rank == PLANNING_RANK else None,
+        sampler,
+        dataset.lengths(),
+        stop_iteration=args.train_iters,
+        num_workers=args.planner_workers,
+        timeout_s=args.dynapipe_timeout,
+    )
+    liveness = Liveness(plans.store, rank, world, server_rank=PLANNING_RANK)
+    with plans, liveness:
+        optimizer, models, executors, timer = _build(args, job)
+        state = TrainState()
+        if checkpoint is not None:
+            checkpoint.restore(optimizer)
+            state = checkpoint.state
+            _log0(rank, f"resumed from {args.load} at iteration {state.iteration}")
+        elif initial_weights is not None:
+            optimizer.load_full(initial_weights)
+        else:
+            optimizer.load_from(0)
+        _log0(rank, f"dataset {dataset.name}: {len(dataset)} samples; model {job.spec.to_dict()}")
+        losses = []
+        while state.iteration < args.train_iters:
+            iteration = state.iteration
+            _, batch = next(sampler)
+            plan, waited_s = plans.get(iteration, batch)
+            k = job.candidates.index_of(plan)
+            ps.use_strategy(k)
+            timer.clear()
+            started = time.perf_counter()
+            with liveness.step(iteration):
+                optimizer.pull(k)
+                timer["pull"] = time.perf_counter() - started
+                models[k].zero_grad(set_to_none=True)
+                batches = rank_microbatches(plan, ps.replica(), dataset)
+                result = executors[k].run(plan, batches, iteration=iteration)
+                ran = time.perf_counter()
+                optimizer.set_lr(learning_rate(args, iteration))
+                optimizer.step()
+                timer["optimizer"] = time.perf_counter() - ran
+                measured_s = time.perf_counter() - started
+                timer["propagation"] = measured_s - sum(
+                    timer[t] for t in ("pull", "push", "optimizer")
+                )
+                loss, tokens, slowest = _global_report(result, timer)
+            losses.append(loss)
+            if strategies_out is not None:
+                strategies_out.append(names[k])
+            state.iteration += 1
+            state.consumed_tokens += tokens
+            if state.iteration % args.log_interval == 0 or state.iteration == args.train_iters:
+                line = _line(args, state, names[k], plan.stats, loss, tokens, measured_s, slowest)
+                _log0(rank, line + f" (waited {waited_s * 1e3:,.1f} ms)")
+            if args.save and (
+                state.iteration % args.save_interval == 0 or state.iteration == args.train_iters
+            ):
+                with liveness.step(iteration):
+                    hetero_checkpointing.save(args.save, state, optimizer, sampler)
+    return losses
+
+
+def _build(args, job: HeteroJob):
+    """Every strategy's stage model and executor on this rank, and the one optimiser."""
+    options = ModelOptions(
+        dtype=dtype_name(args),
+        position_embedding=args.position_embedding_type,
+        tie_embeddings=not args.untie_embeddings_and_output_weights,
+        hidden_dropout=args.hidden_dropout,
+        attention_dropout=args.attention_dropout,
+        seed=args.seed,
+    )
+    models, configs, topologies = [], [], []
+    for k in range(len(job.candidates.layouts)):
+        ps.use_strategy(k)
+        config, model = build_stage_model(job.spec, args.seq_length, options)
+        models.append(model)
+        configs.append(config)
+        topologies.append(ps.topology())
+    optimizer = DisaggregatedOptimizer(
+        models,
+        topologies,
+        lr=args.lr,
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_eps,
+        weight_decay=args.weight_decay,
+        tied_embeddings=options.tie_embeddings,
+    )
+    timer: dict[str, float] = {}
+    slowdown = parse_device_speed(args.device_speed, dist.get_world_size())[dist.get_rank()]
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    executors = []
+    for k in range(len(models)):
+        ps.use_strategy(k)
+        configs[k].finalize_model_grads_func = _timed_push(optimizer.finalize_func(k), timer)
+        executor = PlanExecutor.for_this_rank(
+            models[k], configs[k], device=device, timeout_s=args.dynapipe_timeout
+        )
+        executor.slowdown = slowdown
+        executors.append(executor)
+    return optimizer, models, executors, timer
+
+
+def _timed_push(push, timer: dict[str, float]):
+    def finalize(*args, **kwargs) -> None:
+        started = time.perf_counter()
+        push(*args, **kwargs)
+        timer["push"] = time.perf_counter() - started
+
+    return finalize
+
+
+def _global_report(result, timer: dict[str, float]) -> tuple[float, int, dict[str, float]]:
+    """Loss per real token of the global batch (each pipeline's last-stage TP leader reports
+    its pipeline's) and each time's slowest rank."""
+    place = ps.topology().place(dist.get_rank())
+    leader = place.is_last and place.tp_rank == 0
+    totals = torch.tensor(
+        [result.loss_sum if leader else 0.0, float(result.num_tokens) if leader else 0.0],
+        dtype=torch.float64,
+    )
+    dist.all_reduce(totals)
+    times = torch.tensor([timer.get(t, 0.0) for t in TIMES], dtype=torch.float64)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    tokens = round(float(totals[1]))
+    slowest = dict(zip(TIMES, times.tolist(), strict=True))
+    return float(totals[0]) / max(tokens, 1), tokens, slowest
+
+
+def _line(args, state, strategy, stats, loss, tokens, measured_s, slowest) -> str:
+    width = len(str(args.train_iters))
+    split = ", ".join(f"{t} {slowest[t] * 1e3:,.0f}" for t in TIMES)
+    return (
+        f"iteration {state.iteration:>{width}}/{args.train_iters} | strategy {strategy} | "
+        f"lm loss {loss:.4f} | tokens/s {tokens / measured_s:,.0f} | "
+        f"micro-batches {stats.get('num_microbatches', 0)} | "
+        f"iteration {measured_s * 1e3:,.0f} ms ({split} ms, slowest rank) | "
+        f"predicted {stats.get('predicted_iteration_s', 0.0) * 1e3:,.1f} ms | "
+        f"planning {stats.get('planning_time_s', 0.0) * 1e3:,.1f} ms"
+    )
+
+
+def _log0(rank: int, message: str) -> None:
+    if rank == 0:
+        print(message, file=sys.stdout, flush=True)
