@@ -29,6 +29,7 @@ placement), bf16 working weights from fp32 masters is only a cast in `pull`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -142,6 +143,7 @@ class DisaggregatedOptimizer:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.models, self.topologies = list(models), list(topologies)
         self.tied = tied_embeddings
+        self.last_push_wait_s = 0.0  # of the last push: waiting for the slowest pipeline
         local: dict[str, ParamInfo] = {}
         self.local_params: list[dict[str, torch.nn.Parameter]] = []
         for model, topology in zip(self.models, self.topologies, strict=True):
@@ -277,7 +279,9 @@ class DisaggregatedOptimizer:
         total = torch.zeros((), dtype=torch.float64)
         if place.is_last and place.tp_rank == 0 and num_tokens is not None:
             total += num_tokens.detach().cpu().to(torch.float64)
-        dist.all_reduce(total)
+        started = time.perf_counter()
+        dist.all_reduce(total)  # also where every rank waits for the slowest pipeline
+        self.last_push_wait_s = time.perf_counter() - started
         if float(total) <= 0:
             raise ValueError("the global batch has no real tokens; nothing to normalise by")
         for master in self.master.values():

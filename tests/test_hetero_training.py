@@ -1,0 +1,130 @@
+"""Heterogeneous training end to end on forked gloo ranks (fp32, no dropout).
+
+`--dynamic-strategies` on 4 ranks (candidates proposed at start-up; the tiny memory limit makes
+the selector switch between them) trains with the same losses as a single-process reference
+that runs every sample of each global batch alone through the whole model and steps AdamW. A
+run saved under a static `--hetero-plan` layout and resumed under `--dynamic-strategies`
+continues with the uninterrupted run's losses: the checkpoint holds full fp32 weights and
+optimiser states, whatever layout wrote it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("megatron.core")
+
+from distributed import run_ranks  # noqa: E402
+
+TINY = [
+    "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
+    "--seq-length", "128", "--dynamic-micro-batching", "--tokens-per-global-batch", "1024",
+    "--data-path", "synthetic:flan", "--hidden-dropout", "0", "--attention-dropout", "0",
+    "--lr", "1e-2", "--lr-decay-style", "constant", "--weight-decay", "0",
+    "--dynapipe-memory-limit", "0.003", "--planner-workers", "0", "--dynapipe-timeout", "60",
+]  # fmt: skip
+DYNAMIC = [*TINY, "--dynamic-strategies"]
+HETERO_PLAN = {
+    "replicas": [
+        {
+            "stages": [
+                {"devices": [0, 1], "tp": 2, "layers": [0, 2]},
+                {"devices": [2], "tp": 1, "layers": [2, 4]},
+            ],
+            "batch_fraction": 0.75,
+        },
+        {"stages": [{"devices": [3], "tp": 1, "layers": [0, 4]}], "batch_fraction": 0.25},
+    ]
+}
+ITERATIONS = 3
+
+
+def _reference(rank: int, world: int, argv: list[str], iterations: int):
+    """The whole model on one rank, each batch's samples alone: (initial weights, losses)."""
+    from megatron.dynapipe import cpu_compat
+    from megatron.dynapipe import parallel_state as ps
+    from megatron.dynapipe.arguments import parse_args
+    from megatron.dynapipe.data import GlobalBatchSampler, build_dataset
+    from megatron.dynapipe.hetero_training import hetero_job
+    from megatron.dynapipe.model import ModelOptions, build_stage_model
+
+    args = parse_args(argv)
+    dataset = build_dataset(args.data_path, max_seqlen=args.seq_length, seed=args.seed)
+    spec = hetero_job(args, dataset.vocab_size, dataset.lengths(), 4).spec
+    cpu_compat.install()
+    ps.initialize(1, 1, 1)
+    try:
+        _, model = build_stage_model(spec, args.seq_length, ModelOptions(seed=args.seed))
+        weights = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+        sampler = GlobalBatchSampler(dataset.lengths(), args.tokens_per_global_batch, args.seed)
+        losses = []
+        for _ in range(iterations):
+            _, batch = next(sampler)
+            optimizer.zero_grad()
+            total, tokens = torch.zeros(()), 0
+            for i in batch:
+                t = torch.as_tensor(dataset.tokens(int(i)), dtype=torch.int64)[None]
+                n = t.shape[1] - 1
+                mask = torch.ones(1, 1, n, n, dtype=torch.bool).triu(1)
+                total = total + model(t[:, :-1], torch.arange(n)[None], mask, labels=t[:, 1:]).sum()
+                tokens += n
+            loss = total / tokens
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss))
+        return weights, losses
+    finally:
+        ps.destroy()
+
+
+def _train(rank: int, world: int, argv: list[str], weights: dict):
+    from megatron.dynapipe.arguments import parse_args
+    from megatron.dynapipe.hetero_training import pretrain_hetero
+
+    names: list[str] = []
+    losses = pretrain_hetero(parse_args(argv), initial_weights=weights, strategies_out=names)
+    return losses, names
+
+
+@pytest.fixture(scope="module")
+def reference():
+    argv = [*DYNAMIC, "--train-iters", str(ITERATIONS)]
+    return run_ranks(_reference, 1, argv, ITERATIONS, timeout_s=120)[0]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(reference):
+    weights, _ = reference
+    argv = [*DYNAMIC, "--train-iters", str(ITERATIONS)]
+    return run_ranks(_train, 4, argv, weights, timeout_s=240)[0]
+
+
+def test_dynamic_strategies_equal_the_reference(reference, uninterrupted) -> None:
+    _, ref_losses = reference
+    losses, names = uninterrupted
+    assert len(set(names)) >= 2, f"the selector never switched: {names}"
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    assert losses[-1] < losses[0]
+
+
+def test_resume_under_another_strategy_set(tmp_path: Path, reference, uninterrupted) -> None:
+    import json
+
+    weights, _ = reference
+    plan = tmp_path / "hetero.json"
+    plan.write_text(json.dumps(HETERO_PLAN))
+    ckpt = tmp_path / "ckpt"
+    first = [*TINY, "--hetero-plan", str(plan), "--train-iters", "2", "--save", str(ckpt)]
+    saved, names = run_ranks(_train, 4, first, weights, timeout_s=240)[0]
+    assert names[0].startswith("hetero-plan [TP2:L0-2|TP1:L2-4] + [TP1:L0-4]")
+    assert (ckpt / "iter_0000002" / "full_state.pt").exists()
+    resume = [*DYNAMIC, "--train-iters", str(ITERATIONS), "--load", str(ckpt)]
+    resumed, _ = run_ranks(_train, 4, resume, None, timeout_s=240)[0]
+    losses, _ = uninterrupted
+    np.testing.assert_allclose(saved, losses[:2], rtol=1e-5)
+    np.testing.assert_allclose(resumed, losses[2:], rtol=1e-5)
