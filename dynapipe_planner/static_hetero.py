@@ -15,6 +15,7 @@ ahead of training as for homogeneous jobs.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -65,6 +66,7 @@ class StaticHeteroPlanner:
 
     def plan(self, lengths: np.ndarray, sample_ids: np.ndarray | None = None) -> ExecutionPlan:
         """One heterogeneous plan of the batch (`sample_ids`: the dataset's ids of `lengths`)."""
+        started = time.perf_counter()
         lengths = np.asarray(lengths, dtype=np.int64)
         ids = np.arange(len(lengths)) if sample_ids is None else np.asarray(sample_ids)
         owner = dispatch_by_fraction(lengths, self.fractions)
@@ -75,7 +77,9 @@ class StaticHeteroPlanner:
                 plans.append(idle_pipeline_plan(planner))
             else:
                 plans.append(planner.plan(lengths[mine], ids[mine]))
-        return merge_pipeline_plans(plans, self.layouts)
+        merged = merge_pipeline_plans(plans, self.layouts)
+        merged.stats["planning_time_s"] = time.perf_counter() - started
+        return merged
 
 
 @dataclass(frozen=True)

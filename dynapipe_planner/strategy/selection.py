@@ -20,6 +20,7 @@ packing kept as an option."""
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -260,8 +261,12 @@ class StrategySelector:
 
     def plan(self, lengths: np.ndarray, sample_ids: np.ndarray | None = None) -> ExecutionPlan:
         """`select`, then the winner as one heterogeneous ExecutionPlan for the runtime (what
-        the planning service's workers call)."""
-        return self.to_plan(self.select(lengths, sample_ids))
+        the planning service's workers call); `stats["planning_time_s"]` is the wall time of
+        both."""
+        started = time.perf_counter()
+        plan = self.to_plan(self.select(lengths, sample_ids))
+        plan.stats["planning_time_s"] = time.perf_counter() - started
+        return plan
 
     def to_plan(self, choice: IterationChoice) -> ExecutionPlan:
         """The chosen pipelines side by side (`merge_pipeline_plans`): GPUs are given out in
