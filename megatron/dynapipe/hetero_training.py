@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dynapipe_planner.cluster import GiB
+from dynapipe_planner.cluster import GiB, GpuSpec, get_gpu
 from dynapipe_planner.model_spec import ModelSpec
 from dynapipe_planner.plan import ReplicaLayout
 from dynapipe_planner.planner import PlannerConfig
@@ -148,9 +148,7 @@ def hetero_job(args: argparse.Namespace, vocab_size: int, lengths: np.ndarray, w
     return HeteroJob(spec, candidates, recipe, dropped)
 
 
-def _gpu(args: argparse.Namespace):
-    from dynapipe_planner.cluster import get_gpu
-
+def _gpu(args: argparse.Namespace) -> GpuSpec:
     return get_gpu(args.dynapipe_gpu)
 
 

@@ -1,0 +1,170 @@
+"""Where a heterogeneous iteration's time goes: propagation, optimisation and their
+interaction (pull/push), Hydraulis (seed `hydraulis.txt` §5.2, Table 1) on this machine's CPUs.
+
+Hydraulis disaggregates optimisation from propagation: fp32 master weights and optimiser states
+stay sharded over all GPUs while each iteration's strategy pulls its working weights and pushes
+its gradients. Table 1 of the paper splits an iteration into propagation, optimisation and that
+interaction, for a static homogeneous strategy against dynamic heterogeneous ones. Here every
+row is the real training program, `torchrun --nproc-per-node 4 pretrain_gpt.py` on gloo, with the
+same model, data, seed and global batches, and `--device-speed` emulating slower devices on
+some ranks (sleeps after each forward/backward; default ranks 2 and 3 twice as slow):
+
+- Megatron, static homogeneous: DP2 x PP2 with Megatron DDP and Megatron's optimiser (the log
+  line does not split its time; its total is the reference);
+- static homogeneous, disaggregated: the same two TP1 x PP2 pipelines as a `--hetero-plan`, run
+  over the disaggregated optimiser (what pull/push cost when nothing switches);
+- static heterogeneous: `examples/hetero_plan_4ranks.json` (TP2|TP1 + TP1, 70/30 of the tokens);
+- dynamic heterogeneous: `--dynamic-strategies`, a strategy per iteration.
+
+Each time is the slowest rank's (the log line's), median over the iterations after
+`--warmup-iters`; "propagation" is the plan's execution including the wait for the slowest
+pipeline, "pull+push" the interaction. Pull/push are not overlapped with the first/last
+micro-batches yet (§5.3), so there is no "with overlap" row. CPU numbers show the structure, not
+GPU magnitudes: gloo TP all-reduces and p2p on a shared 2-core box are slow. Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HETERO = re.compile(
+    r"iteration (?P<it>\d+)/\d+ \| strategy (?P<strategy>.+?) \| lm loss (?P<loss>[\d.]+) \| "
+    r"tokens/s (?P<tps>[\d,]+) \| .*?iteration (?P<ms>[\d,]+) ms \(pull (?P<pull>[\d,]+), "
+    r"propagation (?P<prop>[\d,]+), push (?P<push>[\d,]+), optimizer (?P<opt>[\d,]+) ms"
+)
+HOMOGENEOUS = re.compile(
+    r"iteration (?P<it>\d+)/\d+ \| lm loss (?P<loss>[\d.]+) \| tokens/s (?P<tps>[\d,]+) \| "
+    r".*?\| iteration (?P<ms>[\d,]+) ms"
+)
+TWO_PIPELINES = {
+    "replicas": [
+        {
+            "stages": [
+                {"devices": [0], "tp": 1, "layers": [0, 2]},
+                {"devices": [1], "tp": 1, "layers": [2, 4]},
+            ],
+            "batch_fraction": 0.5,
+        },
+        {
+            "stages": [
+                {"devices": [2], "tp": 1, "layers": [0, 2]},
+                {"devices": [3], "tp": 1, "layers": [2, 4]},
+            ],
+            "batch_fraction": 0.5,
+        },
+    ]
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _common(args: argparse.Namespace) -> list[str]:
+    return [
+        "--num-layers", "4", "--hidden-size", str(args.hidden_size),
+        "--num-attention-heads", "4", "--seq-length", str(args.seq_length),
+        "--tokens-per-global-batch", str(args.tokens_per_global_batch),
+        "--data-path", args.data_path, "--dynamic-micro-batching",
+        "--dynapipe-memory-limit", str(args.memory_limit_gb),
+        "--hidden-dropout", "0", "--attention-dropout", "0", "--lr", "1e-3",
+        "--lr-decay-style", "constant", "--device-speed", args.device_speed,
+        "--train-iters", str(args.warmup_iters + args.measured_iters),
+    ]  # fmt: skip
+
+
+def run(label: str, extra: list[str], args: argparse.Namespace) -> dict[str, object]:
+    """One torchrun; medians of the measured iterations."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
+        "--master-port", str(_free_port()), str(ROOT / "pretrain_gpt.py"),
+        *_common(args), *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    started = time.perf_counter()
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"{label} failed:\n{' '.join(cmd)}\n{out.stderr[-4000:]}")
+    split = "--hetero-plan" in extra or "--dynamic-strategies" in extra
+    pattern = HETERO if split else HOMOGENEOUS
+    rows = [m.groupdict() for m in map(pattern.search, out.stdout.splitlines()) if m]
+    if len(rows) != args.warmup_iters + args.measured_iters:
+        raise SystemExit(f"{label}: expected one line per iteration, got:\n{out.stdout}")
+    kept = rows[args.warmup_iters :]
+
+    def median(key: str) -> float:
+        return statistics.median(float(r[key].replace(",", "")) for r in kept)
+
+    result: dict[str, object] = {"label": label, "ms": median("ms"), "tps": median("tps")}
+    result["first_loss"] = float(rows[0]["loss"])
+    if split:
+        result.update(prop=median("prop"), opt=median("opt"), pull=median("pull"))
+        result["push"] = median("push")
+        result["strategies"] = sorted({r["strategy"] for r in kept})
+    print(f"  ran {label} ({time.perf_counter() - started:,.0f} s)", flush=True)
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hidden-size", type=int, default=64)
+    p.add_argument("--seq-length", type=int, default=128)
+    p.add_argument("--tokens-per-global-batch", type=int, default=2048)
+    p.add_argument("--data-path", default="synthetic:flan")
+    p.add_argument("--memory-limit-gb", type=float, default=0.01)
+    p.add_argument("--device-speed", default="2:2,3:2", help="emulated slowdown per rank")
+    p.add_argument("--warmup-iters", type=int, default=2)
+    p.add_argument("--measured-iters", type=int, default=6)
+    args = p.parse_args()
+    print(
+        f"4 CPU ranks (gloo), GPT 4 layers hidden {args.hidden_size}, {args.data_path} at "
+        f"{args.seq_length} tokens, {args.tokens_per_global_batch} tokens per batch, "
+        f"emulated speeds {args.device_speed}; medians of {args.measured_iters} iterations"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        two = Path(tmp) / "two_pipelines.json"
+        two.write_text(json.dumps(TWO_PIPELINES))
+        rows = [
+            run("Megatron static homogeneous DP2xPP2", ["--pipeline-model-parallel-size=2"], args),
+            run("static homogeneous 2xTP1PP2, disaggregated", ["--hetero-plan", str(two)], args),
+            run(
+                "static heterogeneous (hetero-plan)",
+                ["--hetero-plan", str(ROOT / "examples" / "hetero_plan_4ranks.json")],
+                args,
+            ),
+            run("dynamic heterogeneous strategies", ["--dynamic-strategies"], args),
+        ]
+    print(
+        f"\n{'':<44}{'iter ms':>9}{'propag.':>9}{'optim.':>8}{'pull':>7}{'push':>7}"
+        f"{'pull+push %':>12}{'tokens/s':>10}{'1st loss':>10}"
+    )
+    for r in rows:
+        if "prop" in r:
+            interaction = r["pull"] + r["push"]
+            cols = (
+                f"{r['prop']:>9,.0f}{r['opt']:>8,.0f}{r['pull']:>7,.0f}{r['push']:>7,.0f}"
+                f"{100 * interaction / r['ms']:>11.1f}%"
+            )
+        else:
+            cols = f"{'-':>9}{'-':>8}{'-':>7}{'-':>7}{'-':>12}"
+        print(f"{r['label']:<44}{r['ms']:>9,.0f}{cols}{r['tps']:>10,.0f}{r['first_loss']:>10.4f}")
+    for r in rows:
+        if "strategies" in r:
+            print(f"  {r['label']}: {'; '.join(r['strategies'])}")
+
+
+if __name__ == "__main__":
+    main()
