@@ -179,6 +179,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_dynapipe_args(parser)
     args = parser.parse_args(argv)
     if args.baseline:
+        if args.device_speed:
+            parser.error("--device-speed slows DynaPipe's executor; the baseline runs megatron's")
         if args.dynamic_micro_batching or args.batching not in (None, "packing"):
             parser.error(f"--baseline {args.baseline} trains packing; drop the other batching")
         args.batching = "packing"

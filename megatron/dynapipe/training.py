@@ -34,6 +34,7 @@ from . import checkpointing, cpu_compat
 from . import parallel_state as ps
 from .checkpointing import TrainState
 from .data import GlobalBatchSampler, build_dataset, rank_microbatches
+from .device_speed import parse_device_speed
 from .executor import PlanExecutor
 from .liveness import Liveness
 from .megatron_baseline import MegatronPackingBaseline
@@ -163,6 +164,8 @@ def _train(args: argparse.Namespace, tp: int, probe: IterationProbe | None) -> l
             executor = PlanExecutor.for_this_rank(
                 model, config, device=device, timeout_s=args.dynapipe_timeout
             )
+            speeds = parse_device_speed(getattr(args, "device_speed", None), dist.get_world_size())
+            executor.slowdown = speeds[rank]
         _log0(rank, f"dataset {dataset.name}: {len(dataset)} samples; model {spec.to_dict()}")
         losses = []
         while state.iteration < args.train_iters:
