@@ -21,7 +21,9 @@ than replicated on every holder, and checkpoints are the same layout-independent
 (`hetero_checkpointing`) whichever mode saved them.
 
 Each iteration's line names the strategy and splits the time into pull, propagation, push and
-optimiser step (slowest rank of each), Hydraulis Table 1's decomposition.
+optimiser step (slowest rank of each), Hydraulis Table 1's decomposition. Gradients are clipped
+to `--clip-grad` by their global norm (every element has one owner after the push), weight
+decay is decoupled and spares biases and norms, as Megatron's optimiser does.
 """
 
 from __future__ import annotations
@@ -256,6 +258,7 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
                 result = executors[k].run(plan, batches, iteration=iteration)
                 ran = time.perf_counter()
                 optimizer.set_lr(learning_rate(args, iteration))
+                grad_norm = optimizer.clip_grad_norm(args.clip_grad)
                 optimizer.step()
                 timer["optimizer"] = time.perf_counter() - ran
                 measured_s = time.perf_counter() - started
@@ -270,7 +273,8 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
             state.consumed_tokens += tokens
             if state.iteration % args.log_interval == 0 or state.iteration == args.train_iters:
                 line = _line(args, state, names[k], plan.stats, loss, tokens, measured_s, slowest)
-                _log0(rank, line + f" (waited {waited_s * 1e3:,.1f} ms)")
+                line += f" (waited {waited_s * 1e3:,.1f} ms) | grad norm {grad_norm:.3f}"
+                _log0(rank, line)
             if args.save and (
                 state.iteration % args.save_interval == 0 or state.iteration == args.train_iters
             ):

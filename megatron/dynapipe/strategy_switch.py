@@ -165,10 +165,20 @@ class DisaggregatedOptimizer:
             shape = list(info.shape)
             shape[info.dim] = b - a
             self.master[name] = torch.nn.Parameter(torch.zeros(shape, dtype=torch.float32))
-        owned = [p for p in self.master.values() if p.numel()]
-        # Decoupled weight decay, as Megatron's "adam" optimiser does (plain Adam when 0).
+        # Decoupled weight decay, as Megatron's "adam" optimiser does (plain Adam when 0), and
+        # as Megatron none on biases and other 1-D parameters (norms).
+        decay, no_decay = [], []
+        for name, master in self.master.items():
+            if master.numel():
+                flat = master.dim() == 1 or name.endswith(".bias")
+                (no_decay if flat else decay).append(master)
+        groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
         self.optimizer = torch.optim.AdamW(
-            owned, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
+            [g for g in groups if g["params"]],
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
         )
 
     @staticmethod
@@ -299,6 +309,23 @@ class DisaggregatedOptimizer:
     def step(self) -> None:
         """One Adam step of the owned shards."""
         self.optimizer.step()
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Scale the pushed gradients so their global L2 norm is at most `max_norm`; returns
+        the norm before clipping. Every gradient element has exactly one owner after the push,
+        so the owners' sums of squares add up to the whole model's (a collective)."""
+        squares = torch.zeros((), dtype=torch.float64)
+        for master in self.master.values():
+            if master.grad is not None:
+                squares += master.grad.double().pow(2).sum()
+        dist.all_reduce(squares)
+        norm = float(squares.sqrt())
+        if max_norm > 0 and norm > max_norm:
+            scale = max_norm / (norm + 1e-6)
+            for master in self.master.values():
+                if master.grad is not None:
+                    master.grad.mul_(scale)
+        return norm
 
     def finalize_func(self, strategy: int) -> Callable[..., None]:
         """A `finalize_model_grads_func` for strategy `strategy`'s executor: the push."""
