@@ -17,7 +17,8 @@ some ranks (sleeps after each forward/backward; default ranks 2 and 3 twice as s
 - dynamic heterogeneous: `--dynamic-strategies`, a strategy per iteration.
 
 Each time is the slowest rank's (the log line's), median over the iterations after
-`--warmup-iters`; "propagation" is the plan's execution including the wait for the slowest
+`--warmup-iters`, pooled over `--rounds` runs in alternating order; "propagation" is the plan's
+execution including the wait for the slowest
 pipeline, "pull+push" the interaction. Pull/push are not overlapped with the first/last
 micro-batches yet (§5.3), so there is no "with overlap" row. CPU numbers show the structure, not
 GPU magnitudes: gloo TP all-reduces and p2p on a shared 2-core box are slow. Not a test.
@@ -86,8 +87,8 @@ def _common(args: argparse.Namespace) -> list[str]:
     ]  # fmt: skip
 
 
-def run(label: str, extra: list[str], args: argparse.Namespace) -> dict[str, object]:
-    """One torchrun; medians of the measured iterations."""
+def run(label: str, extra: list[str], args: argparse.Namespace) -> list[dict[str, str]]:
+    """One torchrun; its log lines after the warm-up."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
         "--master-port", str(_free_port()), str(ROOT / "pretrain_gpt.py"),
@@ -103,18 +104,25 @@ def run(label: str, extra: list[str], args: argparse.Namespace) -> dict[str, obj
     rows = [m.groupdict() for m in map(pattern.search, out.stdout.splitlines()) if m]
     if len(rows) != args.warmup_iters + args.measured_iters:
         raise SystemExit(f"{label}: expected one line per iteration, got:\n{out.stdout}")
-    kept = rows[args.warmup_iters :]
+    for row in rows:
+        row["first_loss"] = rows[0]["loss"]
+    load = os.getloadavg()[0]
+    print(f"  ran {label} ({time.perf_counter() - started:,.0f} s, load {load:.1f})", flush=True)
+    return rows[args.warmup_iters :]
+
+
+def summary(label: str, kept: list[dict[str, str]]) -> dict[str, object]:
+    """Medians over every measured iteration of every round."""
 
     def median(key: str) -> float:
         return statistics.median(float(r[key].replace(",", "")) for r in kept)
 
     result: dict[str, object] = {"label": label, "ms": median("ms"), "tps": median("tps")}
-    result["first_loss"] = float(rows[0]["loss"])
-    if split:
+    result["first_loss"] = float(kept[0]["first_loss"])
+    if "prop" in kept[0]:
         result.update(prop=median("prop"), opt=median("opt"), pull=median("pull"))
         result["push"] = median("push")
         result["strategies"] = sorted({r["strategy"] for r in kept})
-    print(f"  ran {label} ({time.perf_counter() - started:,.0f} s)", flush=True)
     return result
 
 
@@ -128,25 +136,31 @@ def main() -> None:
     p.add_argument("--device-speed", default="2:2,3:2", help="emulated slowdown per rank")
     p.add_argument("--warmup-iters", type=int, default=2)
     p.add_argument("--measured-iters", type=int, default=6)
+    p.add_argument("--rounds", type=int, default=1, help="runs per configuration, pooled")
     args = p.parse_args()
     print(
         f"4 CPU ranks (gloo), GPT 4 layers hidden {args.hidden_size}, {args.data_path} at "
         f"{args.seq_length} tokens, {args.tokens_per_global_batch} tokens per batch, "
-        f"emulated speeds {args.device_speed}; medians of {args.measured_iters} iterations"
+        f"emulated speeds {args.device_speed}; medians of {args.measured_iters} iterations x "
+        f"{args.rounds} round(s)"
     )
     with tempfile.TemporaryDirectory() as tmp:
         two = Path(tmp) / "two_pipelines.json"
         two.write_text(json.dumps(TWO_PIPELINES))
-        rows = [
-            run("Megatron static homogeneous DP2xPP2", ["--pipeline-model-parallel-size=2"], args),
-            run("static homogeneous 2xTP1PP2, disaggregated", ["--hetero-plan", str(two)], args),
-            run(
+        configs = [
+            ("Megatron static homogeneous DP2xPP2", ["--pipeline-model-parallel-size=2"]),
+            ("static homogeneous 2xTP1PP2, disaggregated", ["--hetero-plan", str(two)]),
+            (
                 "static heterogeneous (hetero-plan)",
                 ["--hetero-plan", str(ROOT / "examples" / "hetero_plan_4ranks.json")],
-                args,
             ),
-            run("dynamic heterogeneous strategies", ["--dynamic-strategies"], args),
+            ("dynamic heterogeneous strategies", ["--dynamic-strategies"]),
         ]
+        kept: dict[str, list[dict[str, str]]] = {label: [] for label, _ in configs}
+        for round_ in range(args.rounds):  # alternate the order: load drifts on a shared box
+            for label, extra in configs if round_ % 2 == 0 else configs[::-1]:
+                kept[label] += run(label, extra, args)
+        rows = [summary(label, kept[label]) for label, _ in configs]
     print(
         f"\n{'':<44}{'iter ms':>9}{'propag.':>9}{'optim.':>8}{'pull':>7}{'push':>7}"
         f"{'pull+push %':>12}{'tokens/s':>10}{'1st loss':>10}"
