@@ -4,10 +4,10 @@
 the selector switch between them) trains with the same losses as a single-process reference
 that runs every sample of each global batch alone through the whole model and steps AdamW. A
 static `--hetero-plan` layout with gradient clipping and weight decay equals the reference
-with Megatron's optimiser semantics. A run saved under a static `--hetero-plan` layout and resumed under `--dynamic-strategies`
-continues with the uninterrupted run's losses: the checkpoint holds full fp32 weights and
-optimiser states, whatever layout wrote it. And `pretrain_gpt.py --dynamic-strategies` under
-torchrun trains on 4 CPU ranks.
+with Megatron's optimiser semantics. A run saved under a static `--hetero-plan` layout and
+resumed under `--dynamic-strategies` continues with the uninterrupted run's losses: the
+checkpoint holds full fp32 weights and optimiser states, whatever layout wrote it. And
+`pretrain_gpt.py --dynamic-strategies` under torchrun trains on 4 CPU ranks.
 """
 
 from __future__ import annotations
