@@ -4,6 +4,10 @@
         --num-attention-heads 4 --seq-length 1024 --pipeline-model-parallel-size 2 \
         --dynamic-micro-batching --tokens-per-global-batch 16384 --train-iters 10
 
+Heterogeneous jobs (pipelines of different TP/PP side by side) take `--dynamic-strategies`
+(a strategy per iteration, Hydraulis) or `--hetero-plan FILE` (one asymmetric layout,
+HexiScale) instead of the TP/PP sizes; `--device-speed` emulates slower devices on CPU ranks.
+
 Megatron's flags keep their meaning; `--dynamic-micro-batching`, `--pipeline-schedule`,
 `--tokens-per-global-batch` and the other DynaPipe flags are listed by `--help`.
 """

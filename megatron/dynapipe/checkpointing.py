@@ -102,6 +102,11 @@ def read(directory: str | os.PathLike) -> Checkpoint:
         raise CheckpointError(f"{marker} does not hold an iteration number") from err
     rank, world = dist.get_rank(), dist.get_world_size()
     path = _shard_path(directory, iteration, rank)
+    if not path.exists() and (path.parent / "full_state.pt").exists():
+        raise CheckpointError(
+            f"{path.parent} holds a heterogeneous job's full_state.pt; resume it with "
+            "--dynamic-strategies or --hetero-plan"
+        )
     try:
         payload = torch.load(path, map_location="cpu", weights_only=False)
     except FileNotFoundError as err:
