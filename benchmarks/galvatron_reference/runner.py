@@ -1,0 +1,163 @@
+"""Run one hetu-galvatron 2.4.0 search inside the throwaway environment; print JSON.
+
+This file is executed by the throwaway venv's interpreter (`env.py` builds it), never imported
+by our package: it needs only the standard library and the installed `galvatron` package.
+
+Usage: `python runner.py JOB.json` where the job names the profile directory written by
+`profiles.py` and the search settings; the result (chosen plan, predicted throughput, timings)
+is printed as one JSON object on the last line of stdout. Everything Galvatron prints while it
+searches goes to `<work_dir>/galvatron_stdout.log` instead, so the JSON line stays parseable.
+
+GPU-only modules. `from galvatron.core import GalvatronSearchEngine` (the entry point the
+package's own `search_dist.py` scripts use) imports the training runtime too, which imports
+NVIDIA Apex's fused kernels (`apex`, `amp_C`). Those are CUDA builds with no CPU wheel, and the
+search never calls them, so `_install_gpu_only_stubs` registers placeholder modules for them:
+any attribute is a class that raises if it is ever instantiated or called. Galvatron stubs
+`transformer_engine` itself; flash-attn is imported under try/except and left absent. Torch is
+the real CPU build: the runtime subclasses `torch.nn.Module` and decorates with `torch.jit` at
+import time, which a stub cannot honour faithfully.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import sys
+import time
+import types
+
+# Top-level modules that exist only as CUDA builds and are imported, not used, by the search.
+GPU_ONLY_MODULES = ("apex", "amp_C")
+
+
+class _GpuOnlyPlaceholder:
+    """Stands for any class or function of a stubbed GPU-only module."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise RuntimeError("a GPU-only module stubbed by the search benchmark was used")
+
+
+class _GpuOnlyModule(types.ModuleType):
+    def __getattr__(self, name: str) -> type:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _GpuOnlyPlaceholder
+
+
+class _GpuOnlyFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Answers imports of `GPU_ONLY_MODULES` and their submodules with `_GpuOnlyModule`s."""
+
+    def find_spec(self, fullname: str, path: object, target: object = None):
+        if fullname.split(".")[0] in GPU_ONLY_MODULES:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = _GpuOnlyModule(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        return None
+
+
+def _install_gpu_only_stubs() -> None:
+    sys.meta_path.insert(0, _GpuOnlyFinder())
+
+
+def _search_args(job: dict, work_dir: str):
+    """The engine's own argument namespace (its argparse defaults), then the job's settings."""
+    from galvatron.core.search_engine.arguments import galvatron_search_args
+
+    parser = galvatron_search_args(argparse.ArgumentParser())
+    args = parser.parse_args([])
+    settings = {
+        "num_nodes": job["num_nodes"],
+        "num_gpus_per_node": job["gpus_per_node"],
+        "memory_constraint": job["memory_gb"],
+        "settle_bsz": job["global_batch"],
+        "max_tp_deg": job["max_tp"],
+        "max_pp_deg": job["max_pp"],
+        "mixed_precision": job.get("mixed_precision", "bf16"),
+        "pipeline_type": job.get("pipeline_type", "pipedream_flush"),
+        "default_dp_type": "ddp",
+        "sp_space": "tp",
+        "disable_vtp": 1,
+        "time_profile_mode": "static",
+        "memory_profile_mode": "static",
+        "memory_profiling_path": job["profile_dir"],
+        "time_profiling_path": job["profile_dir"],
+        "allreduce_bandwidth_config_path": job["profile_dir"],
+        "p2p_bandwidth_config_path": job["profile_dir"],
+        "overlap_coe_path": job["profile_dir"],
+        "sp_time_path": job["profile_dir"],
+        "output_config_path": work_dir,
+        "log_dir": os.path.join(work_dir, "logs"),
+    }
+    settings.update(job.get("extra_args", {}))
+    for key, value in settings.items():
+        if not hasattr(args, key):
+            raise SystemExit(f"galvatron 2.4.0 has no search argument {key!r}")
+        setattr(args, key, value)
+    # Read from the namespace by the engine although the model's argparse group defines them.
+    args.hidden_size = job["hidden_size"]
+    return args
+
+
+def _read_plan(work_dir: str) -> dict | None:
+    configs = [f for f in os.listdir(work_dir) if f.startswith("galvatron_config_")]
+    if not configs:
+        return None
+    with open(os.path.join(work_dir, configs[0])) as f:
+        return json.load(f)
+
+
+def main() -> None:
+    start_total = time.perf_counter()
+    with open(sys.argv[1]) as f:
+        job = json.load(f)
+    work_dir = job["work_dir"]
+    os.makedirs(work_dir, exist_ok=True)
+    log = open(os.path.join(work_dir, "galvatron_stdout.log"), "w")  # noqa: SIM115
+
+    start_import = time.perf_counter()
+    _install_gpu_only_stubs()
+    with contextlib.redirect_stdout(log):
+        from galvatron.core import GalvatronSearchEngine
+    import_s = time.perf_counter() - start_import
+
+    args = _search_args(job, work_dir)
+    layer_configs = [
+        {"hidden_size": job["hidden_size"], "layer_num": job["num_layers"], "seq_len": job["seq_len"]}
+    ]
+    with contextlib.redirect_stdout(log):
+        start = time.perf_counter()
+        engine = GalvatronSearchEngine(args)
+        engine.set_search_engine_info(job["profile_dir"], layer_configs, job["model_name"])
+        engine.set_model_type("gpt")
+        engine.initialize_search_engine()
+        init_s = time.perf_counter() - start
+        start_opt = time.perf_counter()
+        throughput = engine.parallelism_optimization()
+        optimize_s = time.perf_counter() - start_opt
+    log.close()
+    plan = _read_plan(work_dir)
+    result = {
+        "throughput": float(throughput),
+        "plan": plan,
+        "search_s": init_s + optimize_s,
+        "init_s": init_s,
+        "optimize_s": optimize_s,
+        "import_s": import_s,
+        "total_s": time.perf_counter() - start_total,
+        "num_strategies": len(engine.strategies),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
