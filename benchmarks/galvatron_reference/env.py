@@ -34,7 +34,8 @@ _READY_MARK = "galvatron-ready.json"
 
 
 def default_env_dir() -> str:
-    root = os.environ.get("DYNAPIPE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "dynapipe")
+    root = os.environ.get("DYNAPIPE_CACHE")
+    root = root or os.path.join(os.path.expanduser("~"), ".cache", "dynapipe")
     return os.path.join(root, "galvatron-2.4.0")
 
 

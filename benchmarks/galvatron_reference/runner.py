@@ -131,9 +131,8 @@ def main() -> None:
     import_s = time.perf_counter() - start_import
 
     args = _search_args(job, work_dir)
-    layer_configs = [
-        {"hidden_size": job["hidden_size"], "layer_num": job["num_layers"], "seq_len": job["seq_len"]}
-    ]
+    layer = {"hidden_size": job["hidden_size"], "layer_num": job["num_layers"]}
+    layer_configs = [{**layer, "seq_len": job["seq_len"]}]
     with contextlib.redirect_stdout(log):
         start = time.perf_counter()
         engine = GalvatronSearchEngine(args)
