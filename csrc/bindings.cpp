@@ -4,8 +4,9 @@
 #include "core.h"
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "C++ hot loops of the planner (micro-batching DP, schedules, dispatch).";
+  m.doc() = "C++ hot loops of the planner (micro-batching DP, schedules, dispatch, layer DP).";
   register_microbatch_dp(m);
   register_schedule(m);
   register_dispatch(m);
+  register_layer_dp(m);
 }

@@ -6,3 +6,4 @@
 void register_microbatch_dp(pybind11::module_& m);
 void register_schedule(pybind11::module_& m);  // schedule_sim.cpp: 1F1B, adaptive, timeline
 void register_dispatch(pybind11::module_& m);  // dispatch.cpp: Hydraulis greedy dispatch
+void register_layer_dp(pybind11::module_& m);  // layer_dp.cpp: Galvatron-BMW layer DP

@@ -118,6 +118,16 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         _llama("llama-7b", 32, 4096, 32, 11008),
         _llama("llama-13b", 40, 5120, 40, 13824),
         _llama("llama-32b", 60, 6656, 64, 17920),
+        # Galvatron-BMW Table I shapes (seed galvatron_bmw.txt §VII-A). BERT and ViT are
+        # encoder-only stacks with the same layer shape as a GPT layer (attention masks do not
+        # change FLOPs or bytes here); ViT's "vocabulary" is its 1000-class head. T5-Large-32
+        # has 16 encoder and 16 decoder layers.
+        ModelSpec("bert-huge-32", "gpt", 32, 1280, 16, 5120, 30522, max_position_embeddings=512),
+        ModelSpec("bert-huge-48", "gpt", 48, 1280, 16, 5120, 30522, max_position_embeddings=512),
+        ModelSpec("vit-huge-32", "gpt", 32, 1280, 16, 5120, 1000, max_position_embeddings=197),
+        ModelSpec("vit-huge-48", "gpt", 48, 1280, 16, 5120, 1000, max_position_embeddings=197),
+        ModelSpec("t5-large-32", "t5", 16, 1024, 16, 4096, 32128, max_position_embeddings=512),
+        ModelSpec("t5-large-48", "t5", 24, 1024, 16, 4096, 32128, max_position_embeddings=512),
     )
 }
 

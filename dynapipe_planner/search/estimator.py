@@ -1,0 +1,243 @@
+"""Galvatron-BMW cost estimator (seed `galvatron_bmw.txt` §V, App. C).
+
+Prices every layer of a pipeline stage under every candidate strategy, for one micro-batch of
+`b` samples (split `data_degree` ways) and `m` micro-batches:
+
+* compute: forward from `CostInputs`, backward twice the forward (§V), plus one more forward
+  under CKPT (recomputation) with its TP all-reduce;
+* communication from bandwidths: TP all-reduces (not overlapped), SDP all-gathers before
+  forward and backward and a reduce-scatter after backward (3 (N-1)/N of the weights,
+  Takeaway #3), DP gradient all-reduce (2 (N-1)/N) on the last micro-batch only (App. C);
+* overlap: SDP/DP traffic runs beside compute and both slow down by `overlap_slowdown` while
+  they overlap: `slowdown * min(a, b) + |a - b|`;
+* memory: model states (weights, gradients, Adam; sharded by TP and SDP), forward activations
+  (only the layer input under CKPT) times the micro-batches in flight under 1F1B (stage i of
+  P keeps min(P - i, m)), and the backward peak of a layer (its workspace, its recomputed
+  activations under CKPT, SDP's gathered weights), combined by Eq. 2;
+* transformation cost R between neighbouring layers whose activations are laid out
+  differently (Eq. 4), priced as gathering the missing samples over the stage's GPUs;
+* the pipeline time of Eq. 9: (m - 1) * max_i C_nosync(M_i) + sum_i C(M_i).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cost_inputs import CostInputs
+from .space import LayerStrategy
+
+INF = float("inf")
+
+
+def overlapped(compute: np.ndarray, comm: np.ndarray, slowdown: float) -> np.ndarray:
+    """Time of `compute` and `comm` run side by side, each slowed down while both run."""
+    return slowdown * np.minimum(compute, comm) + np.abs(compute - comm)
+
+
+@dataclass
+class StageTables:
+    """Per-layer x per-strategy costs of one stage (layers in rows, strategies in columns)."""
+
+    nosync: np.ndarray  # one micro-batch without gradient sync (s)
+    sync: np.ndarray  # the last micro-batch, with DP gradient sync (s)
+    objective: np.ndarray  # (m - 1) * nosync + sync: what the layer DP minimises
+    fwd_bytes: np.ndarray  # O_f: activations kept, times micro-batches in flight
+    state_bytes: np.ndarray  # O_ms: weights, gradients, optimiser states
+    bwd_bytes: np.ndarray  # O_b: backward peak on top of the stored activations
+    transform: np.ndarray  # (L, S, S): R(previous strategy, this strategy) for all micro-batches
+    transform_once: np.ndarray  # (L, S, S): R for one micro-batch
+    extra_time_nosync: float  # p2p, embedding / output layer per micro-batch
+    extra_time_sync: float
+    extra_bytes: float  # embedding / output layer memory
+
+
+def _layout_key(s: LayerStrategy) -> tuple:
+    """Which samples a GPU holds: DP and SDP split samples alike, CKPT changes nothing."""
+    levels = tuple(
+        ("data" if p in ("dp", "sdp") else p, d) for p, d in zip(s.order, s.degrees, strict=True)
+    )
+    return levels
+
+
+class Estimator:
+    """Costs of `strategies` (all of one PP degree) for the layers of `inputs`."""
+
+    def __init__(self, inputs: CostInputs, strategies: list[LayerStrategy]) -> None:
+        self.inputs = inputs
+        self.strategies = strategies
+        self.pp = strategies[0].pp if strategies else 1
+        self.group = strategies[0].group_size if strategies else 1
+        types = inputs.layer_types
+        s_count, t_count = len(strategies), len(types)
+        lat = inputs.link_latency_s
+        self.supported = np.array([inputs.supports(s) for s in strategies], dtype=bool)
+        tp = np.array([s.tp for s in strategies], dtype=np.float64)
+        dp = np.array([s.dp for s in strategies], dtype=np.float64)
+        sdp = np.array([s.sdp for s in strategies], dtype=np.float64)
+        self.data = dp * sdp
+        self.ckpt = np.array([s.ckpt for s in strategies], dtype=bool)
+
+        def ring_bw(paradigm: str) -> np.ndarray:
+            return np.array(
+                [
+                    inputs.bandwidth(s.degree(paradigm), s.stride(paradigm))
+                    if s.degree(paradigm) > 1
+                    else INF
+                    for s in strategies
+                ]
+            )
+
+        tp_bw, dp_bw, sdp_bw = ring_bw("tp"), ring_bw("dp"), ring_bw("sdp")
+        # Per layer type x strategy: per-sample-on-this-GPU pieces and per-micro-batch constants.
+        self.fwd_per_sample = np.zeros((t_count, s_count))
+        self.tp_per_sample = np.zeros((t_count, s_count))
+        self.act_per_sample = np.zeros((t_count, s_count))
+        self.work_per_sample = np.zeros((t_count, s_count))
+        self.sdp_gather = np.zeros((t_count, s_count))
+        self.dp_allreduce = np.zeros((t_count, s_count))
+        self.states = np.zeros((t_count, s_count))
+        self.gathered = np.zeros((t_count, s_count))
+        for k, lt in enumerate(types):
+            for j, s in enumerate(strategies):
+                if not self.supported[j]:
+                    continue
+                t = s.tp
+                self.fwd_per_sample[k, j] = lt.forward_s_per_sample[t]
+                if t > 1:
+                    ring = 2.0 * (t - 1) / t / tp_bw[j]
+                    self.tp_per_sample[k, j] = lt.tp_allreduce_bytes_per_sample * ring
+                self.act_per_sample[k, j] = lt.activation_bytes_per_sample[t]
+                self.work_per_sample[k, j] = lt.workspace_bytes_per_sample[t]
+                shard = lt.param_bytes / t
+                if s.sdp > 1:
+                    z = s.sdp
+                    self.sdp_gather[k, j] = (z - 1) / z * shard / sdp_bw[j] + lat
+                    self.gathered[k, j] = shard
+                if s.dp > 1:
+                    a = s.dp
+                    self.dp_allreduce[k, j] = 2.0 * (a - 1) / a * shard / dp_bw[j] + lat
+                self.states[k, j] = lt.param_bytes * inputs.model_state_factor / t / s.sdp
+        self.tp_latency = np.where(tp > 1, lat, 0.0)
+        # Transformation: gather the samples a GPU lacks when the layout changes.
+        keys = [_layout_key(s) for s in strategies]
+        self.relayout = np.zeros((s_count, s_count))  # fraction of the new shard to receive
+        for i, a in enumerate(strategies):
+            for j, b in enumerate(strategies):
+                if keys[i] == keys[j]:
+                    continue
+                if b.data_degree > a.data_degree and b.data_degree % a.data_degree == 0:
+                    continue  # the new shard is a slice of what the GPU holds: local
+                if b.data_degree < a.data_degree:
+                    self.relayout[i, j] = 1.0 - b.data_degree / a.data_degree
+                else:
+                    self.relayout[i, j] = 1.0
+        self.stage_bw = inputs.bandwidth(self.group, 1) if self.group > 1 else INF
+
+    def stage_tables(
+        self, layers: range, stage: int, microbatch: int, num_micro: int
+    ) -> StageTables:
+        """Costs of `layers` on pipeline stage `stage` (0-based)."""
+        inputs, b, m = self.inputs, float(microbatch), num_micro
+        kinds = np.array([inputs.layer_kinds[i] for i in layers], dtype=np.int64)
+        n_local = b / self.data  # samples per GPU
+        ok = self.supported & (microbatch % self.data.astype(np.int64) == 0)
+        fwd_compute = self.fwd_per_sample[kinds] * n_local
+        tp_pass = self.tp_per_sample[kinds] * n_local + self.tp_latency
+        gather = self.sdp_gather[kinds]
+        forward = overlapped(fwd_compute, gather, inputs.overlap_slowdown) + tp_pass
+        bwd_compute = fwd_compute * np.where(self.ckpt, 3.0, 2.0)
+        bwd_tp = tp_pass * np.where(self.ckpt, 2.0, 1.0)
+        slow = inputs.overlap_slowdown
+        nosync = forward + overlapped(bwd_compute, 2.0 * gather, slow) + bwd_tp
+        sync = forward + overlapped(bwd_compute, 2.0 * gather + self.dp_allreduce[kinds], slow)
+        sync = sync + bwd_tp
+        in_flight = min(self.pp - stage, m)
+        stored = np.where(
+            self.ckpt,
+            np.array([inputs.layer_types[k].boundary_bytes_per_sample for k in kinds])[:, None],
+            self.act_per_sample[kinds],
+        )
+        fwd_bytes = in_flight * n_local * stored
+        bwd_bytes = n_local * (
+            self.work_per_sample[kinds] + np.where(self.ckpt, self.act_per_sample[kinds], 0.0)
+        )
+        bwd_bytes = bwd_bytes + self.gathered[kinds]
+        state_bytes = self.states[kinds]
+        bad = ~ok[None, :]
+        nosync = np.where(bad, INF, nosync)
+        sync = np.where(bad, INF, sync)
+        objective = (m - 1) * nosync + sync
+        boundary = np.array([inputs.layer_types[k].boundary_bytes_per_sample for k in kinds])
+        # Forward and backward each move the missing activations (and their gradients).
+        per_layer = 2.0 * boundary * b / self.stage_bw
+        new_shard = 1.0 / self.data
+        once = per_layer[:, None, None] * (self.relayout * new_shard[None, :])[None, :, :]
+        extra_t, extra_b = self._extras(stage, b)
+        return StageTables(
+            nosync=nosync,
+            sync=sync,
+            objective=objective,
+            fwd_bytes=fwd_bytes,
+            state_bytes=state_bytes,
+            bwd_bytes=bwd_bytes,
+            transform=once * m,
+            transform_once=once,
+            extra_time_nosync=extra_t,
+            extra_time_sync=extra_t,
+            extra_bytes=extra_b,
+        )
+
+    def _extras(self, stage: int, b: float) -> tuple[float, float]:
+        """Per micro-batch p2p time and the embedding / output layer of the end stages.
+
+        The embedding and output layers are split evenly over the stage's GPUs (like a
+        vocabulary-parallel layer), and their communication is not priced.
+        """
+        inputs, n = self.inputs, self.group
+        time = 0.0
+        nbytes = 0.0
+        if self.pp > 1:
+            bw = inputs.p2p_bandwidth[self.pp]
+            first = inputs.layer_types[inputs.layer_kinds[0]]
+            sends = (stage > 0) + (stage < self.pp - 1)
+            time += sends * (b * first.boundary_bytes_per_sample / n / bw + inputs.link_latency_s)
+        if stage == 0:
+            nbytes += inputs.embedding_param_bytes * inputs.model_state_factor / n
+        if stage == self.pp - 1:
+            nbytes += inputs.output_param_bytes * inputs.model_state_factor / n
+            nbytes += inputs.output_activation_bytes_per_sample * b / n
+            time += 3.0 * inputs.output_forward_s_per_sample * b / n
+        return time, nbytes
+
+
+def peak_memory(t: StageTables, chosen: list[int]) -> float:
+    """Eq. 2 for the chosen strategy of each layer, plus the end stages' extra bytes."""
+    running = 0.0
+    peak = 0.0
+    states = 0.0
+    for layer, j in enumerate(chosen):
+        running += t.fwd_bytes[layer, j]
+        peak = max(peak, running + t.bwd_bytes[layer, j])
+        states += t.state_bytes[layer, j]
+    return peak + states + t.extra_bytes
+
+
+def stage_times(t: StageTables, chosen: list[int]) -> tuple[float, float]:
+    """(one micro-batch without sync, the last micro-batch with sync) of a stage."""
+    nosync = t.extra_time_nosync
+    sync = t.extra_time_sync
+    for layer, j in enumerate(chosen):
+        nosync += t.nosync[layer, j]
+        sync += t.sync[layer, j]
+        if layer:
+            r = t.transform_once[layer, chosen[layer - 1], j]
+            nosync += r
+            sync += r
+    return nosync, sync
+
+
+def pipeline_time(nosync: list[float], sync: list[float], num_micro: int) -> float:
+    """Eq. 9: (m - 1) * max_i C_nosync(M_i) + sum_i C(M_i)."""
+    return (num_micro - 1) * max(nosync) + sum(sync)
