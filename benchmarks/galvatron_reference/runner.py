@@ -16,6 +16,13 @@ any attribute is a class that raises if it is ever instantiated or called. Galva
 `transformer_engine` itself; flash-attn is imported under try/except and left absent. Torch is
 the real CPU build: the runtime subclasses `torch.nn.Module` and decorates with `torch.jit` at
 import time, which a stub cannot honour faithfully.
+
+Pricing given plans. `job["evaluate"]` may list plans (PP degree, partition, micro-batch count,
+per layer `[tp, sdp, tp_consecutive, ckpt]`); each is priced with Galvatron's own cost model the
+way its search prices a candidate (`pipeline_costmodel` on the per-layer `TimeCostModel`s,
+per-stage `MemoryCostModel` sums against its budget), so another engine's plan can be compared
+with Galvatron's choice on Galvatron's terms. Galvatron's chosen plan is priced the same way as
+a self-check.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import contextlib
 import importlib.abc
 import importlib.machinery
 import json
+import math
 import os
 import sys
 import time
@@ -116,6 +124,101 @@ def _read_plan(work_dir: str) -> dict | None:
         return json.load(f)
 
 
+def _galvatron_strategy(pp: int, group: int, tp: int, sdp: int, consec: int, ckpt: int) -> list:
+    """Galvatron's `[pp, tp, dp, info]` strategy list for one layer, with the info keys its
+    strategy generator uses: `fsdp` when there is data parallelism, `tp` (TP consecutive)
+    only when TP and data parallelism share the stage, `cpt` for checkpointed layers."""
+    dp = group // tp
+    info: dict[str, int] = {}
+    if 1 < tp < group:
+        info = {"tp": int(consec), "fsdp": int(sdp)}
+    elif dp > 1:
+        info = {"fsdp": int(sdp)}
+    if ckpt:
+        info["cpt"] = 1
+    return [pp, tp, dp, info]
+
+
+def _plan_from_config(config: dict) -> dict:
+    def ints(key: str) -> list[int]:
+        return [int(x) for x in str(config[key]).split(",")]
+
+    layers = zip(
+        ints("tp_sizes_enc"),
+        ints("dp_types_enc"),
+        ints("tp_consecutive_flags"),
+        ints("checkpoint"),
+        strict=True,
+    )
+    return {
+        "pp": int(config["pp_deg"]),
+        "partition": ints("pp_division"),
+        "chunks": int(config["chunks"]),
+        "layers": [list(layer) for layer in layers],
+    }
+
+
+def _price_plan(engine, args, plan: dict) -> dict:
+    """Galvatron's predicted throughput and per-stage memory of `plan` (vocab TP off: min_tp 1)."""
+    from galvatron.core.search_engine.cost_model import (
+        MemoryCostModel,
+        OtherTimeCostModel,
+        TimeCostModel,
+        pipeline_costmodel,
+    )
+
+    world, pp, batch, chunk = args.gpu_num, plan["pp"], args.settle_bsz, plan["chunks"]
+    group, min_tp, max_tp = world // pp, 1, 1
+    strategies = [_galvatron_strategy(pp, group, *layer) for layer in plan["layers"]]
+    # The micro-batch size and chunk count exactly as the search derives them for (bsz, chunk).
+    mbsz = (batch // (world // pp // min_tp) + chunk - 1) // chunk
+    chunks = [
+        pa.optimal_chunk_func(batch * min_tp // group, [pp, min_tp, group], mbsz, min_tp)
+        for pa in engine.parallel_args_list
+    ]
+    lists = (
+        engine.model_args_list,
+        engine.train_args_list,
+        engine.parallel_args_list,
+        engine.profile_model_args_list,
+        engine.profile_hardware_args_list,
+    )
+    first = {
+        "model_args": lists[0][0],
+        "train_args": lists[1][0],
+        "parallel_args": lists[2][0],
+        "profile_model_args": lists[3][0],
+    }
+    other_time = OtherTimeCostModel(
+        mbsz, pp, world, 0, 0, min_tp, max_tp, engine.seqlen_list,
+        profile_hardware_args=lists[4][0], **first,
+    ).gen_result()  # fmt: skip
+    cost = pipeline_costmodel(
+        TimeCostModel, engine.layernum_list, *lists, strategies, plan["partition"], chunks,
+        batch, min_tp, other_time[1][min_tp],
+    )  # fmt: skip
+    limit = engine.memory_constraint
+    if limit // 1024 > 20:
+        limit -= int(limit * 0.2)  # the search's allocator-cache reserve
+    stage_mib, start = [], 0
+    for stage, count in enumerate(plan["partition"]):
+        total = 0
+        for i, s in enumerate(strategies[start : start + count]):
+            mem = MemoryCostModel(
+                s, batch, mbsz=mbsz, min_tp=min_tp, max_tp=max_tp, stage_idx=stage, **first
+            ).get_memory_cost()
+            total += math.ceil(mem["enc_total"])
+            if i == 0:
+                total += math.ceil(mem["other"][min_tp][stage])
+        stage_mib.append(total)
+        start += count
+    return {
+        "throughput": batch / cost,
+        "stage_memory_mib": stage_mib,
+        "fits": max(stage_mib) <= limit,
+    }
+
+
 def main() -> None:
     start_total = time.perf_counter()
     with open(sys.argv[1]) as f:
@@ -145,6 +248,8 @@ def main() -> None:
         optimize_s = time.perf_counter() - start_opt
     log.close()
     plan = _read_plan(work_dir)
+    priced = [_price_plan(engine, args, p) for p in job.get("evaluate", [])]
+    self_check = _price_plan(engine, args, _plan_from_config(plan)) if plan else None
     result = {
         "throughput": float(throughput),
         "plan": plan,
@@ -154,6 +259,8 @@ def main() -> None:
         "import_s": import_s,
         "total_s": time.perf_counter() - start_total,
         "num_strategies": len(engine.strategies),
+        "priced": priced,
+        "self_check": self_check,
     }
     print(json.dumps(result))
 
