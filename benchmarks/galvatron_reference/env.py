@@ -85,28 +85,30 @@ def build_env(env_dir: str | None = None, *, rebuild: bool = False, verbose: boo
     return env_dir
 
 
-def run_search(env_dir: str, job: dict, *, timeout_s: float = 1800.0) -> dict:
-    """Run `runner.py` on `job` in the environment; returns its JSON result.
+def run_searches(env_dir: str, jobs: list[dict], *, timeout_s: float = 3600.0) -> dict:
+    """Run `runner.py` on `jobs` in one process of the environment; returns its JSON summary
+    (`results`, one per job in order, `import_s`, `total_s`).
 
-    `job` needs `profile_dir`, `model_name`, `hidden_size`, `num_layers`, `seq_len`,
-    `num_nodes`, `gpus_per_node`, `memory_gb`, `global_batch`, `max_tp`, `max_pp`; a
-    `work_dir` is made when absent.
+    A job needs `profile_dir`, `model_name`, `hidden_size`, `num_layers`, `seq_len`,
+    `num_nodes`, `gpus_per_node`, `memory_gb`, `global_batch`, `max_tp`, `max_pp`, and
+    optionally `evaluate` (plans to price); jobs without a `work_dir` get one in a temporary
+    directory removed afterwards.
     """
-    job = dict(job)
-    owned = "work_dir" not in job
-    if owned:
-        job["work_dir"] = tempfile.mkdtemp(prefix="galvatron-run-")
+    scratch = tempfile.mkdtemp(prefix="galvatron-run-")
     try:
-        job_path = os.path.join(job["work_dir"], "job.json")
-        os.makedirs(job["work_dir"], exist_ok=True)
-        with open(job_path, "w") as f:
-            json.dump(job, f)
+        jobs = [
+            {**job, "work_dir": job.get("work_dir") or os.path.join(scratch, f"job{i}")}
+            for i, job in enumerate(jobs)
+        ]
+        jobs_path = os.path.join(scratch, "jobs.json")
+        with open(jobs_path, "w") as f:
+            json.dump({"jobs": jobs}, f)
         proc = subprocess.run(
-            [env_python(env_dir), RUNNER, job_path],
+            [env_python(env_dir), RUNNER, jobs_path],
             capture_output=True,
             text=True,
             timeout=timeout_s,
-            cwd=job["work_dir"],
+            cwd=scratch,
             env=_clean_environ(),
         )
         if proc.returncode != 0:
@@ -115,5 +117,4 @@ def run_search(env_dir: str, job: dict, *, timeout_s: float = 1800.0) -> dict:
             )
         return json.loads(proc.stdout.strip().splitlines()[-1])
     finally:
-        if owned:
-            shutil.rmtree(job["work_dir"], ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)

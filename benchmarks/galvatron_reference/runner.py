@@ -3,9 +3,9 @@
 This file is executed by the throwaway venv's interpreter (`env.py` builds it), never imported
 by our package: it needs only the standard library and the installed `galvatron` package.
 
-Usage: `python runner.py JOB.json` where the job names the profile directory written by
-`profiles.py` and the search settings; the result (chosen plan, predicted throughput, timings)
-is printed as one JSON object on the last line of stdout. Everything Galvatron prints while it
+Usage: `python runner.py JOBS.json` where each job names the profile directory written by
+`profiles.py` and the search settings; the results (chosen plan, predicted throughput, timings)
+are printed as one JSON object on the last line of stdout. Everything Galvatron prints while it
 searches goes to `<work_dir>/galvatron_stdout.log` instead, so the JSON line stays parseable.
 
 GPU-only modules. `from galvatron.core import GalvatronSearchEngine` (the entry point the
@@ -219,26 +219,19 @@ def _price_plan(engine, args, plan: dict) -> dict:
     }
 
 
-def main() -> None:
-    start_total = time.perf_counter()
-    with open(sys.argv[1]) as f:
-        job = json.load(f)
+def _run_job(engine_class: type, job: dict) -> dict:
+    """One search (and the pricing of `job["evaluate"]`); Galvatron's prints go to a log file."""
     work_dir = job["work_dir"]
     os.makedirs(work_dir, exist_ok=True)
-    log = open(os.path.join(work_dir, "galvatron_stdout.log"), "w")  # noqa: SIM115
-
-    start_import = time.perf_counter()
-    _install_gpu_only_stubs()
-    with contextlib.redirect_stdout(log):
-        from galvatron.core import GalvatronSearchEngine
-    import_s = time.perf_counter() - start_import
-
     args = _search_args(job, work_dir)
     layer = {"hidden_size": job["hidden_size"], "layer_num": job["num_layers"]}
     layer_configs = [{**layer, "seq_len": job["seq_len"]}]
-    with contextlib.redirect_stdout(log):
+    with (
+        open(os.path.join(work_dir, "galvatron_stdout.log"), "w") as log,
+        contextlib.redirect_stdout(log),
+    ):
         start = time.perf_counter()
-        engine = GalvatronSearchEngine(args)
+        engine = engine_class(args)
         engine.set_search_engine_info(job["profile_dir"], layer_configs, job["model_name"])
         engine.set_model_type("gpt")
         engine.initialize_search_engine()
@@ -246,23 +239,38 @@ def main() -> None:
         start_opt = time.perf_counter()
         throughput = engine.parallelism_optimization()
         optimize_s = time.perf_counter() - start_opt
-    log.close()
     plan = _read_plan(work_dir)
-    priced = [_price_plan(engine, args, p) for p in job.get("evaluate", [])]
-    self_check = _price_plan(engine, args, _plan_from_config(plan)) if plan else None
-    result = {
+    return {
         "throughput": float(throughput),
         "plan": plan,
         "search_s": init_s + optimize_s,
         "init_s": init_s,
         "optimize_s": optimize_s,
+        "num_strategies": len(engine.strategies),
+        "priced": [_price_plan(engine, args, p) for p in job.get("evaluate", [])],
+        "self_check": _price_plan(engine, args, _plan_from_config(plan)) if plan else None,
+    }
+
+
+def main() -> None:
+    """`runner.py JOBS.json`: a job object or `{"jobs": [...]}`, run one after another in this
+    process, so the interpreter start and imports are paid once."""
+    start_total = time.perf_counter()
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
+    jobs = spec.get("jobs", [spec])
+    start_import = time.perf_counter()
+    _install_gpu_only_stubs()
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+        from galvatron.core import GalvatronSearchEngine
+    import_s = time.perf_counter() - start_import
+    results = [_run_job(GalvatronSearchEngine, job) for job in jobs]
+    summary = {
+        "results": results,
         "import_s": import_s,
         "total_s": time.perf_counter() - start_total,
-        "num_strategies": len(engine.strategies),
-        "priced": priced,
-        "self_check": self_check,
     }
-    print(json.dumps(result))
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":
