@@ -9,7 +9,8 @@ Public API (stable)::
            strategy_filter: Callable[[LayerStrategy], bool] | None = None,
            bi_objective: bool = True, prune: bool = True, memory_bins: int = 256,
            microbatch_counts: int = 4, batch_window: int = 2,
-           max_adjust_steps: int | None = None,
+           max_adjust_steps: int | None = None, stop_after_misses: int = 2,
+           num_microbatches: int | None = None,
            progress: Callable[[int, int], None] | None = None) -> SearchResult
 
     `memory_budget` is bytes per GPU; `bi_objective=False` is Galvatron-Base (memory-balanced
@@ -32,6 +33,7 @@ Public API (stable)::
         output_forward_s_per_sample, output_activation_bytes_per_sample: float
         seq_length: int
         description: dict
+        to_dict() / CostInputs.from_dict(d)      # JSON round trip ("size,stride" keys)
 
     LayerTypeCosts (frozen dataclass), per layer type at the job's sequence length:
         name: str

@@ -11,6 +11,7 @@ datasheet bandwidths; a profiler or a test can construct it directly.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -22,6 +23,11 @@ from .space import LayerStrategy, group_crosses_nodes, pipeline_degrees, strateg
 
 # bf16 weights (2) + fp32 gradients (4) + fp32 Adam master, m, v (12) per 2 bytes of weights.
 MIXED_PRECISION_ADAM_STATE_FACTOR = 9.0
+_PER_TP_FIELDS = (
+    "forward_s_per_sample",
+    "activation_bytes_per_sample",
+    "workspace_bytes_per_sample",
+)
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,60 @@ class CostInputs:
     @property
     def num_layers(self) -> int:
         return len(self.layer_kinds)
+
+    def to_dict(self) -> dict:
+        """JSON-ready form (dict keys become strings: TP degrees, "size,stride", PP degrees)."""
+        return {
+            "layer_types": [
+                {
+                    **dataclasses.asdict(t),
+                    **{k: {str(tp): v for tp, v in getattr(t, k).items()} for k in _PER_TP_FIELDS},
+                }
+                for t in self.layer_types
+            ],
+            "layer_kinds": list(self.layer_kinds),
+            "allreduce_bandwidth": {
+                f"{a},{b}": v for (a, b), v in self.allreduce_bandwidth.items()
+            },
+            "p2p_bandwidth": {str(k): v for k, v in self.p2p_bandwidth.items()},
+            **{
+                f.name: getattr(self, f.name)
+                for f in dataclasses.fields(self)
+                if f.name
+                not in ("layer_types", "layer_kinds", "allreduce_bandwidth", "p2p_bandwidth")
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CostInputs:
+        """Inverse of `to_dict`."""
+        try:
+            types = tuple(
+                LayerTypeCosts(
+                    **{
+                        **t,
+                        **{k: {int(tp): v for tp, v in t[k].items()} for k in _PER_TP_FIELDS},
+                    }
+                )
+                for t in data["layer_types"]
+            )
+            rest = {
+                k: v
+                for k, v in data.items()
+                if k not in ("layer_types", "layer_kinds", "allreduce_bandwidth", "p2p_bandwidth")
+            }
+            return cls(
+                layer_types=types,
+                layer_kinds=tuple(data["layer_kinds"]),
+                allreduce_bandwidth={
+                    tuple(int(x) for x in k.split(",")): v
+                    for k, v in data["allreduce_bandwidth"].items()
+                },
+                p2p_bandwidth={int(k): v for k, v in data["p2p_bandwidth"].items()},
+                **rest,
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise PlanningError(f"cost inputs: malformed description ({e})") from e
 
     def bandwidth(self, size: int, stride: int) -> float:
         try:

@@ -168,7 +168,7 @@ class Estimator:
         bad = ~ok[None, :]
         nosync = np.where(bad, INF, nosync)
         sync = np.where(bad, INF, sync)
-        objective = (m - 1) * nosync + sync
+        objective = np.where(bad, INF, (m - 1) * np.where(bad, 0.0, nosync) + sync)
         boundary = np.array([inputs.layer_types[k].boundary_bytes_per_sample for k in kinds])
         # Forward and backward each move the missing activations (and their gradients).
         per_layer = 2.0 * boundary * b / self.stage_bw

@@ -16,6 +16,7 @@ the backward-peak check of Eq. 2; plans with E_fwd <= E - b_up pass by construct
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,14 +70,27 @@ def _run_reference(objective, weight, transform, budget):
     return best, back
 
 
-def layer_dp_table_reference(objective, weight, transform, budget: int) -> list[float]:
+Matrix = Sequence[Sequence[float]]
+
+
+def layer_dp_table_reference(
+    objective: Matrix, weight: Matrix, transform: Sequence[Matrix], budget: int
+) -> list[float]:
     """min over strategies of C(L, e) for e = 0..budget (plain Python)."""
     best, _ = _run_reference(objective, weight, transform, budget)
     return [min(row) for row in best]
 
 
 def layer_dp_reference(
-    objective, weight, transform, fwd, bwd, states, budget: int, memory_limit: float, unchecked: int
+    objective: Matrix,
+    weight: Matrix,
+    transform: Sequence[Matrix],
+    fwd: Matrix,
+    bwd: Matrix,
+    states: Matrix,
+    budget: int,
+    memory_limit: float,
+    unchecked: int,
 ) -> tuple[float, list[int], int]:
     """Algorithm 3 in plain Python: (objective, strategy per layer, forward budget in bins)."""
     if budget < 0:

@@ -107,25 +107,40 @@ class _PipelineSearch:
             self._plans[key] = solve_stage(t, self.budget, self.granularity)
         return self._plans[key]
 
-    def initial_partition(self, mb: int, m: int) -> list[int]:
-        """p_m: memory-balanced under the non-CKPT strategy with the least forward memory."""
+    def initial_partitions(self, mb: int, m: int) -> list[list[int]]:
+        """p_m: memory-balanced partitions under an initial strategy for every layer (§IV-B:
+        Strategy_Init, PP_Partition_Init). Which strategy decides how much activations weigh
+        against model states, so two are tried: the non-CKPT strategies with the least and
+        the most memory. The second is the partition a DP+PP-only space would start from, so
+        the full space never starts from a worse one than that limited space."""
         L = self.inputs.num_layers
         if self.pp == 1:
-            return [L]
+            return [[L]]
         probe = self.est.stage_tables(range(L), 0, mb, m)
         per_layer = probe.fwd_bytes / min(self.pp, m) + probe.state_bytes
-        candidates = [
-            j
-            for j, s in enumerate(self.strategies)
-            if not s.ckpt and math.isfinite(probe.objective[0, j])
-        ] or [j for j in range(len(self.strategies)) if math.isfinite(probe.objective[0, j])]
+        usable = [j for j in range(len(self.strategies)) if math.isfinite(probe.objective[0, j])]
+        candidates = [j for j in usable if not self.strategies[j].ckpt] or usable
         if not candidates:
-            return [L // self.pp + (i < L % self.pp) for i in range(self.pp)]
-        j0 = min(candidates, key=lambda j: per_layer[0, j])
-        act = probe.fwd_bytes[:, j0] / min(self.pp, m)
+            return [[L // self.pp + (i < L % self.pp) for i in range(self.pp)]]
         in_flight = [min(self.pp - stage, m) for stage in range(self.pp)]
-        memory = prefix_cost(act, in_flight, probe.state_bytes[:, j0])
-        return balanced_partition(L, self.pp, memory)
+        out: list[list[int]] = []
+        for pick in (min, max):
+            j0 = pick(candidates, key=lambda j: per_layer[0, j])
+            act = probe.fwd_bytes[:, j0] / min(self.pp, m)
+            memory = prefix_cost(act, in_flight, probe.state_bytes[:, j0])
+            partition = balanced_partition(L, self.pp, memory)
+            if partition not in out:
+                out.append(partition)
+        return out
+
+    def evaluate_initial(self, mb: int, m: int) -> _Evaluated | None:
+        """The best of the memory-balanced starting partitions (Galvatron-Base's answer)."""
+        best = None
+        for partition in self.initial_partitions(mb, m):
+            ev = self.evaluate(partition, mb, m)
+            if ev is not None and (best is None or ev.time < best.time):
+                best = ev
+        return best
 
     def _stage_tables(self, partition: Sequence[int], mb: int, m: int) -> list[StageTables]:
         out, start = [], 0
@@ -149,8 +164,9 @@ class _PipelineSearch:
             sync.append(sy)
             start += n
         total = pipeline_time(nosync, sync, m)
-        per_stage = [(m - 1) * a + b for a, b in zip(nosync, sync, strict=True)]
-        return _Evaluated(total, list(partition), plans, memory, per_stage)
+        per_stage = [float((m - 1) * a + b) for a, b in zip(nosync, sync, strict=True)]
+        memory = [float(x) for x in memory]
+        return _Evaluated(float(total), list(partition), plans, memory, per_stage)
 
     def adjust(self, start: _Evaluated, mb: int, m: int, max_steps: int) -> tuple[_Evaluated, int]:
         """Algorithm 2's queue: partitions move towards time balance while rules 1-3 hold."""
@@ -199,14 +215,19 @@ class _PipelineSearch:
         return best, steps
 
 
-def _microbatch_counts(batch: int, pp: int, limit: int) -> list[int]:
-    counts = []
+def _microbatch_counts(batch: int, pp: int, counts: tuple[int, int | None]) -> list[int]:
+    """m = P, 2P, 4P, ... dividing `batch` (at most `counts[0]` of them), or the fixed
+    `counts[1]` when given."""
+    limit, fixed = counts
+    if fixed is not None:
+        return [fixed] if batch % fixed == 0 else []
+    out = []
     m = pp
-    while m <= batch and len(counts) < limit:
+    while m <= batch and len(out) < limit:
         if batch % m == 0:
-            counts.append(m)
+            out.append(m)
         m *= 2
-    return counts
+    return out
 
 
 def search(
@@ -227,14 +248,18 @@ def search(
     microbatch_counts: int = 4,
     batch_window: int = 2,
     max_adjust_steps: int | None = None,
+    stop_after_misses: int = 2,
+    num_microbatches: int | None = None,
     progress: Progress | None = None,
 ) -> SearchResult:
     """Galvatron-BMW (or, with `bi_objective=False`, Galvatron-Base) search.
 
     `memory_budget` is bytes per GPU. Batch sizes: `global_batch_size` alone, an explicit
-    `batch_sizes` list, or a search (doubling from `num_gpus`, then bisection to the largest
+    `batch_sizes` list (tried in increasing order until `stop_after_misses` in a row fit
+    nothing), or a search (doubling from `num_gpus`, then bisection to the largest
     batch that fits, then +-`batch_window` steps around the best). For each B and PP degree,
-    `microbatch_counts` counts m = P, 2P, 4P, ... dividing B are tried. `strategy_filter`
+    `microbatch_counts` counts m = P, 2P, 4P, ... dividing B are tried (or exactly
+    `num_microbatches`, for every P, when given). `strategy_filter`
     restricts the layer strategies (the limited spaces of Table II). Raises PlanningError
     naming the smallest budget that fits when nothing does.
     """
@@ -246,6 +271,9 @@ def search(
         )
     if memory_budget <= 0:
         raise PlanningError(f"memory budget must be positive, got {memory_budget}")
+    if num_microbatches is not None and num_microbatches < 1:
+        raise PlanningError(f"num_microbatches must be >= 1, got {num_microbatches}")
+    counts = (microbatch_counts, num_microbatches)
     searches = _pipeline_searches(
         cost_inputs, num_gpus, memory_budget, memory_bins, pp_degrees, max_tp, strategy_filter,
         prune,
@@ -269,14 +297,12 @@ def search(
 
     def try_batch(batch: int) -> bool:
         """Price every (P, m) for this batch; True when something fits."""
-        configs = [
-            (ps, m) for ps in searches for m in _microbatch_counts(batch, ps.pp, microbatch_counts)
-        ]
+        configs = [(ps, m) for ps in searches for m in _microbatch_counts(batch, ps.pp, counts)]
         tick(len(configs))
         found: list[tuple[float, _PipelineSearch, _Evaluated, int, int]] = []
         for ps, m in configs:
             mb = batch // m
-            ev = ps.evaluate(ps.initial_partition(mb, m), mb, m)
+            ev = ps.evaluate_initial(mb, m)
             state["evaluated"] += 1
             tick()
             if ev is not None:
@@ -298,10 +324,14 @@ def search(
         return True
 
     if global_batch_size is not None or batch_sizes is not None:
-        for batch in [global_batch_size] if global_batch_size is not None else batch_sizes:
+        listed = [global_batch_size] if global_batch_size is not None else sorted(batch_sizes)
+        misses = 0
+        for batch in listed:
             if batch < 1:
                 raise PlanningError(f"global batch size must be >= 1, got {batch}")
-            try_batch(batch)
+            misses = 0 if try_batch(batch) else misses + 1
+            if misses >= stop_after_misses:
+                break
     else:
         step = num_gpus
         batch, last_ok, first_bad = step, 0, 0
@@ -330,7 +360,7 @@ def search(
     if best[0] is None:
         smallest = global_batch_size or (min(batch_sizes) if batch_sizes else num_gpus)
         raise PlanningError(
-            _infeasible_message(model, searches, smallest, memory_budget, microbatch_counts)
+            _infeasible_message(model, searches, smallest, memory_budget, counts, memory_bins)
         )
     tput, batch, ps, ev, _mb, m = best[0]
     strategies = [ps.strategies[j] for plan in ev.plans for j in plan.chosen]
@@ -388,7 +418,7 @@ def _pipeline_searches(
 
 
 def minimum_memory(
-    inputs: CostInputs, searches: list[_PipelineSearch], batch: int, counts: int
+    inputs: CostInputs, searches: list[_PipelineSearch], batch: int, counts: tuple[int, int | None]
 ) -> tuple[float, str]:
     """The least Eq. 2 peak any (P, m) reaches at `batch` with each layer on its least-memory
     strategy and the memory-balanced partition, and where."""
@@ -396,7 +426,7 @@ def minimum_memory(
     for ps in searches:
         for m in _microbatch_counts(batch, ps.pp, counts):
             mb = batch // m
-            partition = ps.initial_partition(mb, m)
+            partition = ps.initial_partitions(mb, m)[0]
             peak, start = 0.0, 0
             for stage, n in enumerate(partition):
                 t = ps.tables(stage, start, start + n, mb, m)
@@ -413,20 +443,70 @@ def minimum_memory(
     return best, where
 
 
+def _fits(
+    searches: list[_PipelineSearch],
+    batch: int,
+    budget: float,
+    counts: tuple[int, int | None],
+    bins: int,
+):
+    """Whether any (P, m) plan of `batch` fits `budget` (memory-balanced partition)."""
+    for template in searches:
+        ps = _PipelineSearch(template.inputs, template.strategies, budget, bins)
+        for m in _microbatch_counts(batch, ps.pp, counts):
+            mb = batch // m
+            if ps.evaluate_initial(mb, m) is not None:
+                return True
+    return False
+
+
+def smallest_budget(
+    searches: list[_PipelineSearch], batch: int, counts: tuple[int, int | None], bins: int
+) -> float | None:
+    """The least memory budget (to 0.01 GiB) at which some plan of `batch` fits, found by
+    bisection around the least-memory assignment's Eq. 2 peak; None when no strategy can
+    split the batch at all. The search at `global_batch_size=batch` fits exactly when
+    `_fits` does (the bi-objective step only starts from plans that fit)."""
+    need, _ = minimum_memory(searches[0].inputs, searches, batch, counts)
+    if not math.isfinite(need):
+        return None
+    step = 0.01 * GiB
+    # In steps of 0.01 GiB; lo always fails and hi always fits, so the answer is minimal on
+    # that grid even where rounding memory into budget-sized bins is not monotone.
+    lo = math.floor(need / step)
+    while lo > 0 and _fits(searches, batch, lo * step, counts, bins):
+        lo //= 2
+    hi = max(lo + 1, math.ceil(need * 1.25 / step))
+    while not _fits(searches, batch, hi * step, counts, bins):
+        lo, hi = hi, hi * 2
+        if hi * step > 1e6 * GiB:
+            return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _fits(searches, batch, mid * step, counts, bins):
+            hi = mid
+        else:
+            lo = mid
+    return hi * step
+
+
 def _infeasible_message(
-    model: ModelSpec, searches: list[_PipelineSearch], batch: int, budget: float, counts: int
+    model: ModelSpec,
+    searches: list[_PipelineSearch],
+    batch: int,
+    budget: float,
+    counts: tuple[int, int | None],
+    bins: int,
 ) -> str:
     need, where = minimum_memory(searches[0].inputs, searches, batch, counts)
-    if not math.isfinite(need):
+    smallest = smallest_budget(searches, batch, counts, bins)
+    if smallest is None:
         return (
-            f"{model.name}: no strategy can split a global batch of {batch} at all "
-            f"(micro-batches must divide by each layer's data-parallel degree)"
+            f"{model.name}: no strategy can split a global batch of {batch} "
+            f"(each layer's micro-batch must divide by its data-parallel degree)"
         )
-    bins = len(next(iter(searches)).inputs.layer_kinds) + 1
-    # Forward memory is rounded up per layer in the layer DP; leave room for that rounding.
-    suggest = need / max(1e-9, 1.0 - bins / (budget / searches[0].granularity))
     return (
         f"{model.name} does not fit in {budget / GiB:.2f} GiB per GPU at global batch {batch}: "
-        f"the least memory any plan needs is {need / GiB:.2f} GiB ({where}); try a memory "
-        f"budget of at least {math.ceil(suggest / GiB * 100) / 100:.2f} GiB"
+        f"the least-memory plan needs {need / GiB:.2f} GiB ({where}); the smallest budget "
+        f"that works is {smallest / GiB:.2f} GiB (--memory-budget-gb {smallest / GiB:.2f})"
     )

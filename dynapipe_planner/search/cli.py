@@ -1,0 +1,172 @@
+"""`dynapipe-search`: Galvatron-BMW search from the command line (seed `galvatron_bmw.txt`).
+
+Searches per-layer DP / SDP / TP / CKPT strategies, the PP degree and partition, the
+micro-batch count and the global batch for a model on N GPUs under a per-GPU memory budget;
+prints a summary table, the Megatron-LM and runtime flags when the plan is uniform enough, and
+writes the plan file (`--output`). Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from itertools import groupby
+
+from ..cluster import GPU_PRESETS, GiB, get_gpu
+from ..errors import PlanningError
+from ..model_spec import MODEL_PRESETS, load_model_spec
+from .cost_inputs import analytic_cost_inputs
+from .optimizer import SearchResult, search
+from .plan_file import megatron_flags, runtime_flags, write_plan
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dynapipe-search", description=__doc__.splitlines()[0])
+    job = p.add_argument_group("model and cluster")
+    job.add_argument("--model", default="gpt-1.3b", help=f"{', '.join(MODEL_PRESETS)} or JSON")
+    job.add_argument("--gpu", default="A100-40GB", help=f"one of {', '.join(GPU_PRESETS)}")
+    job.add_argument("--num-gpus", type=int, default=8)
+    job.add_argument("--gpus-per-node", type=int, default=8)
+    job.add_argument("--memory-budget-gb", type=float, required=True, help="GiB per GPU")
+    job.add_argument("--seq-length", type=int, default=1024)
+    job.add_argument("--tgt-seq-length", type=int, default=None, help="T5 decoder length")
+    job.add_argument("--flash-attention", action="store_true")
+    job.add_argument("--overlap-slowdown", type=float, default=1.3, help="§V, default 1.3")
+    s = p.add_argument_group("search")
+    s.add_argument("--global-batch-size", type=int, default=None, help="default: search it")
+    s.add_argument("--max-batch-size", type=int, default=8192)
+    s.add_argument("--pp", type=int, nargs="+", default=None, help="PP degrees to try")
+    s.add_argument("--max-tp", type=int, default=None, help="largest TP degree")
+    s.add_argument("--base", action="store_true", help="Galvatron-Base: no bi-objective step")
+    s.add_argument("--no-prune", action="store_true", help="keep DP+SDP trees (Takeaway #3)")
+    s.add_argument("--memory-bins", type=int, default=256, help="layer DP memory resolution")
+    p.add_argument("--output", help="write the plan file (JSON) here")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+class _ProgressBar:
+    """A one-line bar on stderr, redrawn at most ten times a second."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.last = 0.0
+        self.started = time.perf_counter()
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.perf_counter()
+        if not self.enabled or now - self.last < 0.1:
+            return
+        self.last = now
+        width = 30
+        filled = int(width * done / max(total, 1))
+        bar = "#" * filled + "." * (width - filled)
+        print(
+            f"\r[{bar}] {done}/{total} configurations  {now - self.started:.1f} s",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def close(self) -> None:
+        if self.enabled:
+            print(file=sys.stderr, flush=True)
+
+
+def _runs(strategies) -> str:
+    return ", ".join(f"{k} x{len(list(g))}" for k, g in groupby(str(s) for s in strategies))
+
+
+def summary(result: SearchResult) -> str:
+    """The plan as a table: one row per stage, then the totals."""
+    lines = [f"{'stage':>5}{'layers':>8}{'memory GiB':>12}{'time s':>9}  strategies (runs)"]
+    start = 0
+    for i, stage in enumerate(result.stage_strategies()):
+        lines.append(
+            f"{i:>5}{f'{start}-{start + len(stage) - 1}':>8}"
+            f"{result.stage_memory_bytes[i] / GiB:>12.2f}{result.stage_time_s[i]:>9.3f}  "
+            f"{_runs(stage)}"
+        )
+        start += len(stage)
+    lines.append(
+        f"throughput {result.throughput:.2f} samples/s; global batch {result.global_batch_size} "
+        f"= {result.num_microbatches} micro-batches of {result.microbatch_size}; PP "
+        f"{result.pp}, partition {result.partition}; iteration {result.iteration_time_s:.3f} s"
+    )
+    if result.bi_objective:
+        lines.append(f"memory-balanced only (Galvatron-Base): {result.base_throughput:.2f}")
+    lines.append(
+        f"searched {result.evaluated} configurations in {result.search_time_s:.2f} s; budget "
+        f"{result.memory_budget_bytes / GiB:.2f} GiB per GPU"
+    )
+    return "\n".join(lines)
+
+
+def search_main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        model = load_model_spec(args.model)
+        gpu = get_gpu(args.gpu)
+        inputs = analytic_cost_inputs(
+            model,
+            gpu,
+            args.num_gpus,
+            gpus_per_node=args.gpus_per_node,
+            seq_length=args.seq_length,
+            tgt_seq_length=args.tgt_seq_length,
+            overlap_slowdown=args.overlap_slowdown,
+            flash_attention=args.flash_attention,
+        )
+        bar = _ProgressBar(not args.quiet)
+        try:
+            result = search(
+                model,
+                inputs,
+                args.num_gpus,
+                args.memory_budget_gb * GiB,
+                global_batch_size=args.global_batch_size,
+                max_batch_size=args.max_batch_size,
+                pp_degrees=args.pp,
+                max_tp=args.max_tp,
+                bi_objective=not args.base,
+                prune=not args.no_prune,
+                memory_bins=args.memory_bins,
+                progress=bar,
+            )
+        finally:
+            bar.close()
+    except PlanningError as e:
+        print(f"dynapipe-search: error: {e}", file=sys.stderr)
+        return 2
+    print(f"{model.name} on {args.num_gpus} {gpu.name} ({args.gpus_per_node} per node), "
+          f"sequence length {args.seq_length}")  # fmt: skip
+    print(summary(result))
+    for name, flags in (
+        ("Megatron-LM", megatron_flags(result, model)),
+        ("pretrain_gpt.py", runtime_flags(result, model, args.seq_length)),
+    ):
+        if flags.expressible:
+            print(f"{name}: {flags.command_line()}")
+        else:
+            print(f"{name}: cannot express this plan: {'; '.join(flags.notes)}")
+            continue
+        for note in flags.notes:
+            print(f"  note: {note}")
+    if args.output:
+        write_plan(
+            result,
+            args.output,
+            model,
+            seq_length=args.seq_length,
+            gpu=gpu.name,
+            num_gpus=args.num_gpus,
+            gpus_per_node=args.gpus_per_node,
+        )
+        print(f"plan written to {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(search_main())

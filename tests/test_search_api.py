@@ -1,0 +1,160 @@
+"""Galvatron-BMW search end to end: results, infeasible budgets, plan file, flags, CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from dynapipe_planner.cluster import GiB, get_gpu
+from dynapipe_planner.errors import PlanningError
+from dynapipe_planner.model_spec import MODEL_PRESETS
+from dynapipe_planner.search import analytic_cost_inputs, search
+from dynapipe_planner.search.cli import search_main
+from dynapipe_planner.search.plan_file import megatron_flags, runtime_flags, write_plan
+
+MODEL = MODEL_PRESETS["gpt-350m"]
+GPU = get_gpu("A100-40GB")
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    return analytic_cost_inputs(MODEL, GPU, 8, seq_length=1024)
+
+
+def _check(result, budget):
+    assert sum(result.partition) == MODEL.num_layers == len(result.strategies)
+    assert len(result.partition) == result.pp == len(result.stage_memory_bytes)
+    assert all(s.pp == result.pp and s.group_size * s.pp == 8 for s in result.strategies)
+    assert max(result.stage_memory_bytes) <= budget
+    assert result.throughput == pytest.approx(result.global_batch_size / result.iteration_time_s)
+    assert result.global_batch_size % result.num_microbatches == 0
+    for s in result.strategies:
+        assert result.microbatch_size % s.data_degree == 0
+
+
+def test_search_returns_a_consistent_plan_and_bmw_is_no_worse_than_base(inputs):
+    budget = 3 * GiB
+    base = search(MODEL, inputs, 8, budget, bi_objective=False, pp_degrees=[2, 4])
+    bmw = search(MODEL, inputs, 8, budget, pp_degrees=[2, 4])
+    _check(base, budget)
+    _check(bmw, budget)
+    assert bmw.throughput >= base.throughput
+    assert bmw.base_throughput >= base.throughput * (1 - 1e-12)
+
+
+def test_fixed_batch_and_limited_space(inputs):
+    only_tp = search(
+        MODEL, inputs, 8, 20 * GiB, global_batch_size=32, strategy_filter=lambda s: s.dp == 1
+        and s.sdp == 1,
+    )  # fmt: skip
+    assert only_tp.global_batch_size == 32
+    fixed = search(MODEL, inputs, 8, 20 * GiB, global_batch_size=32, num_microbatches=4)
+    assert fixed.num_microbatches == 4
+    assert all(s.dp == s.sdp == 1 for s in only_tp.strategies)
+    full = search(MODEL, inputs, 8, 20 * GiB, global_batch_size=32)
+    assert full.throughput >= only_tp.throughput
+
+
+def test_infeasible_budget_names_the_smallest_that_works(inputs):
+    with pytest.raises(PlanningError) as err:
+        search(MODEL, inputs, 8, 0.5 * GiB, global_batch_size=8)
+    message = str(err.value)
+    assert "gpt-350m" in message and "0.50 GiB" in message
+    smallest = float(re.search(r"smallest budget that works is ([0-9.]+) GiB", message)[1])
+    assert smallest > 0.5
+    ok = search(MODEL, inputs, 8, smallest * GiB, global_batch_size=8)
+    assert max(ok.stage_memory_bytes) <= smallest * GiB
+    with pytest.raises(PlanningError):
+        search(MODEL, inputs, 8, (smallest - 0.01) * GiB, global_batch_size=8)
+
+
+def test_bad_arguments_are_named(inputs):
+    with pytest.raises(PlanningError, match="PP degree"):
+        search(MODEL, inputs, 8, GiB, pp_degrees=[3])
+    with pytest.raises(PlanningError, match="layers"):
+        search(MODEL_PRESETS["gpt-125m"], inputs, 8, GiB)
+
+
+def test_plan_file_and_megatron_flags(inputs, tmp_path):
+    uniform = search(
+        MODEL, inputs, 8, 20 * GiB, global_batch_size=64, pp_degrees=[2],
+        strategy_filter=lambda s: s.order == ("dp", "tp") and s.tp == 2 and not s.ckpt,
+    )  # fmt: skip
+    flags = megatron_flags(uniform, MODEL)
+    assert flags.expressible
+    line = flags.command_line()
+    assert "--tensor-model-parallel-size 2" in line
+    assert "--pipeline-model-parallel-size 2" in line
+    assert f"--global-batch-size {uniform.global_batch_size}" in line
+    assert f"--micro-batch-size {uniform.microbatch_size // 2}" in line
+    if uniform.partition[0] != uniform.partition[1]:
+        assert f"--decoder-first-pipeline-num-layers {uniform.partition[0]}" in line
+    path = tmp_path / "plan.json"
+    data = write_plan(uniform, path, MODEL, seq_length=1024, gpu=GPU.name)
+    assert json.loads(path.read_text()) == data
+    assert data["partition"] == uniform.partition and len(data["layers"]) == MODEL.num_layers
+    assert data["layers"][0]["tp"] == 2 and data["megatron"]["expressible"]
+    assert not list(tmp_path.glob(".*tmp"))
+    varied = search(
+        MODEL, inputs, 8, 20 * GiB, global_batch_size=64, pp_degrees=[1],
+        strategy_filter=lambda s: not s.ckpt,
+    )  # fmt: skip
+    varied.strategies[0] = next(
+        s for s in _space_pp1() if s.tp != varied.strategies[1].tp and not s.ckpt
+    )
+    out = megatron_flags(varied, MODEL)
+    assert not out.expressible and any("TP varies" in n for n in out.notes)
+    assert not runtime_flags(varied, MODEL, 1024).expressible
+
+
+def _space_pp1():
+    from dynapipe_planner.search import strategy_space
+
+    return strategy_space(8)[1]
+
+
+def test_cli_prints_a_summary_and_writes_the_plan(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    code = search_main(
+        ["--model", "gpt-125m", "--num-gpus", "4", "--memory-budget-gb", "8", "--seq-length",
+         "512", "--global-batch-size", "32", "--output", str(path), "--quiet"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "throughput" in out and "Megatron-LM" in out and "stage" in out
+    assert json.loads(path.read_text())["global_batch_size"] == 32
+    code = search_main(["--model", "gpt-350m", "--num-gpus", "8", "--memory-budget-gb", "0.2",
+                        "--global-batch-size", "8", "--quiet"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "smallest budget that works" in err
+
+
+def test_six_gpus_use_non_power_of_two_degrees():
+    model = MODEL_PRESETS["gpt-125m"]  # 12 heads: TP 3 and 6 split it
+    inputs = analytic_cost_inputs(model, GPU, 6, seq_length=512)
+    assert {3, 6} <= set(inputs.layer_types[0].forward_s_per_sample)
+    result = search(model, inputs, 6, 4 * GiB, global_batch_size=36, pp_degrees=[1, 3])
+    assert result.pp in (1, 3)
+    assert all(s.group_size * s.pp == 6 for s in result.strategies)
+    tp3 = search(
+        model, inputs, 6, 4 * GiB, global_batch_size=36, strategy_filter=lambda s: s.tp == 3
+    )
+    assert {s.tp for s in tp3.strategies} == {3}
+
+
+def test_bi_objective_partition_beats_memory_balanced_on_two_nodes():
+    """16 GPUs on two nodes: PP=2 puts the pipeline boundary on the network; the memory-
+    balanced start gives the last stage more layers, and Alg. 2 moves one back."""
+    model = MODEL_PRESETS["bert-huge-32"]
+    inputs = analytic_cost_inputs(model, GPU, 16, seq_length=512)
+    budget = 8 * GiB
+    kw = {"global_batch_size": 256, "pp_degrees": [2]}
+    base = search(model, inputs, 16, budget, bi_objective=False, **kw)
+    bmw = search(model, inputs, 16, budget, **kw)
+    assert base.partition[0] < base.partition[1]
+    assert bmw.partition != base.partition
+    assert bmw.throughput > base.throughput * 1.01
+    assert max(bmw.stage_time_s) <= max(base.stage_time_s)
+    assert max(bmw.stage_memory_bytes) <= budget
