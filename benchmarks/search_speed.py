@@ -195,6 +195,8 @@ class Row:
     model: str
     ours_s: float
     galv_s: float
+    ours_cpu_s: float
+    galv_cpu_s: float
     same_plan: bool
     same_strategies: bool
     ours_tput: float
@@ -220,6 +222,7 @@ class Setting:
     budget: float
     ours: SearchResult
     ours_s: float
+    ours_cpu_s: float
     job: dict
 
 
@@ -235,9 +238,9 @@ def run_ours(
     batch = batch_per_gpu * gpus
     pp_degrees = [p for p in (1, 2, 4, 8) if p <= min(MAX_PP, gpus)]
     budget = galvatron_budget_bytes(memory_gb)
-    times = []
+    times, cpu_times = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         ours = search(
             model,
             inputs,
@@ -248,6 +251,7 @@ def run_ours(
             max_tp=MAX_TP,
         )
         times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - cpu_start)
     name = f"bench{layers}l{gpus}g"
     profile_dir = os.path.join(work, name)
     docs = profiles.profile_documents(
@@ -272,7 +276,8 @@ def run_ours(
         "max_pp": MAX_PP,
         "evaluate": [galvatron_layers(ours)],
     }
-    return Setting(layers, gpus, model, inputs, batch, budget, ours, statistics.median(times), job)
+    ours_s, ours_cpu_s = statistics.median(times), statistics.median(cpu_times)
+    return Setting(layers, gpus, model, inputs, batch, budget, ours, ours_s, ours_cpu_s, job)
 
 
 def compare(st: Setting, galv: dict) -> Row:
@@ -295,6 +300,8 @@ def compare(st: Setting, galv: dict) -> Row:
         model=st.model.name,
         ours_s=st.ours_s,
         galv_s=galv["search_s"],
+        ours_cpu_s=st.ours_cpu_s,
+        galv_cpu_s=galv["search_cpu_s"],
         same_plan=same_strategies and ours.partition == g_part,
         same_strategies=same_strategies,
         ours_tput=ours.throughput,
@@ -364,7 +371,8 @@ def main() -> None:
     rows = [compare(st, g) for st, g in zip(settings, galv["results"], strict=True)]
     header = (
         f"{'layers':>6} {'GPUs':>4} {'model':<14} {'ours s':>7} {'galv s':>7} {'speedup':>7} "
-        f"{'plan':>6} {'ours tput':>9} {'galv tput':>9} {'ours@galv':>9} {'galv@ours':>9}"
+        f"{'cpu x':>6} {'plan':>6} {'ours tput':>9} {'galv tput':>9} {'ours@galv':>9} "
+        f"{'galv@ours':>9}"
     )
     print(header)
     print("-" * len(header))
@@ -374,7 +382,7 @@ def main() -> None:
         on_ours = f"{r.galv_on_ours:9.2f}" if r.ours_fits_galv else "   no fit"
         print(
             f"{r.layers:>6} {r.gpus:>4} {r.model:<14} {r.ours_s:7.3f} {r.galv_s:7.2f} "
-            f"{r.galv_s / r.ours_s:6.1f}x {same:>6} "
+            f"{r.galv_s / r.ours_s:6.1f}x {r.galv_cpu_s / r.ours_cpu_s:5.1f}x {same:>6} "
             f"{r.ours_tput:9.2f} {r.galv_tput:9.2f} {on_galv} {on_ours}"
         )
         if args.show_plans:
@@ -385,7 +393,9 @@ def main() -> None:
     )
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(
-        "ours/galv s: search wall time. tput: "
+        "ours/galv s: search wall time; speedup: their ratio; cpu x: the ratio of the two "
+        "searches' CPU times (process time), less disturbed by other jobs on a shared machine. "
+        "tput: "
         "predicted samples/s, each engine's plan priced by its own cost model; ours@galv: "
         "Galvatron's plan priced by ours, galv@ours: our plan priced by Galvatron's ('no fit': "
         "over that engine's memory model). plan: same = per-layer strategies, PP and partition "
@@ -417,11 +427,11 @@ def main() -> None:
         + "; Galvatron >= our plan under its model: "
         + ("every setting" if not galv_bad else f"NO in {len(galv_bad)} setting(s)")
     )
-    speedups = [r.galv_s / r.ours_s for r in rows]
-    low = min(speedups)
+    low = min(r.galv_s / r.ours_s for r in rows)
+    low_cpu = min(r.galv_cpu_s / r.ours_cpu_s for r in rows)
     print(
-        f"min speedup {low:.1f}x (target {TARGET_SPEEDUP:.0f}x): "
-        + ("met" if low >= TARGET_SPEEDUP else "NOT met")
+        f"min speedup {low:.1f}x wall, {low_cpu:.1f}x CPU (target {TARGET_SPEEDUP:.0f}x): "
+        + ("met" if min(low, low_cpu) >= TARGET_SPEEDUP else "NOT met")
     )
 
 
