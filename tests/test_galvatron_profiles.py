@@ -18,7 +18,7 @@ from dynapipe_planner.search import analytic_cost_inputs
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
 
-from galvatron_reference import profiles  # noqa: E402
+from galvatron_reference import profiles
 
 MIB = 2**20
 MODEL = MODEL_PRESETS["gpt-1.3b"]
