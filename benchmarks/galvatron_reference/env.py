@@ -8,8 +8,12 @@ only what the search path imports:
 * build: setuptools (< 81, which still ships `pkg_resources`, imported by the bundled Megatron),
   wheel and pybind11 (its C++ layer DP `galvatron_dp_core` is compiled at install);
 * search: numpy, scipy (curve fitting of profiles), tqdm;
-* import of `galvatron.core`: torch (CPU build is enough; pip prefers a local `+cpu` wheel when
-  one is on its find-links), einops, six, regex, pyyaml.
+* import of `galvatron.core`: torch, einops, six, regex, pyyaml. Torch is pinned to the
+  version of our `runtime` extra (2.13.0): `==2.13.0` also matches the `2.13.0+cpu` build, which
+  pip prefers when one is on its find-links or index, so no CUDA libraries are pulled in.
+  Elsewhere set `DYNAPIPE_GALVATRON_TORCH` to the pip arguments that give a CPU build, e.g.
+  `torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu` (an unpinned `torch` from
+  PyPI brings about 5 GB of CUDA wheels).
 
 NVIDIA Apex (`apex`, `amp_C`) has no CPU build and is stubbed by `runner.py`.
 The environment lives under `~/.cache/dynapipe/galvatron-2.4.0` (or `$DYNAPIPE_CACHE`) and is
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -28,7 +33,8 @@ import venv
 
 GALVATRON_SPEC = "hetu-galvatron==2.4.0"
 BUILD_REQUIREMENTS = ("setuptools<81", "wheel", "pybind11>=2.9.1")
-RUNTIME_REQUIREMENTS = ("numpy", "scipy", "tqdm", "torch", "einops", "six", "regex", "pyyaml")
+RUNTIME_REQUIREMENTS = ("numpy", "scipy", "tqdm", "einops", "six", "regex", "pyyaml")
+TORCH_REQUIREMENT = "torch==2.13.0"
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runner.py")
 _READY_MARK = "galvatron-ready.json"
 
@@ -70,6 +76,8 @@ def build_env(env_dir: str | None = None, *, rebuild: bool = False, verbose: boo
     log_path = os.path.join(env_dir, "install.log")
     with open(log_path, "w") as log:
         try:
+            torch_args = shlex.split(os.environ.get("DYNAPIPE_GALVATRON_TORCH", TORCH_REQUIREMENT))
+            _pip(env_dir, *torch_args, log=log)
             _pip(env_dir, *BUILD_REQUIREMENTS, *RUNTIME_REQUIREMENTS, log=log)
             # No build isolation: the build needs pybind11 from this environment, and no deps:
             # see the module docstring.
