@@ -158,3 +158,55 @@ def test_bi_objective_partition_beats_memory_balanced_on_two_nodes():
     assert bmw.throughput > base.throughput * 1.01
     assert max(bmw.stage_time_s) <= max(base.stage_time_s)
     assert max(bmw.stage_memory_bytes) <= budget
+
+
+def _result(partition, strategies, batch=64, micro=8):
+    from dynapipe_planner.search import SearchResult
+
+    return SearchResult(
+        throughput=1.0, iteration_time_s=1.0, global_batch_size=batch, num_microbatches=micro,
+        pp=len(partition), partition=partition, strategies=strategies,
+        stage_memory_bytes=[0.0] * len(partition), stage_time_s=[1.0] * len(partition),
+        memory_budget_bytes=8 * GiB, bi_objective=True,
+    )  # fmt: skip
+
+
+def test_megatron_flags_for_uneven_split_block_recompute_and_sdp():
+    from dynapipe_planner.search import LayerStrategy
+
+    plain = LayerStrategy(2, ("dp", "tp"), (2, 2), False)
+    ckpt = LayerStrategy(2, ("dp", "tp"), (2, 2), True)
+    layers = [ckpt] * 3 + [plain] * 7 + [ckpt] * 3 + [plain] * 11
+    flags = megatron_flags(_result([10, 14], layers), MODEL)
+    assert flags.expressible, flags.notes
+    assert flags.flags == [
+        "--tensor-model-parallel-size 2",
+        "--pipeline-model-parallel-size 2",
+        "--num-layers 24",
+        "--micro-batch-size 4",
+        "--global-batch-size 64",
+        "--decoder-first-pipeline-num-layers 10",
+        "--decoder-last-pipeline-num-layers 14",
+        "--recompute-granularity full",
+        "--recompute-method block",
+        "--recompute-num-layers 3",
+    ]
+    # CKPT on the last layers of a stage: Megatron's block method cannot say that.
+    late = [plain] * 7 + [ckpt] * 3 + [ckpt] * 3 + [plain] * 11
+    out = megatron_flags(_result([10, 14], late), MODEL)
+    assert not out.expressible and "not the first layers" in out.notes[0]
+    # Every layer recomputed: the uniform method; SDP: Megatron FSDP with full sharding.
+    sdp = LayerStrategy(1, ("sdp",), (8,), True)
+    out = megatron_flags(_result([24], [sdp] * 24), MODEL)
+    assert out.expressible
+    assert "--recompute-method uniform" in out.flags and "--recompute-num-layers 1" in out.flags
+    assert "--data-parallel-sharding-strategy optim_grads_params" in out.flags
+    assert any("ZeRO-3" in n for n in out.notes)
+    # Strided TP (TP at the root of the tree) is not Megatron's rank order.
+    strided = LayerStrategy(1, ("tp", "dp"), (2, 4), False)
+    out = megatron_flags(_result([24], [strided] * 24), MODEL)
+    assert not out.expressible and any("strided" in n for n in out.notes)
+    # Unequal middle stages.
+    four = LayerStrategy(4, ("dp",), (2,), False)
+    out = megatron_flags(_result([5, 6, 7, 6], [four] * 24), MODEL)
+    assert not out.expressible and any("middle" in n for n in out.notes)

@@ -33,9 +33,10 @@ def balanced_partition(num_layers: int, num_stages: int, cost: StageCost) -> lis
     """Contiguous partition minimising max over stages of `cost` (each stage >= 1 layer).
 
     A DP over stage ends: best[e] is the least max cost of the stages so far covering layers
-    [0, e). `cost(stage, a, ends)` is called with a numpy array of end layers and must return
-    one cost per end (prefix sums make that cheap). Exact for any stage cost, including the
-    1F1B memory of a stage, which depends on the stage's index as well as its layers.
+    [0, e). `cost(stage, starts, ends)` is called with numpy arrays (starts as a column, ends
+    as a row) and must broadcast (prefix sums do, see `prefix_cost`). Exact for any stage
+    cost, including the 1F1B memory of a stage, which depends on the stage's index as well
+    as its layers. Ties go to the earliest start.
     """
     L, P = num_layers, num_stages
     if not 1 <= P <= L:
@@ -44,30 +45,31 @@ def balanced_partition(num_layers: int, num_stages: int, cost: StageCost) -> lis
     best[0] = 0.0
     starts = np.zeros((P, L + 1), dtype=np.int64)
     for stage in range(P):
-        nxt = np.full(L + 1, np.inf)
         last_end = L - (P - stage - 1)
-        for a in range(stage, last_end):
-            if not np.isfinite(best[a]):
-                continue
-            ends = np.array([L]) if stage == P - 1 else np.arange(a + 1, last_end + 1)
-            values = np.maximum(best[a], np.asarray(cost(stage, a, ends), dtype=np.float64))
-            better = values < nxt[ends]
-            nxt[ends[better]] = values[better]
-            starts[stage, ends[better]] = a
+        a = np.arange(stage, last_end)[:, None]  # this stage's first layer
+        e = np.array([L]) if stage == P - 1 else np.arange(stage + 1, last_end + 1)
+        e = e[None, :]
+        values = np.maximum(best[a], np.asarray(cost(stage, a, e), dtype=np.float64))
+        values = np.where(e > a, values, np.inf)  # at least one layer
+        arg = values.argmin(axis=0)
+        nxt = np.full(L + 1, np.inf)
+        nxt[e[0]] = values[arg, np.arange(e.shape[1])]
+        starts[stage, e[0]] = a[arg, 0]
         best = nxt
     partition, end = [], L
     for stage in range(P - 1, -1, -1):
-        a = int(starts[stage, end])
-        partition.append(end - a)
-        end = a
+        first = int(starts[stage, end])
+        partition.append(end - first)
+        end = first
     return partition[::-1]
 
 
 def prefix_cost(
     per_layer: Sequence[float], per_stage_scale: Sequence[float], constant: Sequence[float] = ()
 ) -> StageCost:
-    """cost(stage, a, b) = scale[stage] * sum(per_layer[a:b]) + sum(constant[a:b]), vectorised
-    over b (the 1F1B memory of a stage, or a stage's time when scale is all ones)."""
+    """cost(stage, a, b) = scale[stage] * sum(per_layer[a:b]) + sum(constant[a:b]); a and b
+    may be integers or broadcasting numpy arrays (the 1F1B memory of a stage, or a stage's
+    time when scale is all ones)."""
     scaled = np.concatenate([[0.0], np.cumsum(np.asarray(per_layer, dtype=np.float64))])
     fixed = np.zeros_like(scaled)
     if len(constant):
