@@ -23,6 +23,7 @@ Validation names the offending item: the machine, the link or the matrix entry.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -74,17 +75,16 @@ class HeteroCluster:
     bandwidth: np.ndarray
     latency: np.ndarray
 
-    @property
+    @cached_property
     def num_devices(self) -> int:
         return sum(m.count for m in self.machines)
 
     def machine_of(self, device: int) -> Machine:
-        for m in self.machines:
-            if device in m.devices:
-                return m
-        raise PlanningError(f"cluster {self.name!r} has no device {device}")
+        if not 0 <= device < self.num_devices:
+            raise PlanningError(f"cluster {self.name!r} has no device {device}")
+        return self.machines[int(self.device_machine[device])]
 
-    @property
+    @cached_property
     def device_machine(self) -> np.ndarray:
         """Machine index of every device."""
         return np.concatenate([np.full(m.count, i) for i, m in enumerate(self.machines)])
@@ -92,7 +92,7 @@ class HeteroCluster:
     def gpu(self, device: int) -> GpuSpec:
         return self.machine_of(device).gpu
 
-    @property
+    @cached_property
     def peak_flops(self) -> np.ndarray:
         return np.concatenate([np.full(m.count, m.gpu.peak_flops) for m in self.machines])
 
