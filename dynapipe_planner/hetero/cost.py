@@ -372,7 +372,7 @@ class HeteroCostModel:
         n = len(plan.pipelines)
         stages = [self.stage_costs(p, n) for p in plan.pipelines]
         times = [
-            pipeline_time(s, p.micro_batches) for s, p in zip(stages, plan.pipelines, strict=False)
+            pipeline_time(s, p.micro_batches) for s, p in zip(stages, plan.pipelines, strict=True)
         ]
         dp = self.dp_sync_s(plan)
         iteration = max(times) + dp

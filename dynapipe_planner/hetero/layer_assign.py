@@ -94,7 +94,7 @@ def assign_layers(shapes: list[StageShape], num_layers: int) -> list[int] | None
 
 def pipeline_profile(shapes: list[StageShape], layers: list[int]) -> tuple[float, float]:
     """(fill, bottleneck) of Eq. 9: time = fill + (m - 1) x bottleneck."""
-    busy = [s.fixed_s + n * s.per_layer_s for s, n in zip(shapes, layers, strict=False)]
+    busy = [s.fixed_s + n * s.per_layer_s for s, n in zip(shapes, layers, strict=True)]
     return sum(busy), max(busy)
 
 

@@ -123,32 +123,37 @@ def build_pipeline(
     """Phase 2 for one pipeline's devices; None when no layout holds the model."""
     layers_total = cost.job.model.num_layers
     groups = _groups(cost, devices, k, config.seed, config.balance)
-    tps = [_local_tp(cost, g, expected_m) for g in groups]
-    # More stages than layers: raise TP on the deepest groups.
-    while sum(len(g) // t for g, t in zip(groups, tps, strict=False)) > layers_total:
-        deepest = max(range(len(groups)), key=lambda i: len(groups[i]) // tps[i])
-        bigger = [t for t in _tp_degrees(cost, len(groups[deepest])) if t > tps[deepest]]
-        if not bigger:
-            return None
-        tps[deepest] = bigger[0]
-    local = [
-        [g[i : i + t] for i in range(0, len(g) - len(g) % t, t)]
-        for g, t in zip(groups, tps, strict=False)
-    ]
+    # The locally optimal TP per group (§4.3 ii), and every uniform TP as alternatives: the
+    # local choice ignores what TP does to memory and to the stage count of the whole pipeline.
+    choices = [[_local_tp(cost, g, expected_m) for g in groups]]
+    for t in _tp_degrees(cost, max(len(g) for g in groups)):
+        uniform = [
+            t if t in _tp_degrees(cost, len(g)) else choices[0][i] for i, g in enumerate(groups)
+        ]
+        if uniform not in choices:
+            choices.append(uniform)
     weights = group_bandwidth(cost.cluster.bandwidth, [list(g) for g in groups])
+    orders = top_tau_orders(weights, config.tau, config.orders_priced)
     best: _Pipeline | None = None
     best_time = math.inf
-    for order in top_tau_orders(weights, config.tau, config.orders_priced):
-        stages = [s for g in order for s in local[g]]
-        shapes = stage_shapes(cost, stages, num_pipelines)
-        layers = assign_layers(shapes, layers_total)
-        if layers is None:
+    for tps in choices:
+        if sum(len(g) // t for g, t in zip(groups, tps, strict=True)) > layers_total:
             continue
-        fill, bottleneck = pipeline_profile(shapes, layers)
-        t = fill + (expected_m - 1) * bottleneck
-        if t < best_time:
-            best_time = t
-            best = _Pipeline(tuple(stages), tuple(layers), fill, bottleneck)
+        local = [
+            [g[i : i + t] for i in range(0, len(g) - len(g) % t, t)]
+            for g, t in zip(groups, tps, strict=True)
+        ]
+        for order in orders:
+            stages = [s for g in order for s in local[g]]
+            shapes = stage_shapes(cost, stages, num_pipelines)
+            layers = assign_layers(shapes, layers_total)
+            if layers is None:
+                continue
+            fill, bottleneck = pipeline_profile(shapes, layers)
+            t = fill + (max(expected_m, len(stages)) - 1) * bottleneck
+            if t < best_time:
+                best_time = t
+                best = _Pipeline(tuple(stages), tuple(layers), fill, bottleneck)
     return best
 
 
@@ -159,9 +164,9 @@ def assemble(cost: HeteroCostModel, pipes: list[_Pipeline]) -> HeteroPlan | None
     if micro is None:
         return None
     out = []
-    for p, m in zip(pipes, micro, strict=False):
+    for p, m in zip(pipes, micro, strict=True):
         start, stages = 0, []
-        for devs, n in zip(p.stages, p.layers, strict=False):
+        for devs, n in zip(p.stages, p.layers, strict=True):
             stages.append(HeteroStage(devs, (start, start + n)))
             start += n
         out.append(HeteroPipeline(tuple(stages), m))
