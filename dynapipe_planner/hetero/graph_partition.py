@@ -76,8 +76,14 @@ def _initial(adj: np.ndarray, w: np.ndarray, k: int, maximize: bool, seed: int) 
                 xadj.append(len(adjncy))
             vw = np.maximum(1, np.round(w / w.max() * 1000)).astype(int).tolist()
             opts = pymetis.Options(seed=seed)
+            graph = (
+                {"adjacency": pymetis.CSRAdjacency(xadj, adjncy)}
+                if hasattr(pymetis, "CSRAdjacency")
+                else {"xadj": xadj, "adjncy": adjncy}
+            )
+            # Recursive bisection, as §4.2 step (ii) describes.
             _, parts = pymetis.part_graph(
-                k, xadj=xadj, adjncy=adjncy, vweights=vw, eweights=ew, options=opts
+                k, **graph, vweights=vw, eweights=ew, options=opts, recursive=True
             )
             labels = np.asarray(parts)
             if len(np.unique(labels)) == k:
