@@ -82,15 +82,15 @@ def test_homogeneous_at_least_megatron(gpu: str, n: int, model: str, inter: floa
 
 
 @pytest.mark.parametrize(
-    ("cluster", "model"),
+    ("cluster", "model", "batch"),
     [
-        (("A100-80GB", 2, "RTX4090", 2), "gpt-1.3b"),
-        (("RTX3090", 2, "RTX4090", 2), "gpt-1.3b"),
+        (("A100-80GB", 2, "RTX4090", 2), "gpt-1.3b", 16),
+        (("RTX3090", 2, "RTX4090", 2), "gpt-1.3b", 8),
     ],
 )
-def test_planner_matches_exact_reference(cluster, model: str) -> None:
+def test_planner_matches_exact_reference(cluster, model: str, batch: int) -> None:
     cost = HeteroCostModel(
-        two_boxes(*cluster), TrainingJob(MODEL_PRESETS[model], seqlen=2048, global_batch=16)
+        two_boxes(*cluster), TrainingJob(MODEL_PRESETS[model], seqlen=2048, global_batch=batch)
     )
     ours = hexiscale_search(cost, FAST)
     exact_plan, exact = milp_reference(cost)
@@ -125,6 +125,29 @@ def test_estimate_equals_replay_on_known_pipelines() -> None:
     # A slow last stage sets the pace of both.
     slow = [*equal[:3], StageCost(2.0, 4.0, 0.0, 0.1, 0, 1)]
     assert one_f_one_b(slow, 16) == pytest.approx(pipeline_time(slow, 16), rel=0.02)
+
+
+def test_shared_network_link_slows_parallel_transfers() -> None:
+    # Two pipelines whose boundaries both leave machine a share its link: each hop is slower
+    # than the same boundary alone, and the estimate sees it.
+    c = two_boxes("RTX4090", 2, "RTX4090", 2, gbs=1.0)
+    cost = HeteroCostModel(c, TrainingJob(MODEL_PRESETS["gpt-1.3b"], seqlen=2048, global_batch=8))
+    one = HeteroPlan(
+        [HeteroPipeline((HeteroStage((0,), (0, 12)), HeteroStage((2,), (12, 24))), 8)], 1, 2048
+    )
+    two = HeteroPlan(
+        [
+            HeteroPipeline((HeteroStage((0,), (0, 12)), HeteroStage((2,), (12, 24))), 4),
+            HeteroPipeline((HeteroStage((1,), (0, 12)), HeteroStage((3,), (12, 24))), 4),
+        ],
+        1,
+        2048,
+    )
+    assert cost.hop_flows(one) == {(0, 1): 1.0}
+    assert cost.hop_flows(two) == {(0, 1): 2.0}
+    alone = cost.plan_stage_costs(one)[0][0].send_forward_s
+    shared = cost.plan_stage_costs(two)[0][0].send_forward_s
+    assert shared > 1.9 * alone
 
 
 def test_heterogeneous_beats_symmetric_and_uses_fast_gpus() -> None:

@@ -164,12 +164,14 @@ def _metis_price(cost, machines, tps, dps, micro: int) -> tuple[float, list[int]
     for j, (cm, devs) in enumerate(zip(stage_models, stages, strict=True)):
         per_layer, extra, capacity = cm.stage_terms(devs, j == 0, j == depth - 1, depth - j, dps[j])
         sends = 0.0
-        if j + 1 < depth:  # activations of the whole micro-batch, split over the wider side
-            wide = stage_models[j] if dps[j] <= dps[j + 1] else stage_models[j + 1]
-            sends += wide.hop_s(devs, stages[j + 1]) / 2
+        # The micro-batch moves between machines as one transfer per replica of the narrower
+        # side, all sharing the machines' network link.
+        if j + 1 < depth:
+            narrow = j if dps[j] <= dps[j + 1] else j + 1
+            sends += stage_models[narrow].hop_s(devs, stages[j + 1], float(dps[narrow])) / 2
         if j > 0:
-            wide = stage_models[j] if dps[j] <= dps[j - 1] else stage_models[j - 1]
-            sends += wide.hop_s(stages[j - 1], devs) / 2
+            narrow = j if dps[j] <= dps[j - 1] else j - 1
+            sends += stage_models[narrow].hop_s(stages[j - 1], devs, float(dps[narrow])) / 2
         shapes.append((per_layer, extra + sends, capacity))
     counts = assign_layers(
         [StageShape(s, a, b, c) for s, (a, b, c) in zip(stages, shapes, strict=True)],

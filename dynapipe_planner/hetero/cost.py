@@ -15,7 +15,7 @@ over TP, optimiser states optionally sharded over the pipelines as §3.2's FSDP 
 the activations the recomputation mode keeps for each in-flight micro-batch of 1F1B).
 
 `estimate` is the closed form the search ranks plans by; `hetero.simulate` replays the same
-per-stage times event by event. Both read the stage times from `stage_costs` below.
+per-stage times event by event. Both read the stage times from `plan_stage_costs` below.
 """
 
 from __future__ import annotations
@@ -199,13 +199,19 @@ class HeteroCostModel:
             self._tp[devices] = _TP_STEPS[self.job.recompute] * float(per_peer.sum(1).max())
         return self._tp[devices]
 
-    def hop_s(self, sender: tuple[int, ...], receiver: tuple[int, ...]) -> float:
+    def hop_s(
+        self, sender: tuple[int, ...], receiver: tuple[int, ...], flows: float = 1.0
+    ) -> float:
         """App. A Eq. 5: leader to leader over the best pair, then the receiving leader
-        broadcasts within its TP group; forward and backward (factor 2)."""
-        key = (sender, receiver)
+        broadcasts within its TP group; forward and backward (factor 2). `flows` transfers
+        share the machines' network link when the leaders sit on different machines."""
+        key = (sender, receiver, flows)
         if key not in self._hop:
             bw = self.cluster.bandwidth[np.ix_(sender, receiver)]
             lat = self.cluster.latency[np.ix_(sender, receiver)]
+            machine = self.cluster.device_machine
+            crosses = machine[np.array(sender)][:, None] != machine[np.array(receiver)][None, :]
+            bw = np.where(crosses, bw / flows, bw)
             x = self._activation_bytes
             inner_bw = self.cluster.bandwidth[np.ix_(receiver, receiver)]
             inner_lat = self.cluster.latency[np.ix_(receiver, receiver)]
@@ -214,6 +220,39 @@ class HeteroCostModel:
             total = lat + x / bw + inner.sum(1)[None, :]
             self._hop[key] = 2.0 * float(total.min())
         return self._hop[key]
+
+    def leader_machines(self, a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, int] | None:
+        """Machines of the hop's leader pair when every pair crosses machines, else None."""
+        machine = self.cluster.device_machine
+        ma = {int(machine[d]) for d in a}
+        mb = {int(machine[d]) for d in b}
+        if ma & mb:
+            return None
+        bw = self.cluster.bandwidth[np.ix_(a, b)]
+        i, j = np.unravel_index(int(np.argmax(bw)), bw.shape)
+        return int(machine[a[i]]), int(machine[b[j]])
+
+    def hop_flows(self, plan: HeteroPlan) -> dict[tuple[int, int], float]:
+        """Concurrent transfers behind every cross-machine stage boundary of a plan: in the
+        steady state all pipelines send at once, so a machine's link carries every boundary
+        that leaves it (and, in the other direction, every one that enters it)."""
+        out_of: dict[int, int] = {}
+        into: dict[int, int] = {}
+        ends = []
+        for p in plan.pipelines:
+            for a, b in zip(p.stages, p.stages[1:], strict=False):
+                pair = self.leader_machines(a.devices, b.devices)
+                if pair is not None:
+                    out_of[pair[0]] = out_of.get(pair[0], 0) + 1
+                    into[pair[1]] = into.get(pair[1], 0) + 1
+                    ends.append(pair)
+        return {(a, b): float(max(out_of[a], into[b])) for a, b in ends}
+
+    def _flows(self, a: tuple[int, ...], b: tuple[int, ...], flows: dict | None) -> float:
+        if not flows:
+            return 1.0
+        pair = self.leader_machines(a, b)
+        return flows.get(pair, 1.0) if pair is not None else 1.0
 
     def layer_time_s(self, devices: tuple[int, ...]) -> float:
         """Forward + backward of one transformer layer and micro-batch on this TP group."""
@@ -304,8 +343,14 @@ class HeteroCostModel:
         return self._memo[key]  # type: ignore[return-value]
 
     # ---- stages, pipelines, plans -----------------------------------------------------------
-    def stage_costs(self, pipeline: HeteroPipeline, num_pipelines: int) -> list[StageCost]:
-        """Per-stage times and memory of one pipeline (Eq. 5, 8, 11)."""
+    def stage_costs(
+        self,
+        pipeline: HeteroPipeline,
+        num_pipelines: int,
+        flows: dict[tuple[int, int], float] | None = None,
+    ) -> list[StageCost]:
+        """Per-stage times and memory of one pipeline (Eq. 5, 8, 11); `flows` from
+        `hop_flows` of the whole plan (none: the pipeline alone on the network)."""
         stages = pipeline.stages
         depth = len(stages)
         out = []
@@ -315,8 +360,16 @@ class HeteroCostModel:
                 s.devices, first, last
             )
             share = self._forward_share(s.devices)
-            hop_next = 0.0 if last else self.hop_s(s.devices, stages[j + 1].devices)
-            hop_prev = 0.0 if first else self.hop_s(stages[j - 1].devices, s.devices)
+            if last:
+                hop_next = 0.0
+            else:
+                nxt = stages[j + 1].devices
+                hop_next = self.hop_s(s.devices, nxt, self._flows(s.devices, nxt, flows))
+            if first:
+                hop_prev = 0.0
+            else:
+                prv = stages[j - 1].devices
+                hop_prev = self.hop_s(prv, s.devices, self._flows(prv, s.devices, flows))
             in_flight = min(depth - j, pipeline.micro_batches)
             mem = s.num_layers * self.layer_memory(
                 s.devices, in_flight, num_pipelines
@@ -337,7 +390,8 @@ class HeteroCostModel:
         """App. A Eq. 4 and 7. A layer's gradients live on one stage of every pipeline; with
         different TP degrees they are cut into chunks of the smallest shard (§3.2) and chunk
         c is reduced among device c mod tp of each of those stages. A device reduces its
-        chunks one after the other; all stages reduce at once; the slowest bounds the sync."""
+        chunks one after the other; all stages reduce at once, so the devices of a machine
+        whose groups leave it share its network link; the slowest bounds the sync."""
         pipes = plan.pipelines
         if len(pipes) < 2:
             return 0.0
@@ -352,13 +406,26 @@ class HeteroCostModel:
             groups.append((holders, params))
         groups.append(([p.stages[0] for p in pipes], m.embedding_params()))
         groups.append(([p.stages[-1] for p in pipes], m.vocab_size * m.hidden_size))
+        machine = self.cluster.device_machine
+        # A machine's link carries the traffic of every device on it whose DP group leaves it.
+        leaving: dict[int, set[int]] = {}
+        for holders, _ in groups:
+            for c in range(max(s.tp for s in holders)):
+                members = [s.devices[c % s.tp] for s in holders]
+                for d in members:
+                    if any(machine[o] != machine[d] for o in members):
+                        leaving.setdefault(int(machine[d]), set()).add(d)
+        share = np.array([len(leaving.get(m, ())) or 1 for m in range(len(self.cluster.machines))])
         busy: dict[int, float] = {}
         for holders, params in groups:
             chunks = max(s.tp for s in holders)
             chunk_bytes = params * grad_bytes / chunks
             for c in range(chunks):
                 members = np.array([s.devices[c % s.tp] for s in holders])
+                mm = machine[members]
+                flows = np.maximum(share[mm][:, None], share[mm][None, :])
                 bw = self.cluster.bandwidth[np.ix_(members, members)]
+                bw = np.where(mm[:, None] != mm[None, :], bw / flows, bw)
                 lat = self.cluster.latency[np.ix_(members, members)]
                 per_peer = lat + chunk_bytes / (len(members) * bw)
                 np.fill_diagonal(per_peer, 0.0)
@@ -367,10 +434,16 @@ class HeteroCostModel:
                     busy[int(d)] = busy.get(int(d), 0.0) + t
         return max(busy.values())
 
+    def plan_stage_costs(self, plan: HeteroPlan) -> list[list[StageCost]]:
+        """Every pipeline's stage costs with the plan's network sharing: what both the
+        closed form and the 1F1B replay read."""
+        flows = self.hop_flows(plan)
+        n = len(plan.pipelines)
+        return [self.stage_costs(p, n, flows) for p in plan.pipelines]
+
     def estimate(self, plan: HeteroPlan) -> Estimate:
         """Eq. 10: the slowest pipeline plus DP sync; MFU over the whole cluster's peak."""
-        n = len(plan.pipelines)
-        stages = [self.stage_costs(p, n) for p in plan.pipelines]
+        stages = self.plan_stage_costs(plan)
         times = [
             pipeline_time(s, p.micro_batches) for s, p in zip(stages, plan.pipelines, strict=True)
         ]

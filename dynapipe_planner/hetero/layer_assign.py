@@ -32,19 +32,29 @@ class StageShape:
 
 
 def stage_shapes(
-    cost: HeteroCostModel, stages: list[tuple[int, ...]], num_pipelines: int
+    cost: HeteroCostModel,
+    stages: list[tuple[int, ...]],
+    num_pipelines: int,
+    sharing: dict[int, float] | None = None,
 ) -> list[StageShape]:
     """Times and layer capacities of ordered stages. Capacity assumes 1F1B's worst case of
-    `depth - j` micro-batches in flight at stage j."""
+    `depth - j` micro-batches in flight at stage j. `sharing[machine]`: how many pipelines'
+    transfers are expected to share that machine's network link (none: this one alone)."""
     depth = len(stages)
     out = []
+
+    def hop(a: tuple[int, ...], b: tuple[int, ...]) -> float:
+        pair = cost.leader_machines(a, b) if sharing else None
+        flows = max(sharing.get(pair[0], 1.0), sharing.get(pair[1], 1.0)) if pair else 1.0
+        return cost.hop_s(a, b, flows)
+
     for j, devs in enumerate(stages):
         first, last = j == 0, j == depth - 1
         sends = 0.0
         if not last:
-            sends += cost.hop_s(devs, stages[j + 1]) / 2
+            sends += hop(devs, stages[j + 1]) / 2
         if not first:
-            sends += cost.hop_s(stages[j - 1], devs) / 2
+            sends += hop(stages[j - 1], devs) / 2
         per_layer_s, extra_s, capacity = cost.stage_terms(
             devs, first, last, depth - j, num_pipelines
         )

@@ -134,6 +134,14 @@ def build_pipeline(
             choices.append(uniform)
     weights = group_bandwidth(cost.cluster.bandwidth, [list(g) for g in groups])
     orders = top_tau_orders(weights, config.tau, config.orders_priced)
+    # Other pipelines on the same machines are expected to look like this one, so a machine's
+    # link is shared by about (its GPUs / this pipeline's GPUs on it) transfers.
+    machines = cost.cluster.machines
+    of = cost.cluster.device_machine
+    sharing = {}
+    for m in {int(of[d]) for d in devices}:
+        mine = sum(1 for d in devices if of[d] == m)
+        sharing[m] = float(min(num_pipelines, max(1, machines[m].count // mine)))
     best: _Pipeline | None = None
     best_time = math.inf
     for tps in choices:
@@ -145,7 +153,7 @@ def build_pipeline(
         ]
         for order in orders:
             stages = [s for g in order for s in local[g]]
-            shapes = stage_shapes(cost, stages, num_pipelines)
+            shapes = stage_shapes(cost, stages, num_pipelines, sharing)
             layers = assign_layers(shapes, layers_total)
             if layers is None:
                 continue

@@ -3,10 +3,11 @@ execution costs for the generated parallel execution plan by our cost model").
 
 Each stage runs its 1F1B op order (warm-up forwards, one-forward-one-backward, cool-down
 backwards); an op starts when the stage is free and its input has arrived. Per-stage forward,
-backward and hop times come from `HeteroCostModel.stage_costs`, the same numbers the closed form
-(`HeteroCostModel.estimate`, App. A Eq. 9) adds up, so the two can be compared plan by plan. A
-send occupies its stage (the leader sends, then its TP group broadcasts, Eq. 5), half the
-hop each way. Gradient sync (Eq. 7) starts when every pipeline has finished, as in Eq. 10.
+backward and hop times come from `HeteroCostModel.plan_stage_costs`, the same numbers the
+closed form (`HeteroCostModel.estimate`, App. A Eq. 9) adds up, so the two can be compared
+plan by plan. A send occupies the sending stage (the leader sends, then the receiving TP group
+broadcasts, Eq. 5): half of a link's hop with the forward activations, half with the backward
+gradients. Gradient sync (Eq. 7) starts when every pipeline has finished, as in Eq. 10.
 """
 
 from __future__ import annotations
@@ -70,8 +71,10 @@ def one_f_one_b(stages: list[StageCost], micro_batches: int) -> float:
 
 def simulate_plan(cost_model: HeteroCostModel, plan: HeteroPlan) -> Simulation:
     """Replay every pipeline, then the gradient sync; MFU as `HeteroCostModel.mfu`."""
-    n = len(plan.pipelines)
-    times = [one_f_one_b(cost_model.stage_costs(p, n), p.micro_batches) for p in plan.pipelines]
+    times = [
+        one_f_one_b(stages, p.micro_batches)
+        for stages, p in zip(cost_model.plan_stage_costs(plan), plan.pipelines, strict=True)
+    ]
     dp = cost_model.dp_sync_s(plan)
     iteration = max(times) + dp
     return Simulation(iteration, times, dp, cost_model.mfu(plan, iteration))
