@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..cost.table import split_layers
-from ..devices import homogeneous_cluster
+from ..devices import Machine, homogeneous_cluster
 from .cost import Estimate, HeteroCostModel, StageCost, pipeline_time
 from .layer_assign import StageShape, assign_layers, stage_shapes
 from .layout import HeteroPipeline, HeteroPlan, HeteroStage
@@ -151,7 +151,13 @@ def metis_style(cost: HeteroCostModel) -> BaselineResult:
     return best or BaselineResult("metis-style", 0.0, math.inf, "out of memory")
 
 
-def _metis_price(cost, machines, tps, dps, micro: int) -> tuple[float, list[int]] | None:
+def _metis_price(
+    cost: HeteroCostModel,
+    machines: list[Machine],
+    tps: list[int],
+    dps: list[int],
+    micro: int,
+) -> tuple[float, list[int]] | None:
     """Iteration time and layers per stage of one Metis-style layout, or None (memory)."""
     job = cost.job
     depth = len(machines)

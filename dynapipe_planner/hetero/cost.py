@@ -14,6 +14,11 @@ device (Eq. 11 generalised: weights, gradients and optimiser states of the stage
 over TP, optimiser states optionally sharded over the pipelines as §3.2's FSDP hooks do, plus
 the activations the recomputation mode keeps for each in-flight micro-batch of 1F1B).
 
+One departure from App. A, stated: transfers that leave a machine at the same time share its
+network link (pipeline hops of every pipeline in the 1F1B steady state; DP groups that span
+machines during the sync). Eq. 5 and Eq. 4 price each device pair as if it had the machines'
+link to itself, which would let eight pipelines crossing one Ethernet link each see all of it.
+
 `estimate` is the closed form the search ranks plans by; `hetero.simulate` replays the same
 per-stage times event by event. Both read the stage times from `plan_stage_costs` below.
 """

@@ -141,14 +141,14 @@ def _choose(
         model.Add(sum(cands[i].usage[k] * x[i] for i in x if cands[i].usage[k]) <= cap)
     model.Add(sum(work) >= total)
     for n, old in enumerate(excluded):  # no-good: differ from an already priced choice
+        if any(i not in x for i in old):
+            continue  # uses a candidate too slow for this limit: excluded already
         differs = []
         for i in x:
             same = model.NewBoolVar(f"same{n}_{i}")
             model.Add(x[i] == old.get(i, 0)).OnlyEnforceIf(same)
             model.Add(x[i] != old.get(i, 0)).OnlyEnforceIf(same.Not())
             differs.append(same.Not())
-        if any(i not in x for i in old):
-            continue
         model.AddBoolOr(differs)
     model.Minimize(t_max)
     solver = cp_model.CpSolver()
