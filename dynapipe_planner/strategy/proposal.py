@@ -113,7 +113,9 @@ def interval_work(
             f"(largest: {longest_fit.scheme} holds {longest_fit.max_len}); truncate the data "
             f"or allow larger TP / PP"
         )
-    distinct, multiplicity = np.unique(lengths, return_counts=True)  # T once per length
+    histogram = np.bincount(lengths)  # T once per distinct length; O(n), no sort
+    distinct = np.flatnonzero(histogram)
+    multiplicity = histogram[distinct]
     index = (distinct - 1) // step
     num_intervals = int(index.max()) + 1
     upper = (np.arange(num_intervals) + 1) * step
