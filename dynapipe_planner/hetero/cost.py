@@ -139,9 +139,13 @@ class HeteroCostModel:
     models and per-device-set communication terms are cached: the search prices the same
     groups many times."""
 
-    def __init__(self, cluster: HeteroCluster, job: TrainingJob) -> None:
+    def __init__(
+        self, cluster: HeteroCluster, job: TrainingJob, *, share_links: bool = True
+    ) -> None:
         self.cluster = cluster
         self.job = job
+        # False: App. A literally (Eq. 4, 5), every device pair has the machines' link to itself.
+        self.share_links = share_links
         self._analytic: dict[tuple, AnalyticCostModel] = {}
         self._layer: dict[tuple, tuple[float, float, float, float]] = {}
         self._tp: dict[tuple, float] = {}
@@ -210,6 +214,8 @@ class HeteroCostModel:
         """App. A Eq. 5: leader to leader over the best pair, then the receiving leader
         broadcasts within its TP group; forward and backward (factor 2). `flows` transfers
         share the machines' network link when the leaders sit on different machines."""
+        if not self.share_links:
+            flows = 1.0
         key = (sender, receiver, flows)
         if key not in self._hop:
             bw = self.cluster.bandwidth[np.ix_(sender, receiver)]
@@ -421,6 +427,8 @@ class HeteroCostModel:
                     if any(machine[o] != machine[d] for o in members):
                         leaving.setdefault(int(machine[d]), set()).add(d)
         share = np.array([len(leaving.get(m, ())) or 1 for m in range(len(self.cluster.machines))])
+        if not self.share_links:
+            share[:] = 1
         busy: dict[int, float] = {}
         for holders, params in groups:
             chunks = max(s.tp for s in holders)
