@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dynapipe_planner.devices import load_cluster
-from dynapipe_planner.hetero.baselines import equal_flops_a800
+from dynapipe_planner.hetero.baselines import _metis_price, equal_flops_a800, metis_style
 from dynapipe_planner.hetero.cost import HeteroCostModel, TrainingJob
 from dynapipe_planner.hetero.layer_assign import assign_micro_batches
 from dynapipe_planner.hetero.layout import HeteroPipeline, HeteroPlan, HeteroStage
@@ -136,6 +136,32 @@ def table2_plan(cost: HeteroCostModel) -> HeteroPlan:
     return plan
 
 
+def metis_table5(cost: HeteroCostModel) -> str:
+    """App. C Table 5 (Metis on setting 3): one stage per machine, (DP, TP) = (machine, 1),
+    layers 20 / 8 x4 / 4 / 2 / 2, a micro-batch of 8 (one sample per A800 replica), priced by
+    our model without its memory check; then whether each stage would fit and what our
+    Metis-style search (which may pick TP > 1) finds."""
+    c, job = cost.cluster, cost.job
+    machines = sorted(c.machines, key=lambda m: (-m.gpu.peak_flops * m.count, m.first_device))
+    layers = [20, 8, 8, 8, 8, 4, 2, 2]
+    dps = [m.count for m in machines]
+    priced = _metis_price(cost, machines, [1] * len(machines), dps, 8, layers)
+    assert priced is not None
+    mfu = job.flops_per_sample() * job.global_batch / (priced[0] * c.total_peak_flops)
+    over = []
+    for j, (m, n) in enumerate(zip(machines, layers, strict=True)):
+        replica = HeteroCostModel(c, replace(job, micro_batch_size=8 // m.count * 1 or 1))
+        first, last = j == 0, j == len(machines) - 1
+        _, _, capacity = replica.stage_terms((m.first_device,), first, last, 8 - j, m.count)
+        if n > capacity:
+            over.append(f"{m.name}: {n} layers > {capacity}")
+    search = metis_style(cost)
+    return (
+        f"Table 5 plan {mfu:.1%} ({'fits' if not over else 'out of memory: ' + ', '.join(over)}); "
+        f"our Metis-style search {search.mfu:.1%} ({search.layout[:60]}...)"
+    )
+
+
 def main() -> None:
     print(f"{'plan':<30} {'iter':>8} " + " ".join(f"{k[:5]:>5}" for k in TERMS))
     cases = [
@@ -163,6 +189,7 @@ def main() -> None:
                     job = TrainingJob(MODEL_PRESETS[model], global_batch=b)
                     priced = HeteroCostModel(cluster, job, share_links=share)
                     row(f"paper Table 2, batch {b}{tag}", priced, table2_plan(priced))
+                    print(f"{'':<30} Metis, App. C: {metis_table5(priced)}")
     print(
         "\nterms in MFU points of the cluster's peak (sum 100): mfu = model FLOPs at peak; "
         "recompute = full recompute's extra forward; ineff = analytic kernel time over FLOPs / "

@@ -158,8 +158,11 @@ def _metis_price(
     tps: list[int],
     dps: list[int],
     micro: int,
+    layers: list[int] | None = None,
 ) -> tuple[float, list[int]] | None:
-    """Iteration time and layers per stage of one Metis-style layout, or None (memory)."""
+    """Iteration time and layers per stage of one Metis-style layout, or None (memory).
+    `layers` fixes the layers per stage (a published plan, App. C Table 5) instead of
+    balancing them; memory is then not checked."""
     job = cost.job
     depth = len(machines)
     stage_models, stages = [], []
@@ -182,7 +185,7 @@ def _metis_price(
             narrow = j if dps[j] <= dps[j - 1] else j - 1
             sends += stage_models[narrow].hop_s(stages[j - 1], devs, float(dps[narrow])) / 2
         shapes.append((per_layer, extra + sends, capacity))
-    counts = assign_layers(
+    counts = layers or assign_layers(
         [StageShape(s, a, b, c) for s, (a, b, c) in zip(stages, shapes, strict=True)],
         job.model.num_layers,
     )
