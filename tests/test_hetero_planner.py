@@ -304,3 +304,27 @@ def test_secondary_partition_k_scales_widen_search() -> None:
     narrow = hexiscale_search(cost, SearchConfig(time_budget_s=5.0, k_scales=(1.0, 2.0)))
     assert 3.0 in SearchConfig().k_scales
     assert found.estimate.iteration_s < 0.99 * narrow.estimate.iteration_s
+
+
+def test_metis_price_with_published_layers() -> None:
+    # A fixed layer split (App. C Table 5 style) is priced as given; the balanced split the
+    # search picks, passed back in, prices the same, and a lopsided split is slower.
+    import math
+
+    from dynapipe_planner.hetero.baselines import _metis_price
+
+    cost = HeteroCostModel(
+        two_boxes("A100-80GB", 4, "RTX4090", 4),
+        TrainingJob(MODEL_PRESETS["gpt-1.3b"], seqlen=2048, global_batch=32),
+    )
+    machines = sorted(cost.cluster.machines, key=lambda m: -m.gpu.peak_flops)
+    tps, dps = [1, 1], [4, 4]
+    micro = math.lcm(*dps)
+    balanced = _metis_price(cost, machines, tps, dps, micro)
+    assert balanced is not None
+    again = _metis_price(cost, machines, tps, dps, micro, list(balanced[1]))
+    assert again is not None and again[0] == pytest.approx(balanced[0])
+    n = cost.job.model.num_layers
+    lopsided = _metis_price(cost, machines, tps, dps, micro, [1, n - 1])
+    assert lopsided is not None and lopsided[1] == [1, n - 1]
+    assert lopsided[0] > 1.2 * balanced[0]
