@@ -148,6 +148,20 @@ def test_shared_network_link_slows_parallel_transfers() -> None:
     alone = cost.plan_stage_costs(one)[0][0].send_forward_s
     shared = cost.plan_stage_costs(two)[0][0].send_forward_s
     assert shared > 1.9 * alone
+    # App. A literally (share_links=False): every pair has the whole link, as Eq. 5 and Eq. 4
+    # price it; the same two pipelines then see the lone pipeline's hop, and a cheaper DP sync.
+    literal = HeteroCostModel(c, cost.job, share_links=False)
+    assert literal.plan_stage_costs(two)[0][0].send_forward_s == pytest.approx(alone)
+    across = HeteroPlan(
+        [
+            HeteroPipeline((HeteroStage((0,), (0, 12)), HeteroStage((1,), (12, 24))), 4),
+            HeteroPipeline((HeteroStage((2,), (0, 12)), HeteroStage((3,), (12, 24))), 4),
+        ],
+        1,
+        2048,
+    )
+    assert literal.dp_sync_s(across) < 0.6 * cost.dp_sync_s(across)
+    assert literal.estimate(two).iteration_s < cost.estimate(two).iteration_s
 
 
 def test_heterogeneous_beats_symmetric_and_uses_fast_gpus() -> None:
@@ -259,3 +273,58 @@ def test_cli(tmp_path: Path, capsys) -> None:
     bad.write_text("machines: [{gpu: GTX480, count: 2}]\nnetwork: {bandwidth_gbs: 1}\n")
     assert hetero_main(["--cluster", str(bad), "--quiet"]) == 2
     assert "unknown GPU type 'GTX480'" in capsys.readouterr().err
+
+
+def test_homogeneous_reference_is_whole_a800_machines() -> None:
+    # §5.1 compares with two (settings 1-2) and four (setting 3) 8 x A800 PCIe machines; the
+    # equal-FLOPS reference rounds to whole 8-GPU machines, never a prime-sized odd cluster.
+    from dynapipe_planner.hetero.baselines import equal_flops_a800
+
+    for name, model, gpus in (
+        ("hexiscale_setting1.yaml", "llama2-7b", 16),
+        ("hexiscale_setting2.yaml", "llama2-7b", 16),
+        ("hexiscale_setting3.yaml", "llama-30b", 32),
+    ):
+        cost = HeteroCostModel(load_cluster(EXAMPLES / name), TrainingJob(MODEL_PRESETS[model]))
+        homo = equal_flops_a800(cost).cluster
+        assert homo.num_devices == gpus
+        assert {m.count for m in homo.machines} == {8}
+        assert {m.gpu.name for m in homo.machines} == {"A800-PCIe"}
+    # Below one machine's worth of FLOPS the GPU count is rounded as before.
+    small = HeteroCostModel(
+        two_boxes("RTX4090", 2, "RTX4090", 2), TrainingJob(MODEL_PRESETS["gpt-1.3b"])
+    )
+    assert equal_flops_a800(small).cluster.num_devices == 2
+
+
+def test_secondary_partition_k_scales_widen_search() -> None:
+    # §4.4 varies k_i: with k_i up to 3x a pipeline's machines, setting 3 (Llama 30B) finds a
+    # faster plan than with k_i in {1x, 2x} (the previous default), and never a slower one.
+    cost, found = setting("hexiscale_setting3.yaml", "llama-30b", 256)
+    narrow = hexiscale_search(cost, SearchConfig(time_budget_s=5.0, k_scales=(1.0, 2.0)))
+    assert 3.0 in SearchConfig().k_scales
+    assert found.estimate.iteration_s < 0.99 * narrow.estimate.iteration_s
+
+
+def test_metis_price_with_published_layers() -> None:
+    # A fixed layer split (App. C Table 5 style) is priced as given; the balanced split the
+    # search picks, passed back in, prices the same, and a lopsided split is slower.
+    import math
+
+    from dynapipe_planner.hetero.baselines import _metis_price
+
+    cost = HeteroCostModel(
+        two_boxes("A100-80GB", 4, "RTX4090", 4),
+        TrainingJob(MODEL_PRESETS["gpt-1.3b"], seqlen=2048, global_batch=32),
+    )
+    machines = sorted(cost.cluster.machines, key=lambda m: -m.gpu.peak_flops)
+    tps, dps = [1, 1], [4, 4]
+    micro = math.lcm(*dps)
+    balanced = _metis_price(cost, machines, tps, dps, micro)
+    assert balanced is not None
+    again = _metis_price(cost, machines, tps, dps, micro, list(balanced[1]))
+    assert again is not None and again[0] == pytest.approx(balanced[0])
+    n = cost.job.model.num_layers
+    lopsided = _metis_price(cost, machines, tps, dps, micro, [1, n - 1])
+    assert lopsided is not None and lopsided[1] == [1, n - 1]
+    assert lopsided[0] > 1.2 * balanced[0]

@@ -13,8 +13,9 @@ same cost model (`hetero.cost`) so that only the plan differs.
 - `metis_style`: App. C: one pipeline, one stage per machine (machines by total FLOPS, fastest
   first), each stage data- and tensor-parallel inside its machine, so a micro-batch must split
   over the stage's DP replicas; every uniform (TP, micro-batch size) choice is priced.
-- `homogeneous_reference`: the A800 PCIe cluster of (rounded) equal peak FLOPS on the same
-  network, planned by HexiScale and by Megatron, the better of the two.
+- `homogeneous_reference`: the A800 PCIe cluster of (rounded) equal peak FLOPS in whole 8-GPU
+  machines (§5.1 rents two and four 8 x A800 PCIe) on the same network, planned by HexiScale
+  and by Megatron, the better of the two; MFU is over that cluster's own peak.
 """
 
 from __future__ import annotations
@@ -157,14 +158,19 @@ def _metis_price(
     tps: list[int],
     dps: list[int],
     micro: int,
+    layers: list[int] | None = None,
 ) -> tuple[float, list[int]] | None:
-    """Iteration time and layers per stage of one Metis-style layout, or None (memory)."""
+    """Iteration time and layers per stage of one Metis-style layout, or None (memory).
+    `layers` fixes the layers per stage (a published plan, App. C Table 5) instead of
+    balancing them; memory is then not checked."""
     job = cost.job
     depth = len(machines)
     stage_models, stages = [], []
     for m, t, d in zip(machines, tps, dps, strict=True):
         per_replica = replace(job, micro_batch_size=micro // d, global_batch=micro // d)
-        stage_models.append(HeteroCostModel(cost.cluster, per_replica))
+        stage_models.append(
+            HeteroCostModel(cost.cluster, per_replica, share_links=cost.share_links)
+        )
         stages.append(tuple(range(m.first_device, m.first_device + t)))
     shapes = []
     for j, (cm, devs) in enumerate(zip(stage_models, stages, strict=True)):
@@ -179,7 +185,7 @@ def _metis_price(
             narrow = j if dps[j] <= dps[j - 1] else j - 1
             sends += stage_models[narrow].hop_s(stages[j - 1], devs, float(dps[narrow])) / 2
         shapes.append((per_layer, extra + sends, capacity))
-    counts = assign_layers(
+    counts = layers or assign_layers(
         [StageShape(s, a, b, c) for s, (a, b, c) in zip(stages, shapes, strict=True)],
         job.model.num_layers,
     )
@@ -205,12 +211,20 @@ def _metis_price(
     return pipe + sync, counts
 
 
+_A800_BOX = 8
+
+
 def equal_flops_a800(cost: HeteroCostModel) -> HeteroCostModel:
-    """The homogeneous A800 PCIe cluster with the (rounded) same peak FLOPS, on the same
-    default network between machines."""
+    """The homogeneous A800 PCIe cluster with the (rounded) same peak FLOPS, in whole 8-GPU
+    machines once it is that large, on the same default network between machines."""
     c = cost.cluster
     a800 = homogeneous_cluster("A800-PCIe", 1)
     n = max(1, round(c.total_peak_flops / a800.total_peak_flops))
+    if n >= _A800_BOX:
+        # Whole 8-GPU machines, as §5.1's references are rented (two and four 8 x A800 PCIe
+        # for settings 1-2 and 3): rounding GPUs instead gave setting 3 a prime 29-GPU cluster
+        # with a 5-GPU machine, whose only layouts are 29 one-GPU stages or 29 replicas.
+        n = _A800_BOX * max(1, round(n / _A800_BOX))
     inter = c.bandwidth[
         ~np.eye(c.num_devices, dtype=bool)
         & (c.device_machine[:, None] != c.device_machine[None, :])
@@ -225,7 +239,7 @@ def equal_flops_a800(cost: HeteroCostModel) -> HeteroCostModel:
         inter_latency_us=lat_us,
         name=f"{n}xA800-PCIe",
     )
-    return HeteroCostModel(homo, cost.job)
+    return HeteroCostModel(homo, cost.job, share_links=cost.share_links)
 
 
 def homogeneous_reference(

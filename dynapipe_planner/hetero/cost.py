@@ -18,6 +18,20 @@ One departure from App. A, stated: transfers that leave a machine at the same ti
 network link (pipeline hops of every pipeline in the 1F1B steady state; DP groups that span
 machines during the sync). Eq. 5 and Eq. 4 price each device pair as if it had the machines'
 link to itself, which would let eight pipelines crossing one Ethernet link each see all of it.
+`HeteroCostModel(..., share_links=False)` prices App. A as written (every pair has the whole
+link), for comparison; `benchmarks/hexiscale_breakdown.py` and the sensitivity table of
+`benchmarks/hexiscale_settings.py` show what the choice moves. Which is right for a real
+cluster depends on whether §5.1's "inter-machine connection is about 0.7 GB/s" is a machine's
+NIC (shared: ours) or what each GPU pair gets (App. A); a cloud VM's bandwidth cap is
+usually per machine, hence the default.
+
+Memory (Eq. 11) also departs, stated: Eq. 11 counts 48 H^2 B_type / |d| per layer, i.e. four
+bf16 copies of the 12 H^2 parameters; mixed-precision Adam as Megatron runs it keeps bf16
+weights, fp32 gradients and fp32 master weights and moments (2 + 4 + 12 bytes), the last 12
+sharded over the pipelines here (9 bytes a parameter at D_dp = 4 against Eq. 11's 8). And Eq. 11
+keeps one micro-batch's layer input (B_mb S H B_type) where 1F1B keeps up to depth - j of them
+at stage j. Together these are why the paper's Table 2 plan (18 Llama 30B layers on a TP=4
+stage of 24 GB 4090s, first of four stages) needs 25.2 GiB here, of 21.6 GiB usable.
 
 `estimate` is the closed form the search ranks plans by; `hetero.simulate` replays the same
 per-stage times event by event. Both read the stage times from `plan_stage_costs` below.
@@ -139,9 +153,13 @@ class HeteroCostModel:
     models and per-device-set communication terms are cached: the search prices the same
     groups many times."""
 
-    def __init__(self, cluster: HeteroCluster, job: TrainingJob) -> None:
+    def __init__(
+        self, cluster: HeteroCluster, job: TrainingJob, *, share_links: bool = True
+    ) -> None:
         self.cluster = cluster
         self.job = job
+        # False: App. A literally (Eq. 4, 5), every device pair has the machines' link to itself.
+        self.share_links = share_links
         self._analytic: dict[tuple, AnalyticCostModel] = {}
         self._layer: dict[tuple, tuple[float, float, float, float]] = {}
         self._tp: dict[tuple, float] = {}
@@ -210,6 +228,8 @@ class HeteroCostModel:
         """App. A Eq. 5: leader to leader over the best pair, then the receiving leader
         broadcasts within its TP group; forward and backward (factor 2). `flows` transfers
         share the machines' network link when the leaders sit on different machines."""
+        if not self.share_links:
+            flows = 1.0
         key = (sender, receiver, flows)
         if key not in self._hop:
             bw = self.cluster.bandwidth[np.ix_(sender, receiver)]
@@ -421,6 +441,8 @@ class HeteroCostModel:
                     if any(machine[o] != machine[d] for o in members):
                         leaving.setdefault(int(machine[d]), set()).add(d)
         share = np.array([len(leaving.get(m, ())) or 1 for m in range(len(self.cluster.machines))])
+        if not self.share_links:
+            share[:] = 1
         busy: dict[int, float] = {}
         for holders, params in groups:
             chunks = max(s.tp for s in holders)
