@@ -42,8 +42,11 @@ GPU_PRESETS: dict[str, GpuSpec] = {
         _gpu("A100-40GB", 312, 40, 1555, 300, 25),
         _gpu("A100-80GB", 312, 80, 2039, 300, 25),
         _gpu("A800", 312, 80, 2039, 200, 25),
+        # The PCIe card: same chip, GPUs of a machine talk over PCIe 4.0 x16 (HexiScale §5.1).
+        _gpu("A800-PCIe", 312, 80, 1935, 32, 25),
         _gpu("H100", 989, 80, 3350, 450, 50),
         # GeForce: bf16 with FP32 accumulate runs at half the FP16-accumulate rate; PCIe 4.0 x16.
+        _gpu("RTX3080Ti", 68.2, 12, 912, 32, 12.5),
         _gpu("RTX3090", 71, 24, 936, 32, 12.5),
         _gpu("RTX4090", 165.2, 24, 1008, 32, 12.5),
     )

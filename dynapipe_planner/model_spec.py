@@ -100,6 +100,22 @@ def _llama(name: str, layers: int, hidden: int, heads: int, swiglu_width: int) -
     return ModelSpec(name, "gpt", layers, hidden, heads, 3 * swiglu_width // 2, 32000)
 
 
+def _llama_gqa(
+    name: str, layers: int, hidden: int, heads: int, kv_heads: int, swiglu_width: int
+) -> ModelSpec:
+    """LLaMA-2 70B style shape with grouped-query attention (`kv_heads` K/V heads).
+
+    ModelSpec has no K/V-head count, so this is an approximation, stated: K and V projections
+    of width `hidden * kv_heads / heads` save `2 * hidden^2 * (1 - kv_heads / heads)` parameters
+    per layer against full multi-head attention, which ModelSpec counts; the MLP is narrowed by
+    exactly that many parameters, so parameters and GEMM FLOPs per layer match the real model.
+    Attention-score FLOPs and activations are those of full multi-head attention (a small
+    overestimate of stored K/V activations)."""
+    ffn = 3 * swiglu_width // 2
+    saved = 2 * hidden * hidden * (heads - kv_heads) // heads
+    return ModelSpec(name, "gpt", layers, hidden, heads, ffn - saved // (2 * hidden), 32000)
+
+
 # GPT-3 family shapes (Brown et al. 2020, Table 2.1), DynaPipe's T5 scaling (Table 1) and the
 # LLaMA-2 style models Hydraulis trains (7B, 13B; its 32B-class shape is not published, so
 # ours has 60 layers of width 6656 with 64 heads, about 32B parameters).
@@ -128,6 +144,12 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         ModelSpec("vit-huge-48", "gpt", 48, 1280, 16, 5120, 1000, max_position_embeddings=197),
         ModelSpec("t5-large-32", "t5", 16, 1024, 16, 4096, 32128, max_position_embeddings=512),
         ModelSpec("t5-large-48", "t5", 24, 1024, 16, 4096, 32128, max_position_embeddings=512),
+        # HexiScale's models (seed hexiscale.txt §5.1, §5.4): Llama-2 7B/13B share the shapes above;
+        # Llama 30B is the LLaMA-1 shape (52 heads, so TP must divide 52).
+        _llama("llama2-7b", 32, 4096, 32, 11008),
+        _llama("llama2-13b", 40, 5120, 40, 13824),
+        _llama("llama-30b", 60, 6656, 52, 17920),
+        _llama_gqa("llama2-70b", 80, 8192, 64, 8, 28672),
     )
 }
 

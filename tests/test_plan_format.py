@@ -13,7 +13,7 @@ from dynapipe_planner.cluster import ClusterSpec, get_gpu
 from dynapipe_planner.cost import AnalyticCostModel
 from dynapipe_planner.errors import PlanningError
 from dynapipe_planner.model_spec import MODEL_PRESETS
-from dynapipe_planner.plan import MAGIC, ExecutionPlan, load_plan
+from dynapipe_planner.plan import MAGIC, ExecutionPlan, atomic_write, load_plan
 from dynapipe_planner.planner import IterationPlanner, PlannerConfig
 
 
@@ -123,3 +123,13 @@ def test_failed_write_leaves_nothing(tmp_path, plans):
         plans["dynamic"].save(target)
     assert sorted(os.listdir(tmp_path)) == ["plan.json"]
     assert os.listdir(target) == []
+
+
+def test_atomic_write_leaves_only_the_file_with_normal_permissions(tmp_path):
+    target = tmp_path / "t.json"
+    atomic_write(target, b'{"a": 1}')
+    assert json.loads(target.read_text()) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["t.json"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask

@@ -18,9 +18,10 @@ import json
 import os
 import socket
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+
+from dynapipe_planner.plan import atomic_write
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -152,21 +153,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def write_atomically(path: Path, table: dict) -> None:
-    """Write next to the destination, then rename: readers never see half a table."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    umask = os.umask(0)
-    os.umask(umask)
-    os.fchmod(fd, 0o666 & ~umask)  # mkstemp's private 0600 would outlive the rename
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(table, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _single_rank_environment() -> None:
     """A one-rank gloo/nccl world for megatron-core's parallel state."""
     with socket.socket() as s:
@@ -234,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     finally:
         ps.destroy()
-    write_atomically(Path(args.output), table)
+    atomic_write(Path(args.output), (json.dumps(table, indent=1) + "\n").encode())
     print(f"wrote {args.output}", flush=True)
     return 0
 

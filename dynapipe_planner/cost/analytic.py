@@ -178,6 +178,24 @@ class AnalyticCostModel:
         launch = 6 * gpu.kernel_launch_s
         return gemm + softmax + launch, 2 * gemm + softmax + 2 * launch, stored, transient
 
+    def part_costs(
+        self, part: str, samples: float, seqlen: float, recompute: str = "none"
+    ) -> tuple[float, float, float, float]:
+        """One micro-batch of `samples` x `seqlen` tokens through one transformer layer
+        ("decoder"/"encoder"), the "embedding" or the "output" layer: forward s, backward s,
+        stored and transient bytes. For planners that assemble their own stages from layers of
+        different GPUs (HexiScale, `dynapipe_planner.hetero.cost`) instead of a pipeline table."""
+        if recompute not in RECOMPUTE_MODES:
+            raise PlanningError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+        b, s, t = np.array([float(samples)]), np.array([float(seqlen)]), np.array([0.0])
+        if part == "embedding":
+            parts = self._embedding(b, s, t)
+        elif part == "output":
+            parts = self._output_layer(b, s, t)
+        else:
+            parts = self._layer(part, b, s, t, recompute)
+        return tuple(float(np.asarray(x).reshape(-1)[0]) for x in parts)  # type: ignore[return-value]
+
     # ---- stages --------------------------------------------------------------------------
     def static_bytes(self, layer_kinds: list[str], first: bool, last: bool) -> float:
         """Weights (bf16), fp32 gradients and fp32 Adam state (master, m, v) of one stage."""

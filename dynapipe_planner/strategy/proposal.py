@@ -85,6 +85,19 @@ class IntervalWork:
         """Column of `work` of each scheme."""
         return {p.scheme: k for k, p in enumerate(self.profiles)}
 
+    @cached_property
+    def occupied(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Over the intervals that hold sequences: their GPU-seconds per scheme (inf: cannot
+        hold), the GPUs of one pipeline of each scheme that can hold each (one extra row of
+        zeros: no scheme), and how many of them lie in the first i intervals, for every i;
+        what every maximum length's `_EstimateTable` slices instead of rebuilding."""
+        rows = np.flatnonzero(self.counts)
+        gpu_seconds = self.work[rows] * self.gpus[None, :]
+        capacity = np.zeros((len(self.profiles) + 1, len(rows)))
+        capacity[:-1] = (np.isfinite(gpu_seconds) * self.gpus[None, :]).T
+        within = np.concatenate([[0], np.cumsum(self.counts > 0)])
+        return gpu_seconds, capacity, within
+
 
 def interval_work(
     lengths: np.ndarray,
@@ -113,7 +126,9 @@ def interval_work(
             f"(largest: {longest_fit.scheme} holds {longest_fit.max_len}); truncate the data "
             f"or allow larger TP / PP"
         )
-    distinct, multiplicity = np.unique(lengths, return_counts=True)  # T once per length
+    histogram = np.bincount(lengths)  # T once per distinct length; O(n), no sort
+    distinct = np.flatnonzero(histogram)
+    multiplicity = histogram[distinct]
     index = (distinct - 1) // step
     num_intervals = int(index.max()) + 1
     upper = (np.arange(num_intervals) + 1) * step
@@ -239,11 +254,10 @@ class _EstimateTable:
 
     def __init__(self, iw: IntervalWork, intervals: int) -> None:
         self.iw = iw
-        rows = np.flatnonzero(iw.counts[:intervals])
-        self.gpu_seconds = iw.work[rows] * iw.gpus[None, :]  # (R, K), inf: cannot hold
-        # GPUs of one pipeline of each scheme that can hold each row; row K: no scheme.
-        self.capacity_of = np.zeros((len(iw.profiles) + 1, len(rows)))
-        self.capacity_of[:-1] = (np.isfinite(self.gpu_seconds) * iw.gpus[None, :]).T
+        gpu_seconds, capacity, within = iw.occupied
+        rows = within[intervals]
+        self.gpu_seconds = gpu_seconds[:rows]  # (R, K), inf: cannot hold
+        self.capacity_of = capacity[:, :rows]  # (K + 1, R); row K: no scheme
         self.none = len(iw.profiles)
 
     @cached_property

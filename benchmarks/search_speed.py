@@ -1,0 +1,442 @@
+"""Search speed: our Galvatron-BMW search vs the public hetu-galvatron 2.4.0 engine (issue #5).
+
+For each setting (GPT/LLaMA-class models of 24-96 layers on 8, 16 and 64 A100-80GB GPUs, 8 per
+node, sequence length 2048, a fixed global batch of 8 samples per GPU and a 32 GB per-GPU
+budget), the cost inputs are built once with our analytic model and reduced to what
+Galvatron's profile files can express (`galvatron_reference.profiles.galvatron_representable`:
+forward time scales as 1/TP, no backward workspace, 16 bytes of model state per parameter, no
+link latency, no embedding/output layers, one bandwidth per strided group size). Both engines
+read exactly those numbers: ours as `CostInputs`, Galvatron from the JSON files written from
+them. Galvatron runs in a throwaway virtual environment built by `galvatron_reference.env`.
+
+Budgets. Galvatron 2.4.0 reserves 20% of budgets above 20 GB for the allocator cache and 1 GiB
+per GPU for the CUDA context; ours is given what is left of the 32 GB (24.6 GiB) as its budget.
+
+Search spaces. Both engines search the same layer strategies (power-of-two DP / SDP / TP trees
+with CKPT, never DP with SDP, TP <= 8, PP in {1, 2, 4, 8}) for the same global batch B = 8N.
+Ours tries m = P, 2P, 4P, 8P micro-batches: every count Galvatron allows with at least P
+micro-batches, since with vocabulary TP off (min_tp = 1) it keeps each micro-batch at least a
+stage's GPU count (m <= 8P here). Vocabulary TP is off because the representable inputs have
+no embedding or output layer; turning it on would make Galvatron repeat its search for every
+(min, max) vocabulary-TP pair. Known differences, printed with the table: Galvatron splits a
+one-layer-type model evenly over stages while ours balances memory and then time
+(Algorithm 2), and it also tries m < P; the engines' time formulas differ (ours: the paper's
+Eq. 9 with overlap slowdown, SDP gathers and last-micro-batch gradient sync; Galvatron 2.4.0:
+its own pipeline formula, DP/SDP overlap and p2p rules); ours also counts the backward peak
+(Eq. 2) and Galvatron keeps 1/8 of ZeRO-3 states unsharded when accumulating gradients. So
+the plans are compared as they come out, and each engine's plan is also priced by the other's
+cost model: each engine's pick must be at least as good as the other's under its own model.
+
+Times are wall-clock: ours is the median of `--repeats` calls of `search()` in this process
+(after one warm-up search); Galvatron's is one run of `initialize_search_engine()` +
+`parallelism_optimization()` inside its environment, excluding the interpreter start and
+imports (paid once: all Galvatron searches run in one process). The machine is shared: the
+load average is printed before and after the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from galvatron_reference import env as galvatron_env
+from galvatron_reference import profiles
+
+from dynapipe_planner.cluster import get_gpu
+from dynapipe_planner.model_spec import MODEL_PRESETS, ModelSpec
+from dynapipe_planner.search import (
+    CostInputs,
+    LayerStrategy,
+    SearchResult,
+    analytic_cost_inputs,
+    search,
+)
+from dynapipe_planner.search.estimator import (
+    Estimator,
+    peak_memory,
+    pipeline_time,
+    stage_times,
+)
+from dynapipe_planner.search.space import strategy_space
+
+MiB = 2**20
+TARGET_SPEEDUP = 20.0
+GPUS_PER_NODE = 8
+SEQ_LENGTH = 2048
+MAX_TP = 8
+MAX_PP = 8
+
+
+def _gpt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
+    return ModelSpec(name, "gpt", layers, hidden, heads, 4 * hidden, 51200)
+
+
+MODELS: dict[int, ModelSpec] = {
+    24: MODEL_PRESETS["gpt-1.3b"],
+    32: MODEL_PRESETS["llama-7b"],
+    48: _gpt("gpt-48l-3.8b", 48, 2560, 32),
+    64: ModelSpec("llama-64l-7b", "gpt", 64, 3072, 24, 3 * 8192 // 2, 32000),
+    96: _gpt("gpt-96l-4.8b", 96, 2048, 16),
+}
+
+
+def galvatron_budget_bytes(memory_gb: int) -> float:
+    """What Galvatron 2.4.0 leaves for layers out of `memory_gb`: it reserves 20% above 20 GB
+    (allocator cache) and 1024 MiB per GPU (CUDA context)."""
+    mib = memory_gb * 1024
+    if memory_gb > 20:
+        mib -= int(mib * 0.2)
+    return float((mib - 1024) * MiB)
+
+
+def strategy_from_galvatron(pp: int, group: int, tp: int, fsdp: int, consec: int, ckpt: int):
+    """A Galvatron layer strategy as our `LayerStrategy` (order root -> leaf; the leaf is the
+    consecutive level, so TP-consecutive means TP last)."""
+    data = group // tp
+    data_name = "sdp" if fsdp else "dp"
+    if tp == 1:
+        order, degrees = ((data_name,), (data,)) if data > 1 else ((), ())
+    elif data == 1:
+        order, degrees = ("tp",), (tp,)
+    elif consec:
+        order, degrees = (data_name, "tp"), (data, tp)
+    else:
+        order, degrees = ("tp", data_name), (tp, data)
+    return LayerStrategy(pp, order, degrees, bool(ckpt))
+
+
+def galvatron_plan(plan: dict, num_gpus: int) -> tuple[int, list[int], list[LayerStrategy], int]:
+    """(PP, partition, per-layer strategies, micro-batch count) of Galvatron's config file."""
+
+    def ints(key: str) -> list[int]:
+        return [int(x) for x in str(plan[key]).split(",")]
+
+    pp = int(plan["pp_deg"])
+    group = num_gpus // pp
+    strategies = [
+        strategy_from_galvatron(pp, group, tp, f, c, k)
+        for tp, f, c, k in zip(
+            ints("tp_sizes_enc"),
+            ints("dp_types_enc"),
+            ints("tp_consecutive_flags"),
+            ints("checkpoint"),
+            strict=True,
+        )
+    ]
+    return pp, ints("pp_division"), strategies, int(plan["chunks"])
+
+
+def price_plan(
+    inputs: CostInputs,
+    pp: int,
+    partition: list[int],
+    strategies: list[LayerStrategy],
+    batch: int,
+    num_micro: int,
+    num_gpus: int,
+) -> tuple[float, float]:
+    """(throughput, peak stage memory) of a given plan under our estimator."""
+    space = strategy_space(num_gpus)[pp]
+    index = {s: j for j, s in enumerate(space)}
+    est = Estimator(inputs, space)
+    mb = batch // num_micro
+    nosync, sync, peak, start = [], [], 0.0, 0
+    for stage, n in enumerate(partition):
+        tables = est.stage_tables(range(start, start + n), stage, mb, num_micro)
+        chosen = [index[s] for s in strategies[start : start + n]]
+        a, b = stage_times(tables, chosen)
+        nosync.append(a)
+        sync.append(b)
+        peak = max(peak, peak_memory(tables, chosen))
+        start += n
+    return batch / pipeline_time(nosync, sync, num_micro), peak
+
+
+def galvatron_layers(result: SearchResult) -> dict:
+    """Our plan in the form `runner.py` prices with Galvatron's cost model."""
+    layers = [
+        [s.tp, int(s.sdp > 1), int(bool(s.order) and s.order[-1] == "tp"), int(s.ckpt)]
+        for s in result.strategies
+    ]
+    return {
+        "pp": result.pp,
+        "partition": list(result.partition),
+        "chunks": result.num_microbatches,
+        "layers": layers,
+    }
+
+
+def describe(pp: int, partition: list[int], strategies: list[LayerStrategy], m: int) -> str:
+    runs, prev, count = [], None, 0
+    for s in strategies:
+        name = str(s).removeprefix(f"PP{pp}").removeprefix("+") or "PP-only"
+        if name == prev:
+            count += 1
+        else:
+            if prev is not None:
+                runs.append(f"{count}x{prev}")
+            prev, count = name, 1
+    runs.append(f"{count}x{prev}")
+    return f"PP{pp} {partition} m={m}: " + ", ".join(runs)
+
+
+@dataclasses.dataclass
+class Row:
+    layers: int
+    gpus: int
+    model: str
+    ours_s: float
+    galv_s: float
+    ours_cpu_s: float
+    galv_cpu_s: float
+    same_plan: bool
+    same_strategies: bool
+    ours_tput: float
+    galv_tput: float
+    ours_on_galv: float
+    galv_fits_ours: bool
+    galv_on_ours: float
+    ours_fits_galv: bool
+    galv_self_check: float
+    ours_plan: str
+    galv_plan: str
+
+
+@dataclasses.dataclass
+class Setting:
+    """One model x GPU count: our result and the Galvatron job built from the same inputs."""
+
+    layers: int
+    gpus: int
+    model: ModelSpec
+    inputs: CostInputs
+    batch: int
+    budget: float
+    ours: SearchResult
+    ours_s: float
+    ours_cpu_s: float
+    job: dict
+
+
+def run_ours(
+    layers: int, gpus: int, memory_gb: int, batch_per_gpu: int, work: str, repeats: int
+) -> Setting:
+    """Build the cost inputs once, time our search on them and write them for Galvatron."""
+    model = MODELS[layers]
+    full = analytic_cost_inputs(
+        model, get_gpu("A100-80GB"), gpus, gpus_per_node=GPUS_PER_NODE, seq_length=SEQ_LENGTH
+    )
+    inputs = profiles.galvatron_representable(full, gpus)
+    batch = batch_per_gpu * gpus
+    pp_degrees = [p for p in (1, 2, 4, 8) if p <= min(MAX_PP, gpus)]
+    budget = galvatron_budget_bytes(memory_gb)
+    times, cpu_times = [], []
+    for _ in range(repeats):
+        start, cpu_start = time.perf_counter(), time.process_time()
+        ours = search(
+            model,
+            inputs,
+            gpus,
+            budget,
+            global_batch_size=batch,
+            pp_degrees=pp_degrees,
+            max_tp=MAX_TP,
+        )
+        times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - cpu_start)
+    name = f"bench{layers}l{gpus}g"
+    profile_dir = os.path.join(work, name)
+    docs = profiles.profile_documents(
+        inputs,
+        model_name=name,
+        num_gpus=gpus,
+        gpus_per_node=GPUS_PER_NODE,
+        hidden_size=model.hidden_size,
+    )
+    profiles.write_profiles(profile_dir, docs)
+    job = {
+        "profile_dir": profile_dir,
+        "model_name": name,
+        "hidden_size": model.hidden_size,
+        "num_layers": layers,
+        "seq_len": SEQ_LENGTH,
+        "num_nodes": max(1, gpus // GPUS_PER_NODE),
+        "gpus_per_node": min(GPUS_PER_NODE, gpus),
+        "memory_gb": memory_gb,
+        "global_batch": batch,
+        "max_tp": MAX_TP,
+        "max_pp": MAX_PP,
+        "evaluate": [galvatron_layers(ours)],
+    }
+    ours_s, ours_cpu_s = statistics.median(times), statistics.median(cpu_times)
+    return Setting(layers, gpus, model, inputs, batch, budget, ours, ours_s, ours_cpu_s, job)
+
+
+def compare(st: Setting, galv: dict) -> Row:
+    """The table row of one setting from our result and Galvatron's."""
+    ours = st.ours
+    galv_on_ours = galv["priced"][0]
+    if galv["plan"] is None:
+        g_pp, g_part, g_strat, g_m = 0, [], [], 0
+        ours_on_galv, fits = 0.0, False
+        g_desc = "none found"
+    else:
+        g_pp, g_part, g_strat, g_m = galvatron_plan(galv["plan"], st.gpus)
+        ours_on_galv, peak = price_plan(st.inputs, g_pp, g_part, g_strat, st.batch, g_m, st.gpus)
+        fits = peak <= st.budget
+        g_desc = describe(g_pp, g_part, g_strat, g_m)
+    same_strategies = ours.pp == g_pp and ours.strategies == g_strat
+    return Row(
+        layers=st.layers,
+        gpus=st.gpus,
+        model=st.model.name,
+        ours_s=st.ours_s,
+        galv_s=galv["search_s"],
+        ours_cpu_s=st.ours_cpu_s,
+        galv_cpu_s=galv["search_cpu_s"],
+        same_plan=same_strategies and ours.partition == g_part,
+        same_strategies=same_strategies,
+        ours_tput=ours.throughput,
+        galv_tput=galv["throughput"],
+        ours_on_galv=ours_on_galv,
+        galv_fits_ours=fits,
+        galv_on_ours=galv_on_ours["throughput"],
+        ours_fits_galv=galv_on_ours["fits"],
+        galv_self_check=galv["self_check"]["throughput"] if galv["self_check"] else 0.0,
+        ours_plan=describe(ours.pp, ours.partition, ours.strategies, ours.num_microbatches),
+        galv_plan=g_desc,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="24/48/96 layers on 8 and 16 GPUs")
+    parser.add_argument("--layers", type=int, nargs="*", default=None, choices=sorted(MODELS))
+    parser.add_argument("--gpus", type=int, nargs="*", default=None, choices=[8, 16, 64])
+    parser.add_argument("--memory-gb", type=int, default=32)
+    parser.add_argument("--batch-per-gpu", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3, help="our search: median of N runs")
+    parser.add_argument("--rebuild-galvatron", action="store_true")
+    parser.add_argument("--galvatron-env", default=None, help="default: ~/.cache/dynapipe/...")
+    parser.add_argument("--show-plans", action="store_true")
+    args = parser.parse_args()
+    layers = args.layers or ([24, 48, 96] if args.quick else sorted(MODELS))
+    gpus = args.gpus or ([8, 16] if args.quick else [8, 16, 64])
+
+    start = time.perf_counter()
+    env_dir = galvatron_env.build_env(
+        args.galvatron_env, rebuild=args.rebuild_galvatron, verbose=True
+    )
+    print(f"Galvatron environment ready in {time.perf_counter() - start:.1f} s: {env_dir}")
+    print(
+        f"A100-80GB x {{{', '.join(map(str, gpus))}}}, {GPUS_PER_NODE}/node, seq {SEQ_LENGTH}, "
+        f"global batch {args.batch_per_gpu}/GPU, {args.memory_gb} GB budget "
+        f"({galvatron_budget_bytes(args.memory_gb) / 2**30:.1f} GiB after Galvatron's "
+        f"reserves), TP <= {MAX_TP}, PP in {{1,2,4,8}}"
+    )
+    # One small search first, so that no timed run pays for lazy imports and first calls.
+    warm = MODELS[24]
+    search(
+        warm,
+        profiles.galvatron_representable(
+            analytic_cost_inputs(warm, get_gpu("A100-80GB"), 8, seq_length=SEQ_LENGTH), 8
+        ),
+        8,
+        galvatron_budget_bytes(args.memory_gb),
+        global_batch_size=64,
+    )
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    work = tempfile.mkdtemp(prefix="search-speed-")
+    try:
+        settings = []
+        for n in gpus:
+            for layer_count in layers:
+                st = run_ours(
+                    layer_count, n, args.memory_gb, args.batch_per_gpu, work, args.repeats
+                )
+                print(f"  ours: {layer_count} layers on {n} GPUs in {st.ours_s:.3f} s", flush=True)
+                settings.append(st)
+        print(f"  Galvatron: {len(settings)} searches in one process ...", flush=True)
+        galv = galvatron_env.run_searches(env_dir, [st.job for st in settings])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    rows = [compare(st, g) for st, g in zip(settings, galv["results"], strict=True)]
+    header = (
+        f"{'layers':>6} {'GPUs':>4} {'model':<14} {'ours s':>7} {'galv s':>7} {'speedup':>7} "
+        f"{'cpu x':>6} {'plan':>6} {'ours tput':>9} {'galv tput':>9} {'ours@galv':>9} "
+        f"{'galv@ours':>9}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        same = "same" if r.same_plan else ("layers" if r.same_strategies else "diff")
+        on_galv = f"{r.ours_on_galv:9.2f}" if r.galv_fits_ours else "   no fit"
+        on_ours = f"{r.galv_on_ours:9.2f}" if r.ours_fits_galv else "   no fit"
+        print(
+            f"{r.layers:>6} {r.gpus:>4} {r.model:<14} {r.ours_s:7.3f} {r.galv_s:7.2f} "
+            f"{r.galv_s / r.ours_s:6.1f}x {r.galv_cpu_s / r.ours_cpu_s:5.1f}x {same:>6} "
+            f"{r.ours_tput:9.2f} {r.galv_tput:9.2f} {on_galv} {on_ours}"
+        )
+        if args.show_plans:
+            print(f"        ours: {r.ours_plan}\n        galv: {r.galv_plan}")
+    print(
+        f"Galvatron process: {galv['total_s']:.1f} s in all, of which {galv['import_s']:.1f} s "
+        "interpreter start-up and imports (not counted above)"
+    )
+    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(
+        "ours/galv s: search wall time; speedup: their ratio; cpu x: the ratio of the two "
+        "searches' CPU times (process time), less disturbed by other jobs on a shared machine. "
+        "tput: "
+        "predicted samples/s, each engine's plan priced by its own cost model; ours@galv: "
+        "Galvatron's plan priced by ours, galv@ours: our plan priced by Galvatron's ('no fit': "
+        "over that engine's memory model). plan: same = per-layer strategies, PP and partition "
+        "equal; layers = strategies equal, partition not; diff = otherwise."
+    )
+    print(
+        "Known model differences: Galvatron splits layers evenly over stages (ours: memory- then "
+        "time-balanced) and also tries fewer micro-batches than stages; its pipeline formula, "
+        "DP/SDP overlap rules and p2p price differ from our Eq. 9 estimator, and it has no "
+        "backward-peak memory term. So the plans and predicted throughputs differ where those "
+        "terms decide; each engine's pick is checked against the other's under its own model."
+    )
+    tol = 1e-9
+    self_ok = all(abs(r.galv_self_check - r.galv_tput) <= 1e-6 * r.galv_tput for r in rows)
+    print(
+        "pricing harness: Galvatron's plan repriced by its cost model reproduces its search's "
+        f"throughput: {'yes' if self_ok else 'NO'}"
+    )
+    ours_bad = [r for r in rows if r.galv_fits_ours and r.ours_tput < r.ours_on_galv * (1 - tol)]
+    galv_bad = [r for r in rows if r.ours_fits_galv and r.galv_tput < r.galv_on_ours * (1 - tol)]
+    same = sum(r.same_plan for r in rows)
+    close = sum(abs(r.ours_tput - r.galv_tput) <= 0.01 * r.galv_tput for r in rows)
+    print(
+        f"same plan: {same}/{len(rows)}; same predicted throughput (within 1%): {close}/{len(rows)}"
+    )
+    print(
+        "ours >= Galvatron's plan under our model: "
+        + ("every setting" if not ours_bad else f"NO in {len(ours_bad)} setting(s)")
+        + "; Galvatron >= our plan under its model: "
+        + ("every setting" if not galv_bad else f"NO in {len(galv_bad)} setting(s)")
+    )
+    low = min(r.galv_s / r.ours_s for r in rows)
+    cpu = [r.galv_cpu_s / r.ours_cpu_s for r in rows]
+    below = sum(x < TARGET_SPEEDUP for x in cpu)
+    print(
+        f"min speedup {low:.1f}x wall-clock (target {TARGET_SPEEDUP:.0f}x: "
+        + ("met" if low >= TARGET_SPEEDUP else "NOT met")
+        + f"); in CPU time {min(cpu):.1f}x"
+        + (f", below {TARGET_SPEEDUP:.0f}x in {below} of {len(rows)} settings" if below else "")
+    )
+
+
+if __name__ == "__main__":
+    main()
