@@ -154,3 +154,43 @@ def test_batch_fractions_split_the_tokens() -> None:
     share = lengths[owner == 0].sum() / lengths.sum()
     assert abs(share - 0.75) < 0.01
     assert np.array_equal(owner, dispatch_by_fraction(lengths, [0.75, 0.25]))
+
+
+def test_a_hexiscale_plan_file_is_read(tmp_path: Path) -> None:
+    """`dynapipe-hetero --output` plans: batch sizes become shares; a stage order that puts a
+    later stage on a lower rank is refused naming it."""
+    good = {
+        "format": "hexiscale-plan",
+        "version": 1,
+        "replicas": [
+            {
+                "id": 0,
+                "num_stages": 2,
+                "stages": [
+                    {"devices": [0], "tp": 1, "layers": [0, 2]},
+                    {"devices": [2], "tp": 1, "layers": [2, 4]},
+                ],
+                "micro_batches": 6,
+                "batch_size": 6,
+            },
+            {
+                "id": 1,
+                "num_stages": 2,
+                "stages": [
+                    {"devices": [1], "tp": 1, "layers": [0, 2]},
+                    {"devices": [3], "tp": 1, "layers": [2, 4]},
+                ],
+                "micro_batches": 2,
+                "batch_size": 2,
+            },
+        ],
+    }
+    path = tmp_path / "hexi.json"
+    path.write_text(json.dumps(good))
+    layouts, fractions = load_hetero_plan(path, SPEC, 4)
+    assert fractions == [0.75, 0.25] and layouts[1].stages[1].devices == [3]
+    good["replicas"][0]["stages"][1]["devices"] = [0]
+    good["replicas"][0]["stages"][0]["devices"] = [2]
+    path.write_text(json.dumps(good))
+    with pytest.raises(HeteroPlanError, match=r"replica 0 stage 1 runs on rank 0, not above"):
+        load_hetero_plan(path, SPEC, 4)

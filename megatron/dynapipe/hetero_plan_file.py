@@ -12,6 +12,11 @@ layout (device indices are global ranks; `layers` is [first, end) of the transfo
         {"stages": [{"devices": [3], "tp": 1, "layers": [0, 4]}], "batch_fraction": 0.5}]}
 
 `batch_fraction` is the pipeline's share of each global batch's tokens; the shares sum to 1.
+A `dynapipe-hetero --output` plan (`"format": "hexiscale-plan"`) is read too: its replicas'
+stages as they are, each pipeline's share its `batch_size` over the sum of them. Its device ids
+are taken as global ranks, so a plan whose stage order puts a later stage on a lower device
+than an earlier one is refused (megatron-core numbers stages by rank order) with the replica
+and stage named.
 Everything is checked before any process group exists, and each error names the item
 (`replicas[1].stages[0].tp`), so a wrong file fails on every rank with the same message.
 """
@@ -25,6 +30,8 @@ from dynapipe_planner.model_spec import ModelSpec
 from dynapipe_planner.plan import ReplicaLayout, StageLayout
 
 from .hetero_state import HeteroTopology, LayoutMismatch
+
+HEXISCALE_FORMAT = "hexiscale-plan"  # dynapipe_planner.hetero.plan_file.FORMAT
 
 
 class HeteroPlanError(ValueError):
@@ -51,6 +58,8 @@ def parse_hetero_plan(
     and the job (`world_size`: every rank in exactly one stage)."""
     if not isinstance(data, dict) or "replicas" not in data:
         raise HeteroPlanError(f'{source}: expected an object with a "replicas" list')
+    if data.get("format") == HEXISCALE_FORMAT:
+        data = _from_hexiscale(data, source)
     layouts, fractions = [], []
     for k, rep in enumerate(_list(data["replicas"], f"{source}: replicas")):
         where = f"{source}: replicas[{k}]"
@@ -108,6 +117,23 @@ def parse_hetero_plan(
     except LayoutMismatch as err:
         raise HeteroPlanError(f"{source}: {err}") from err
     return layouts, fractions
+
+
+def _from_hexiscale(data: dict, source: str) -> dict:
+    """A `dynapipe-hetero` plan as this file's layout: stages kept, batch sizes as shares."""
+    replicas = _list(data["replicas"], f"{source}: replicas")
+    sizes = []
+    for k, rep in enumerate(replicas):
+        size = rep.get("batch_size") if isinstance(rep, dict) else None
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise HeteroPlanError(f"{source}: replicas[{k}].batch_size must be > 0, got {size!r}")
+        sizes.append(size)
+    return {
+        "replicas": [
+            {"stages": rep.get("stages"), "batch_fraction": size / sum(sizes)}
+            for rep, size in zip(replicas, sizes, strict=True)
+        ]
+    }
 
 
 def load_hetero_plan(
