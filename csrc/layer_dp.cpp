@@ -1,11 +1,12 @@
 // Galvatron-BMW layer DP: seed galvatron_bmw.txt §IV-A2, Eq. 4, App. A (Algorithm 3).
 // Mirrors dynapipe_planner/search/layer_dp.py's layer_dp_reference step for step (same float
-// arithmetic, same tie-breaking: the lowest strategy index wins), so both return identical
-// plans.
+// arithmetic, same tie-breaking: the previous layer's strategy within kTieRel, else the lowest
+// strategy index), so both return identical plans.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
@@ -29,6 +30,41 @@ struct Tables {
   std::vector<int16_t> from;  // back pointers: (L, budget+1, S), previous layer's strategy
 };
 
+// Ties: a layer keeps the previous layer's strategy s when that costs at most kTieRel (relative)
+// more than the best predecessor, so equal-cost plans come out as runs of one strategy (sums of
+// the same costs in another order differ in the last bits, hence a tolerance, not equality).
+constexpr double kTieRel = 1e-13;
+
+// Previous strategies p whose transformation rows R(l, p, .) are identical form one class
+// (strategies with the same activation layout); min over p of C(l-1, e, p) + R(l, p, s) is then
+// the min over classes of (least C(l-1, e, p) in the class) + R(l, class, s): the same values,
+// |classes| instead of |S| terms per state. Classes are listed by their lowest member.
+struct Classes {
+  std::vector<int64_t> of;                    // class index of every strategy
+  std::vector<std::vector<int64_t>> members;  // increasing strategy indices
+};
+
+Classes row_classes(const double* transform, int64_t S) {
+  Classes c{std::vector<int64_t>(S, -1), {}};
+  for (int64_t p = 0; p < S; ++p) {
+    const double* row = transform + p * S;
+    for (size_t k = 0; k < c.members.size() && c.of[p] < 0; ++k) {
+      const double* rep = transform + c.members[k][0] * S;
+      bool same = true;
+      for (int64_t s = 0; s < S && same; ++s) same = row[s] == rep[s];
+      if (same) {
+        c.of[p] = static_cast<int64_t>(k);
+        c.members[k].push_back(p);
+      }
+    }
+    if (c.of[p] < 0) {
+      c.of[p] = static_cast<int64_t>(c.members.size());
+      c.members.push_back({p});
+    }
+  }
+  return c;
+}
+
 // C(l, e, s): least objective of layers 0..l with layer l on strategy s and forward memory
 // (activations in flight + model states, in bins) at most e. C(0, e, s) has no transformation
 // term; later layers add R(l, s', s) from the previous layer's strategy s'.
@@ -43,34 +79,54 @@ Tables run_dp(const double* objective, const int64_t* weight, const double* tran
       if (c < kInf && weight[s] <= e) t.best[e * S + s] = c;
     }
   }
-  std::vector<double> cur(E * S), to(S * S);
+  std::vector<double> cur(E * S), gmin;
+  std::vector<int64_t> garg;
   for (int64_t l = 1; l < layers; ++l) {
     const double* obj = objective + l * S;
     const int64_t* w = weight + l * S;
-    // to[s * S + p] = R(l, p, s): the previous strategy p runs fastest in the inner loop.
-    for (int64_t p = 0; p < S; ++p) {
-      for (int64_t s = 0; s < S; ++s) to[s * S + p] = transform[(l * S + p) * S + s];
+    const double* tr = transform + l * S * S;  // tr[p * S + s] = R(l, p, s)
+    const Classes cls = row_classes(tr, S);
+    const int64_t G = static_cast<int64_t>(cls.members.size());
+    // Least C(l - 1, e, p) over each class's members (lowest index among equal values).
+    gmin.assign(E * G, kInf);
+    garg.assign(E * G, -1);
+    for (int64_t e = 0; e < E; ++e) {
+      const double* prev = t.best.data() + e * S;
+      for (int64_t g = 0; g < G; ++g) {
+        for (const int64_t p : cls.members[g]) {
+          if (prev[p] < gmin[e * G + g]) {
+            gmin[e * G + g] = prev[p];
+            garg[e * G + g] = p;
+          }
+        }
+      }
     }
     int16_t* ptr = t.from.data() + l * E * S;
     for (int64_t e = 0; e < E; ++e) {
       for (int64_t s = 0; s < S; ++s) {
         cur[e * S + s] = kInf;
         if (!(obj[s] < kInf) || w[s] > e) continue;
-        const double* prev = t.best.data() + (e - w[s]) * S;
-        const double* r = to.data() + s * S;
+        const int64_t from = e - w[s];
+        const double* gm = gmin.data() + from * G;
         double best = kInf;
         int64_t arg = -1;
-        for (int64_t p = 0; p < S; ++p) {
-          const double v = prev[p] + r[p];
+        for (int64_t g = 0; g < G; ++g) {
+          const double v = gm[g] + tr[cls.members[g][0] * S + s];
           if (v < best) {
             best = v;
-            arg = p;
+            arg = garg[from * G + g];
           }
         }
-        if (arg >= 0) {
-          cur[e * S + s] = best + obj[s];
-          ptr[e * S + s] = static_cast<int16_t>(arg);
+        if (arg < 0) continue;
+        if (arg != s) {
+          const double own = t.best[from * S + s] + tr[s * S + s];
+          if (own < kInf && own - best <= kTieRel * std::abs(best)) {
+            best = own;
+            arg = s;
+          }
         }
+        cur[e * S + s] = best + obj[s];
+        ptr[e * S + s] = static_cast<int16_t>(arg);
       }
     }
     t.best.swap(cur);

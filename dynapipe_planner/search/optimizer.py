@@ -13,6 +13,7 @@ bisection up to the largest batch that fits, instead of Algorithm 1's B = 1, 2, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import deque
@@ -26,7 +27,13 @@ from ..model_spec import ModelSpec
 from .cost_inputs import CostInputs
 from .estimator import Estimator, StageTables, peak_memory, pipeline_time, stage_times
 from .layer_dp import StagePlan, solve_stage
-from .partition import adjustment_moves, balanced_partition, max_stage, prefix_cost
+from .partition import (
+    StageCost,
+    adjustment_moves,
+    balanced_partition,
+    max_stage,
+    prefix_cost,
+)
 from .space import LayerStrategy, strategy_space
 
 GiB = 1024**3
@@ -86,26 +93,60 @@ class _PipelineSearch:
         self.est = Estimator(inputs, strategies)
         self.budget = budget
         self.granularity = budget / bins
-        self._tables: dict[tuple, StageTables] = {}
-        self._plans: dict[tuple, StagePlan | None] = {}
+        self._full: dict[tuple, StageTables] = {}
+        self._plans: dict[tuple, tuple[StagePlan, float, float, float] | None] = {}
 
     def tables(self, stage: int, a: int, b: int, mb: int, m: int) -> StageTables:
-        key = (stage, a, b, mb, m)
-        t = self._tables.get(key)
-        if t is None:
-            if len(self._tables) > 4096:
-                self._tables.clear()
-            t = self._tables[key] = self.est.stage_tables(range(a, b), stage, mb, m)
-        return t
+        """Stage tables of layers [a, b): rows of the whole model's tables for that stage
+        (a layer's costs depend on its stage only through the micro-batches in flight)."""
+        key = (stage, mb, m)
+        full = self._full.get(key)
+        if full is None:
+            if len(self._full) > 256:
+                self._full.clear()
+            full = self._full[key] = self.est.stage_tables(
+                range(self.inputs.num_layers), stage, mb, m
+            )
+        if a == 0 and b == self.inputs.num_layers:
+            return full
+        return dataclasses.replace(
+            full,
+            nosync=full.nosync[a:b],
+            sync=full.sync[a:b],
+            objective=full.objective[a:b],
+            fwd_bytes=full.fwd_bytes[a:b],
+            state_bytes=full.state_bytes[a:b],
+            bwd_bytes=full.bwd_bytes[a:b],
+            transform=full.transform[a:b],
+            transform_once=full.transform_once[a:b],
+        )
 
-    def stage_plan(self, stage: int, a: int, b: int, mb: int, m: int) -> StagePlan | None:
-        key = (stage, a, b, mb, m)
+    def solved(self, stage: int, a: int, b: int, mb: int, m: int, sync_only: bool = False):
+        """(layer-DP plan, one micro-batch without sync, the last one with sync, peak bytes)
+        of layers [a, b) on `stage`, or None when nothing fits; cached by range. The DP
+        minimises the stage's own time, (m - 1) x one micro-batch + the last one, or with
+        `sync_only` the last micro-batch alone (see `evaluate`)."""
+        key = (stage, a, b, mb, m, sync_only)
         if key not in self._plans:
-            if len(self._plans) > 4096:
+            if len(self._plans) > 16384:
                 self._plans.clear()
             t = self.tables(stage, a, b, mb, m)
-            self._plans[key] = solve_stage(t, self.budget, self.granularity)
+            if sync_only:
+                objective = np.where(np.isfinite(t.objective), t.sync, np.inf)
+                dp_tables = dataclasses.replace(t, objective=objective, transform=t.transform_once)
+            else:
+                dp_tables = t
+            plan = solve_stage(dp_tables, self.budget, self.granularity)
+            if plan is None:
+                self._plans[key] = None
+            else:
+                ns, sy = stage_times(t, plan.chosen)
+                self._plans[key] = (plan, ns, sy, plan.peak_bytes)
         return self._plans[key]
+
+    def stage_plan(self, stage: int, a: int, b: int, mb: int, m: int) -> StagePlan | None:
+        got = self.solved(stage, a, b, mb, m)
+        return None if got is None else got[0]
 
     def initial_partitions(self, mb: int, m: int) -> list[list[int]]:
         """p_m: memory-balanced partitions under an initial strategy for every layer (§IV-B:
@@ -116,12 +157,12 @@ class _PipelineSearch:
         L = self.inputs.num_layers
         if self.pp == 1:
             return [[L]]
-        probe = self.est.stage_tables(range(L), 0, mb, m)
+        probe = self.tables(0, 0, L, mb, m)
         per_layer = probe.fwd_bytes / min(self.pp, m) + probe.state_bytes
         usable = [j for j in range(len(self.strategies)) if math.isfinite(probe.objective[0, j])]
         candidates = [j for j in usable if not self.strategies[j].ckpt] or usable
         if not candidates:
-            return [[L // self.pp + (i < L % self.pp) for i in range(self.pp)]]
+            return [even_split(L, self.pp)]
         in_flight = [min(self.pp - stage, m) for stage in range(self.pp)]
         out: list[list[int]] = []
         for pick in (min, max):
@@ -135,12 +176,74 @@ class _PipelineSearch:
 
     def evaluate_initial(self, mb: int, m: int) -> _Evaluated | None:
         """The best of the memory-balanced starting partitions (Galvatron-Base's answer)."""
+        return self.best_of(self.initial_partitions(mb, m), mb, m)
+
+    def best_of(self, partitions, mb: int, m: int) -> _Evaluated | None:
         best = None
-        for partition in self.initial_partitions(mb, m):
+        for partition in partitions:
             ev = self.evaluate(partition, mb, m)
             if ev is not None and (best is None or ev.time < best.time):
                 best = ev
         return best
+
+    def evaluate(self, partition: Sequence[int], mb: int, m: int) -> _Evaluated | None:
+        """Eq. 9 of `partition` with every stage's strategies from the layer DP.
+
+        Each stage first minimises its own time. Eq. 9 only charges (m - 1) micro-batches of
+        the slowest stage, so a faster stage then takes the plan with the quickest last
+        micro-batch instead (e.g. SDP rather than DP: no gradient all-reduce to wait for)
+        when that keeps its micro-batch within the slowest one's: the bottleneck stays,
+        the sum of last micro-batches shrinks."""
+        bounds, start = [], 0
+        for n in partition:
+            bounds.append((start, start + n))
+            start += n
+        got = [self.solved(stage, a, b, mb, m) for stage, (a, b) in enumerate(bounds)]
+        if any(g is None for g in got):
+            return None
+        slowest = max(g[1] for g in got)
+        for stage, (a, b) in enumerate(bounds):
+            if m > 1 and got[stage][1] < slowest:
+                alt = self.solved(stage, a, b, mb, m, sync_only=True)
+                if alt is not None and alt[1] <= slowest and alt[2] < got[stage][2]:
+                    got[stage] = alt
+        plans = [g[0] for g in got]
+        nosync = [g[1] for g in got]
+        sync = [g[2] for g in got]
+        memory = [float(g[3]) for g in got]
+        total = pipeline_time(nosync, sync, m)
+        per_stage = [float((m - 1) * a + b) for a, b in zip(nosync, sync, strict=True)]
+        return _Evaluated(float(total), list(partition), plans, memory, per_stage)
+
+    def _stage_time(self, mb: int, m: int) -> StageCost:
+        """A stage's time with its layers' strategies re-solved by the layer DP (inf: none fit)."""
+
+        def cost(stage: int, a: int, b: int) -> float:
+            got = self.solved(stage, a, b, mb, m)
+            return math.inf if got is None else (m - 1) * got[1] + got[2]
+
+        return cost
+
+    def _stage_memory(self, mb: int, m: int) -> StageCost:
+        def cost(stage: int, a: int, b: int) -> float:
+            got = self.solved(stage, a, b, mb, m)
+            return math.inf if got is None else got[3]
+
+        return cost
+
+    def time_balanced(self, ev: _Evaluated, mb: int, m: int) -> list[int]:
+        """p_t: the partition balancing stage times, each layer priced with the strategy it
+        has in `ev` (for identical layers on one strategy, the even split)."""
+        layer_time = np.concatenate(
+            [
+                (m - 1) * t.nosync[np.arange(len(p.chosen)), p.chosen]
+                + t.sync[np.arange(len(p.chosen)), p.chosen]
+                for t, p in zip(self._stage_tables(ev.partition, mb, m), ev.plans, strict=True)
+            ]
+        )
+        return balanced_partition(
+            len(layer_time), self.pp, prefix_cost(layer_time, [1.0] * self.pp)
+        )
 
     def _stage_tables(self, partition: Sequence[int], mb: int, m: int) -> list[StageTables]:
         out, start = [], 0
@@ -149,58 +252,36 @@ class _PipelineSearch:
             start += n
         return out
 
-    def evaluate(self, partition: Sequence[int], mb: int, m: int) -> _Evaluated | None:
-        plans, memory, nosync, sync = [], [], [], []
-        start = 0
-        for stage, n in enumerate(partition):
-            plan = self.stage_plan(stage, start, start + n, mb, m)
-            if plan is None:
-                return None
-            t = self.tables(stage, start, start + n, mb, m)
-            ns, sy = stage_times(t, plan.chosen)
-            plans.append(plan)
-            memory.append(plan.peak_bytes)
-            nosync.append(ns)
-            sync.append(sy)
-            start += n
-        total = pipeline_time(nosync, sync, m)
-        per_stage = [float((m - 1) * a + b) for a, b in zip(nosync, sync, strict=True)]
-        memory = [float(x) for x in memory]
-        return _Evaluated(float(total), list(partition), plans, memory, per_stage)
+    def starts(self, base: _Evaluated, mb: int, m: int) -> list[_Evaluated]:
+        """Starting points of the adjustment: the memory-balanced plan `base`, and the
+        time-balanced p_t and the even split when they fit (with re-solved strategies)."""
+        out = [base]
+        for p in (self.time_balanced(base, mb, m), even_split(self.inputs.num_layers, self.pp)):
+            if all(p != ev.partition for ev in out):
+                ev = self.evaluate(p, mb, m)
+                if ev is not None:
+                    out.append(ev)
+        return out
 
-    def adjust(self, start: _Evaluated, mb: int, m: int, max_steps: int) -> tuple[_Evaluated, int]:
-        """Algorithm 2's queue: partitions move towards time balance while rules 1-3 hold."""
-        best = start
-        queue = deque([start])
-        seen = {tuple(start.partition)}
+    def adjust(
+        self, starts: list[_Evaluated], mb: int, m: int, max_steps: int
+    ) -> tuple[_Evaluated, int]:
+        """Algorithm 2's queue: partitions move towards time balance while rules 1-3 hold.
+
+        Every candidate partition is priced with its stages' strategies re-solved by the
+        layer DP (Algorithm 2 runs Galvatron_Search on each new partition), so a layer that
+        moves to a stage short of memory may make that stage checkpoint instead of being
+        rejected for the memory its old strategy needed there.
+        """
+        best = min(starts, key=lambda ev: ev.time)
+        queue = deque(starts)
+        seen = {tuple(ev.partition) for ev in starts}
         steps = 0
+        stage_time, stage_memory = self._stage_time(mb, m), self._stage_memory(mb, m)
         while queue and steps < max_steps:
             cur = queue.popleft()
-            # Each layer keeps its strategy when it moves; price stages with those strategies.
-            chosen = [j for plan in cur.plans for j in plan.chosen]
-
-            def stage_time(stage: int, a: int, b: int, chosen=chosen) -> float:
-                t = self.tables(stage, a, b, mb, m)
-                ns, sy = stage_times(t, chosen[a:b])
-                return (m - 1) * ns + sy
-
-            def stage_memory(stage: int, a: int, b: int, chosen=chosen) -> float:
-                return peak_memory(self.tables(stage, a, b, mb, m), chosen[a:b])
-
-            layer_time = np.concatenate(
-                [
-                    (m - 1) * t.nosync[np.arange(len(p.chosen)), p.chosen]
-                    + t.sync[np.arange(len(p.chosen)), p.chosen]
-                    for t, p in zip(
-                        self._stage_tables(cur.partition, mb, m), cur.plans, strict=True
-                    )
-                ]
-            )
-            p_time = balanced_partition(
-                len(chosen), self.pp, prefix_cost(layer_time, [1.0] * self.pp)
-            )
             # Rule 3 caps memory at p_t's peak; never below the current partition's own peak.
-            cap = max(max_stage(p_time, stage_memory), max(cur.memory))
+            cap = max(max_stage(self.time_balanced(cur, mb, m), stage_memory), max(cur.memory))
             for p in adjustment_moves(cur.partition, stage_time, stage_memory, self.budget, cap):
                 if tuple(p) in seen:
                     continue
@@ -213,6 +294,13 @@ class _PipelineSearch:
                 if found.time < best.time:
                     best = found
         return best, steps
+
+
+def even_split(num_layers: int, num_stages: int) -> list[int]:
+    """Layers split as evenly as possible; the last stages take the remainder (they keep the
+    fewest micro-batches in flight under 1F1B)."""
+    base, extra = divmod(num_layers, num_stages)
+    return [base + (i >= num_stages - extra) for i in range(num_stages)]
 
 
 def _microbatch_counts(batch: int, pp: int, counts: tuple[int, int | None]) -> list[int]:
@@ -250,6 +338,7 @@ def search(
     max_adjust_steps: int | None = None,
     stop_after_misses: int = 2,
     num_microbatches: int | None = None,
+    even_partition: bool = False,
     progress: Progress | None = None,
 ) -> SearchResult:
     """Galvatron-BMW (or, with `bi_objective=False`, Galvatron-Base) search.
@@ -259,7 +348,9 @@ def search(
     nothing), or a search (doubling from `num_gpus`, then bisection to the largest
     batch that fits, then +-`batch_window` steps around the best). For each B and PP degree,
     `microbatch_counts` counts m = P, 2P, 4P, ... dividing B are tried (or exactly
-    `num_microbatches`, for every P, when given). `strategy_filter`
+    `num_microbatches`, for every P, when given). `even_partition=True` splits the layers
+    evenly over the stages and skips the partition search (the layer DP still picks every
+    layer's strategy): the space of engines without a partition search. `strategy_filter`
     restricts the layer strategies (the limited spaces of Table II). Raises PlanningError
     naming the smallest budget that fits when nothing does.
     """
@@ -274,6 +365,7 @@ def search(
     if num_microbatches is not None and num_microbatches < 1:
         raise PlanningError(f"num_microbatches must be >= 1, got {num_microbatches}")
     counts = (microbatch_counts, num_microbatches)
+    even = even_partition
     searches = _pipeline_searches(
         cost_inputs, num_gpus, memory_budget, memory_bins, pp_degrees, max_tp, strategy_filter,
         prune,
@@ -299,26 +391,34 @@ def search(
         """Price every (P, m) for this batch; True when something fits."""
         configs = [(ps, m) for ps in searches for m in _microbatch_counts(batch, ps.pp, counts)]
         tick(len(configs))
-        found: list[tuple[float, _PipelineSearch, _Evaluated, int, int]] = []
+        found: list[tuple[float, _PipelineSearch, list[_Evaluated], int, int]] = []
         for ps, m in configs:
             mb = batch // m
-            ev = ps.evaluate_initial(mb, m)
+            initial = [even_split(L, ps.pp)] if even else ps.initial_partitions(mb, m)
+            ev = ps.best_of(initial, mb, m)
             state["evaluated"] += 1
             tick()
-            if ev is not None:
-                found.append((batch / ev.time, ps, ev, mb, m))
+            if ev is None:
+                continue
+            best_base[0] = max(best_base[0], batch / ev.time)
+            starts = [ev]
+            if bi_objective and not even and ps.pp > 1:
+                starts = ps.starts(ev, mb, m)
+                state["evaluated"] += len(starts) - 1
+            top = min(starts, key=lambda e: e.time)
+            found.append((batch / top.time, ps, starts, mb, m))
         if not found:
             return False
         found.sort(key=lambda f: -f[0])
-        best_base[0] = max(best_base[0], found[0][0])
-        if bi_objective:
-            for i, (_, ps, ev, mb, m) in enumerate(found[:3]):
+        if bi_objective and not even:
+            for i, (_, ps, starts, mb, m) in enumerate(found[:3]):
                 if ps.pp > 1:
-                    adjusted, steps = ps.adjust(ev, mb, m, steps_limit)
+                    adjusted, steps = ps.adjust(starts, mb, m, steps_limit)
                     state["evaluated"] += steps
-                    found[i] = (batch / adjusted.time, ps, adjusted, mb, m)
+                    found[i] = (batch / adjusted.time, ps, [adjusted], mb, m)
             found.sort(key=lambda f: -f[0])
-        tput, ps, ev, mb, m = found[0]
+        tput, ps, starts, mb, m = found[0]
+        ev = min(starts, key=lambda e: e.time)
         if best[0] is None or tput > best[0][0]:
             best[0] = (tput, batch, ps, ev, mb, m)
         return True
