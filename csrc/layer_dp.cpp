@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -68,29 +69,60 @@ Classes row_classes(const double* transform, int64_t S) {
 // C(l, e, s): least objective of layers 0..l with layer l on strategy s and forward memory
 // (activations in flight + model states, in bins) at most e. C(0, e, s) has no transformation
 // term; later layers add R(l, s', s) from the previous layer's strategy s'.
+// Only budgets lo_l <= e <= hi_l are computed, lo_l (hi_l) being the sum of the least (most)
+// weights of layers 0..l: below lo_l nothing fits, and from hi_l on every assignment fits, so
+// those rows (values and back pointers) equal row hi_l. Both shortcuts give the same values
+// as computing every row.
 Tables run_dp(const double* objective, const int64_t* weight, const double* transform,
               int64_t layers, int64_t strategies, int64_t budget) {
   const int64_t S = strategies, E = budget + 1;
   Tables t{layers, strategies, budget, std::vector<double>(E * S, kInf),
            std::vector<int16_t>(layers * E * S, -1)};
+  // Least and most weight of layer l over its usable strategies (lo > E: none usable).
+  auto bounds = [&](int64_t l, int64_t* lo, int64_t* hi) {
+    *lo = E + 1;
+    *hi = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      if (!(objective[l * S + s] < kInf)) continue;
+      if (weight[l * S + s] < *lo) *lo = weight[l * S + s];
+      if (weight[l * S + s] > *hi) *hi = weight[l * S + s];
+    }
+  };
+  int64_t lo = 0, hi = 0;
+  bounds(0, &lo, &hi);
   for (int64_t e = 0; e < E; ++e) {
     for (int64_t s = 0; s < S; ++s) {
       const double c = objective[s];
       if (c < kInf && weight[s] <= e) t.best[e * S + s] = c;
     }
   }
-  std::vector<double> cur(E * S), gmin;
+  std::vector<double> cur(E * S), gmin, rt;  // rt[s * G + g] = R(l, class g, s)
   std::vector<int64_t> garg;
+  Classes cls;
+  int64_t G = 0;
   for (int64_t l = 1; l < layers; ++l) {
     const double* obj = objective + l * S;
     const int64_t* w = weight + l * S;
     const double* tr = transform + l * S * S;  // tr[p * S + s] = R(l, p, s)
-    const Classes cls = row_classes(tr, S);
-    const int64_t G = static_cast<int64_t>(cls.members.size());
-    // Least C(l - 1, e, p) over each class's members (lowest index among equal values).
+    // Identical layers have identical transformation matrices: keep the previous classes.
+    if (l == 1 || !std::equal(tr, tr + S * S, tr - S * S)) {
+      cls = row_classes(tr, S);
+      G = static_cast<int64_t>(cls.members.size());
+      rt.resize(S * G);
+      for (int64_t s = 0; s < S; ++s) {
+        for (int64_t g = 0; g < G; ++g) rt[s * G + g] = tr[cls.members[g][0] * S + s];
+      }
+    }
+    int64_t wlo = 0, whi = 0;
+    bounds(l, &wlo, &whi);
+    const int64_t prev_lo = lo, prev_hi = std::min(hi, E - 1);
+    lo = std::min(lo + wlo, E);  // E: no row is feasible
+    hi = hi + whi;
+    // Least C(l - 1, e, p) over each class's members (lowest index among equal values), for
+    // the rows that can be feasible and are not copies of row prev_hi.
     gmin.assign(E * G, kInf);
     garg.assign(E * G, -1);
-    for (int64_t e = 0; e < E; ++e) {
+    for (int64_t e = prev_lo; e <= prev_hi; ++e) {
       const double* prev = t.best.data() + e * S;
       for (int64_t g = 0; g < G; ++g) {
         for (const int64_t p : cls.members[g]) {
@@ -102,22 +134,27 @@ Tables run_dp(const double* objective, const int64_t* weight, const double* tran
       }
     }
     int16_t* ptr = t.from.data() + l * E * S;
-    for (int64_t e = 0; e < E; ++e) {
+    const int64_t top = std::min(hi, E - 1);
+    std::fill(cur.begin(), cur.begin() + std::min(lo, E) * S, kInf);
+    for (int64_t e = lo; e <= top; ++e) {
       for (int64_t s = 0; s < S; ++s) {
         cur[e * S + s] = kInf;
         if (!(obj[s] < kInf) || w[s] > e) continue;
-        const int64_t from = e - w[s];
+        const int64_t from = std::min(e - w[s], prev_hi);
+        if (from < prev_lo) continue;
         const double* gm = gmin.data() + from * G;
+        const double* r = rt.data() + s * G;
         double best = kInf;
-        int64_t arg = -1;
+        int64_t bg = -1;
         for (int64_t g = 0; g < G; ++g) {
-          const double v = gm[g] + tr[cls.members[g][0] * S + s];
+          const double v = gm[g] + r[g];
           if (v < best) {
             best = v;
-            arg = garg[from * G + g];
+            bg = g;
           }
         }
-        if (arg < 0) continue;
+        if (bg < 0) continue;
+        int64_t arg = garg[from * G + bg];
         if (arg != s) {
           const double own = t.best[from * S + s] + tr[s * S + s];
           if (own < kInf && own - best <= kTieRel * std::abs(best)) {
@@ -128,6 +165,10 @@ Tables run_dp(const double* objective, const int64_t* weight, const double* tran
         cur[e * S + s] = best + obj[s];
         ptr[e * S + s] = static_cast<int16_t>(arg);
       }
+    }
+    for (int64_t e = top + 1; e < E; ++e) {
+      std::copy(cur.begin() + top * S, cur.begin() + (top + 1) * S, cur.begin() + e * S);
+      std::copy(ptr + top * S, ptr + (top + 1) * S, ptr + e * S);
     }
     t.best.swap(cur);
   }

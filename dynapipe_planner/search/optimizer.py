@@ -94,6 +94,11 @@ class _PipelineSearch:
         self.budget = budget
         self.granularity = budget / bins
         self._full: dict[tuple, StageTables] = {}
+        self._kinds = (
+            bytes(np.asarray(inputs.layer_kinds, dtype=np.uint8))
+            if max(inputs.layer_kinds, default=0) < 256
+            else tuple(inputs.layer_kinds)
+        )
         self._plans: dict[tuple, tuple[StagePlan, float, float, float] | None] = {}
 
     def tables(self, stage: int, a: int, b: int, mb: int, m: int) -> StageTables:
@@ -121,12 +126,23 @@ class _PipelineSearch:
             transform_once=full.transform_once[a:b],
         )
 
+    def time_bound(self, mb: int, m: int) -> float:
+        """A lower bound on Eq. 9 for any partition and strategies: every layer at its
+        fastest strategy, the (m - 1) slowest micro-batches at least the average stage's."""
+        t = self.tables(0, 0, self.inputs.num_layers, mb, m)
+        nosync = float(t.nosync.min(axis=1).sum())
+        sync = float(t.sync.min(axis=1).sum())
+        return (m - 1) * nosync / self.pp + sync
+
     def solved(self, stage: int, a: int, b: int, mb: int, m: int, sync_only: bool = False):
         """(layer-DP plan, one micro-batch without sync, the last one with sync, peak bytes)
-        of layers [a, b) on `stage`, or None when nothing fits; cached by range. The DP
+        of layers [a, b) on `stage`, or None when nothing fits. Cached by the layer types of
+        the range rather than its position: a stage's costs depend only on which layers it
+        holds, so in a model of identical layers every stage of n layers at one pipeline
+        position is solved once, whatever the partition or adjustment step. The DP
         minimises the stage's own time, (m - 1) x one micro-batch + the last one, or with
         `sync_only` the last micro-batch alone (see `evaluate`)."""
-        key = (stage, a, b, mb, m, sync_only)
+        key = (stage, self._kinds[a:b], mb, m, sync_only)
         if key not in self._plans:
             if len(self._plans) > 16384:
                 self._plans.clear()
@@ -203,7 +219,9 @@ class _PipelineSearch:
             return None
         slowest = max(g[1] for g in got)
         for stage, (a, b) in enumerate(bounds):
-            if m > 1 and got[stage][1] < slowest:
+            # sync >= nosync layer by layer, so a plan without gradient sync already has the
+            # least last micro-batch its stage time allows
+            if m > 1 and got[stage][1] < slowest and got[stage][2] > got[stage][1]:
                 alt = self.solved(stage, a, b, mb, m, sync_only=True)
                 if alt is not None and alt[1] <= slowest and alt[2] < got[stage][2]:
                     got[stage] = alt
@@ -391,9 +409,18 @@ def search(
         """Price every (P, m) for this batch; True when something fits."""
         configs = [(ps, m) for ps in searches for m in _microbatch_counts(batch, ps.pp, counts)]
         tick(len(configs))
+        # Most promising first; a configuration whose Eq. 9 lower bound is no better than a
+        # plan already found for this batch cannot win and is skipped.
+        bounds = [ps.time_bound(batch // m, m) for ps, m in configs]
+        order = sorted(range(len(configs)), key=lambda i: bounds[i])
         found: list[tuple[float, _PipelineSearch, list[_Evaluated], int, int]] = []
-        for ps, m in configs:
+        for i in order:
+            ps, m = configs[i]
             mb = batch // m
+            if found and batch / bounds[i] <= max(f[0] for f in found):
+                state["evaluated"] += 1
+                tick()
+                continue
             initial = [even_split(L, ps.pp)] if even else ps.initial_partitions(mb, m)
             ev = ps.best_of(initial, mb, m)
             state["evaluated"] += 1
