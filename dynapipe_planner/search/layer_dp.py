@@ -184,54 +184,93 @@ def memory_weights(tables: StageTables, granularity: float) -> np.ndarray:
     return np.where(np.isfinite(tables.objective), raw, 0).astype(np.int64)
 
 
+def _budget_bins(limit: float, memory_budget: float, granularity: float) -> int:
+    """Forward budget of the DP table in bins: the limit plus 1/32 of the budget's bins, so
+    plans whose nearest-bin weights add up a little over the limit still get the exact
+    check (the accumulated rounding of n layers is about sqrt(n) / 3.5 bins)."""
+    return math.floor(limit / granularity) + max(2, math.ceil(memory_budget / granularity / 32))
+
+
+def _unchecked_bins(limit: float, b_up: float, layers: int, granularity: float) -> int:
+    """Plans at forward budgets up to this many bins fit whatever the rounding: their real
+    forward memory is at most half a bin per layer above their bins, plus b_up."""
+    safe = (limit - b_up) / granularity - layers / 2
+    return math.floor(safe) if safe >= 0 else -1
+
+
 def solve_stage(
     tables: StageTables, memory_budget: float, granularity: float, *, reference: bool = False
 ) -> StagePlan | None:
     """Best strategies of one stage's layers within `memory_budget` bytes (None: nothing fits).
 
     Weights are rounded to the nearest bin, so a plan's binned forward memory is within half
-    a bin per layer of its real one: the DP table runs a few bins (about sqrt(layers), the
-    typical accumulated rounding) past the budget, every plan above the provably safe
-    forward budget (E - b_up - layers / 2 bins) gets Algorithm 3's exact Eq. 2 check, and a
+    a bin per layer of its real one: the DP table runs a few bins past the budget, every plan
+    above the provably safe forward budget gets Algorithm 3's exact Eq. 2 check, and a
     returned plan always fits. Rounding every weight up instead would lose up to a bin per
     layer and miss plans that fill the budget (a 6-layer stage 0.5 GiB short of 24.6 GiB).
     """
+    if not reference:
+        return StageSolver(tables, memory_budget, granularity).solve(len(tables.objective))
     limit = memory_budget - tables.extra_bytes
     if limit < 0:
         return None
     layers = len(tables.objective)
-    budget = math.floor(limit / granularity) + math.isqrt(layers) + 1
+    budget = _budget_bins(limit, memory_budget, granularity)
     weight = memory_weights(tables, granularity)
     finite = np.isfinite(tables.objective)
     b_up = float(np.max(np.where(finite, tables.bwd_bytes, 0.0)))
-    safe = (limit - b_up) / granularity - layers / 2
-    unchecked = math.floor(safe) if safe >= 0 else -1
+    unchecked = _unchecked_bins(limit, b_up, layers, granularity)
     objective = np.where(finite, tables.objective, INF)
-    if reference:
-        cost, chosen, e = layer_dp_reference(
-            objective.tolist(),
-            weight.tolist(),
-            tables.transform.tolist(),
-            tables.fwd_bytes.tolist(),
-            tables.bwd_bytes.tolist(),
-            tables.state_bytes.tolist(),
-            budget,
-            limit,
-            unchecked,
-        )
-    else:
-        cost, chosen, e = _core.layer_dp_search(
-            objective,
-            weight,
-            tables.transform,
-            tables.fwd_bytes,
-            tables.bwd_bytes,
-            tables.state_bytes,
-            budget,
-            limit,
-            unchecked,
-        )
+    cost, chosen, e = layer_dp_reference(
+        objective.tolist(),
+        weight.tolist(),
+        tables.transform.tolist(),
+        tables.fwd_bytes.tolist(),
+        tables.bwd_bytes.tolist(),
+        tables.state_bytes.tolist(),
+        budget,
+        limit,
+        unchecked,
+    )
     if not chosen or not cost < INF:
         return None
     peak = _peak(tables.fwd_bytes, tables.bwd_bytes, tables.state_bytes, chosen)
     return StagePlan(cost, list(chosen), e, peak + tables.extra_bytes)
+
+
+class StageSolver:
+    """`solve_stage` for every prefix of `tables`' layers from one DP (C++): the layer DP of
+    n layers is the first n steps of the DP of more, so the stages of one pipeline position
+    that start at the same layer, or in a model of identical layers all of them, share it."""
+
+    def __init__(self, tables: StageTables, memory_budget: float, granularity: float):
+        self.tables = tables
+        self.granularity = granularity
+        self.limit = memory_budget - tables.extra_bytes
+        self._dp = None
+        if self.limit < 0:
+            return
+        finite = np.isfinite(tables.objective)
+        self._b_up = np.maximum.accumulate(np.max(np.where(finite, tables.bwd_bytes, 0.0), axis=1))
+        self._dp = _core.PrefixLayerDP(
+            np.where(finite, tables.objective, INF),
+            memory_weights(tables, granularity),
+            tables.transform,
+            tables.fwd_bytes,
+            tables.bwd_bytes,
+            tables.state_bytes,
+            _budget_bins(self.limit, memory_budget, granularity),
+        )
+
+    def solve(self, layers: int) -> StagePlan | None:
+        """The plan of the first `layers` layers (None: nothing fits)."""
+        if self._dp is None:
+            return None
+        b_up = float(self._b_up[layers - 1])
+        unchecked = _unchecked_bins(self.limit, b_up, layers, self.granularity)
+        cost, chosen, e = self._dp.solve(layers, self.limit, unchecked)
+        if not chosen or not cost < INF:
+            return None
+        t = self.tables
+        peak = _peak(t.fwd_bytes[:layers], t.bwd_bytes[:layers], t.state_bytes[:layers], chosen)
+        return StagePlan(cost, list(chosen), e, peak + t.extra_bytes)

@@ -26,7 +26,7 @@ from ..errors import PlanningError
 from ..model_spec import ModelSpec
 from .cost_inputs import CostInputs
 from .estimator import Estimator, StageTables, peak_memory, pipeline_time, stage_times
-from .layer_dp import StagePlan, solve_stage
+from .layer_dp import StagePlan, StageSolver
 from .partition import (
     StageCost,
     adjustment_moves,
@@ -94,6 +94,8 @@ class _PipelineSearch:
         self.budget = budget
         self.granularity = budget / bins
         self._full: dict[tuple, StageTables] = {}
+        self._solvers: dict[tuple, StageSolver] = {}
+        self._uniform = len(set(inputs.layer_kinds)) == 1
         self._kinds = (
             bytes(np.asarray(inputs.layer_kinds, dtype=np.uint8))
             if max(inputs.layer_kinds, default=0) < 256
@@ -146,19 +148,29 @@ class _PipelineSearch:
         if key not in self._plans:
             if len(self._plans) > 16384:
                 self._plans.clear()
-            t = self.tables(stage, a, b, mb, m)
-            if sync_only:
-                objective = np.where(np.isfinite(t.objective), t.sync, np.inf)
-                dp_tables = dataclasses.replace(t, objective=objective, transform=t.transform_once)
-            else:
-                dp_tables = t
-            plan = solve_stage(dp_tables, self.budget, self.granularity)
+            plan = self._solver(stage, a, mb, m, sync_only).solve(b - a)
             if plan is None:
                 self._plans[key] = None
             else:
-                ns, sy = stage_times(t, plan.chosen)
+                ns, sy = stage_times(self.tables(stage, a, b, mb, m), plan.chosen)
                 self._plans[key] = (plan, ns, sy, plan.peak_bytes)
         return self._plans[key]
+
+    def _solver(self, stage: int, a: int, mb: int, m: int, sync_only: bool) -> StageSolver:
+        """The prefix layer DP of the layers from `a` on `stage` (from layer 0 when all
+        layers are alike: every range of n layers then has the same costs)."""
+        anchor = 0 if self._uniform else a
+        key = (stage, anchor, mb, m, sync_only)
+        solver = self._solvers.get(key)
+        if solver is None:
+            if len(self._solvers) > 512:
+                self._solvers.clear()
+            t = self.tables(stage, anchor, self.inputs.num_layers, mb, m)
+            if sync_only:
+                objective = np.where(np.isfinite(t.objective), t.sync, np.inf)
+                t = dataclasses.replace(t, objective=objective, transform=t.transform_once)
+            solver = self._solvers[key] = StageSolver(t, self.budget, self.granularity)
+        return solver
 
     def stage_plan(self, stage: int, a: int, b: int, mb: int, m: int) -> StagePlan | None:
         got = self.solved(stage, a, b, mb, m)
@@ -637,3 +649,61 @@ def _infeasible_message(
         f"the least-memory plan needs {need / GiB:.2f} GiB ({where}); the smallest budget "
         f"that works is {smallest / GiB:.2f} GiB (--memory-budget-gb {smallest / GiB:.2f})"
     )
+
+
+@dataclass
+class PlanPrice:
+    """A given plan priced by the estimator (§V, Eq. 2 and Eq. 9)."""
+
+    throughput: float  # samples / s
+    iteration_time_s: float
+    stage_time_s: list[float]  # per stage: (m - 1) * one micro-batch + the last one
+    stage_memory_bytes: list[float]  # Eq. 2 peak per stage, end layers included
+
+    def fits(self, memory_budget: float) -> bool:
+        return max(self.stage_memory_bytes) <= memory_budget
+
+
+def price_plan(
+    cost_inputs: CostInputs,
+    strategies: Sequence[LayerStrategy],
+    partition: Sequence[int],
+    num_microbatches: int,
+    global_batch_size: int,
+) -> PlanPrice:
+    """Price a plan (a strategy per layer, layers per stage, micro-batch count, global batch)
+    with the same estimator the search uses: a plan the search returns prices to its
+    reported throughput, and another engine's plan can be compared on equal terms. Raises
+    PlanningError when the plan does not describe the model or cannot run (a micro-batch
+    not divisible by a layer's data-parallel degree, a strategy the inputs do not support)."""
+    L = cost_inputs.num_layers
+    if len(strategies) != L or sum(partition) != L or min(partition, default=0) < 1:
+        raise PlanningError(
+            f"plan does not describe {L} layers: {len(strategies)} strategies, partition "
+            f"{list(partition)}"
+        )
+    pps = {s.pp for s in strategies}
+    if pps != {len(partition)}:
+        raise PlanningError(f"strategies of PP {sorted(pps)} for {len(partition)} stages")
+    m = num_microbatches
+    if m < 1 or global_batch_size % m:
+        raise PlanningError(f"{m} micro-batches do not split a global batch of {global_batch_size}")
+    mb = global_batch_size // m
+    unique = list(dict.fromkeys(strategies))
+    bad = [str(s) for s in unique if not cost_inputs.supports(s) or mb % s.data_degree]
+    if bad:
+        raise PlanningError(f"strategies {bad} cannot run micro-batches of {mb} on these inputs")
+    index = {s: j for j, s in enumerate(unique)}
+    est = Estimator(cost_inputs, unique)
+    nosync, sync, memory, start = [], [], [], 0
+    for stage, n in enumerate(partition):
+        tables = est.stage_tables(range(start, start + n), stage, mb, m)
+        chosen = [index[s] for s in strategies[start : start + n]]
+        a, b = stage_times(tables, chosen)
+        nosync.append(a)
+        sync.append(b)
+        memory.append(float(peak_memory(tables, chosen)))
+        start += n
+    total = float(pipeline_time(nosync, sync, m))
+    per_stage = [float((m - 1) * a + b) for a, b in zip(nosync, sync, strict=True)]
+    return PlanPrice(global_batch_size / total, total, per_stage, memory)
