@@ -25,7 +25,11 @@ Eq. 9 with overlap slowdown, SDP gathers and last-micro-batch gradient sync; Gal
 its own pipeline formula, DP/SDP overlap and p2p rules); ours also counts the backward peak
 (Eq. 2) and Galvatron keeps 1/8 of ZeRO-3 states unsharded when accumulating gradients. So
 the plans are compared as they come out, and each engine's plan is also priced by the other's
-cost model: each engine's pick must be at least as good as the other's under its own model.
+cost model (ours: the public `price_plan`): each engine's pick must be at least as good as the
+other's under its own model. Galvatron's search only splits layers evenly, so our search is
+also run restricted to that space (`search(..., even_partition=True)`, column "ours even"):
+where our full plan's partition is uneven, Galvatron is held to that even plan instead, and
+ours on the even space is held to Galvatron's plan as well.
 
 Times are wall-clock: ours is the median of `--repeats` calls of `search()` in this process
 (after one warm-up search); Galvatron's is one run of `initialize_search_engine()` +

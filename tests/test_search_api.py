@@ -126,6 +126,13 @@ def test_cli_prints_a_summary_and_writes_the_plan(tmp_path, capsys):
     assert code == 0
     assert "throughput" in out and "Megatron-LM" in out and "stage" in out
     assert json.loads(path.read_text())["global_batch_size"] == 32
+    code = search_main(
+        ["--model", "gpt-125m", "--num-gpus", "4", "--memory-budget-gb", "8", "--seq-length",
+         "512", "--global-batch-size", "32", "--pp", "4", "--even-partition", "--output",
+         str(path), "--quiet"]
+    )  # fmt: skip
+    capsys.readouterr()
+    assert code == 0 and json.loads(path.read_text())["partition"] == [3, 3, 3, 3]
     code = search_main(["--model", "gpt-350m", "--num-gpus", "8", "--memory-budget-gb", "0.2",
                         "--global-batch-size", "8", "--quiet"])  # fmt: skip
     err = capsys.readouterr().err

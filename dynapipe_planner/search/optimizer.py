@@ -1,14 +1,32 @@
 """Galvatron-Base and Galvatron-BMW optimisation (seed `galvatron_bmw.txt` §IV-A1 Algorithm 1,
-§IV-B2 Algorithm 2).
+§IV-B2 Algorithm 2, App. B).
 
 For each global batch size B, PP degree P and micro-batch count m, the model is split into P
 stages (memory-balanced partition p_m under an initial strategy), every stage's layers get
 their strategies from the layer DP under the memory budget, and Eq. 9 prices the pipeline.
 Galvatron-Base stops there. Galvatron-BMW then adjusts the partition of the best
-configurations from memory- towards time-balanced (boundary layers leave the slowest stage
-under the three validity rules, the layer DP re-runs on every new partition) and searches the
-batch sizes around the best one found. B is explored by doubling until nothing fits, then by
-bisection up to the largest batch that fits, instead of Algorithm 1's B = 1, 2, 3, ...
+configurations from memory- towards time-balanced and searches the batch sizes around the
+best one found. B is explored by doubling until nothing fits, then by bisection up to the
+largest batch that fits, instead of Algorithm 1's B = 1, 2, 3, ...
+
+The adjustment follows Algorithm 2: a boundary layer leaves the slowest stage for a neighbour
+when (1) no stage becomes slower than the old slowest, (2) every stage fits the budget and
+(3) no stage needs more memory than the time-balanced partition p_t. Algorithm 2 runs
+Galvatron_Search on each candidate partition, so the rules are checked with the affected
+stages' strategies re-solved by the layer DP, not with each layer keeping the strategy it had:
+a layer moving to a stage short of memory can make that stage checkpoint instead of
+invalidating the move. The search space the paper argues for lies between p_m and p_t (Eq. 7,
+App. B) and its ablation (Table V) prices p_t itself, so besides p_m the queue also starts
+from p_t and from the even split (p_t of identical layers on one strategy) when they fit: the
+greedy moves off the slowest stage cannot always walk from p_m to p_t.
+
+Within a partition every stage minimises its own time, (m - 1) micro-batches plus the last
+one; Eq. 9 charges the (m - 1) only to the slowest stage, so the others then take the plan with
+the quickest last micro-batch if it keeps them no slower than the slowest (`evaluate`).
+(P, m) configurations are priced in order of an Eq. 9 lower bound and skipped once a plan
+found for the same batch beats the bound. Stage plans are cached by the layer types of the
+stage, and one prefix layer DP (`layer_dp.StageSolver`) serves every stage length at a pipeline
+position, so moving boundaries costs little.
 """
 
 from __future__ import annotations
