@@ -23,10 +23,11 @@ greedy moves off the slowest stage cannot always walk from p_m to p_t.
 Within a partition every stage minimises its own time, (m - 1) micro-batches plus the last
 one; Eq. 9 charges the (m - 1) only to the slowest stage, so the others then take the plan with
 the quickest last micro-batch if it keeps them no slower than the slowest (`evaluate`).
-(P, m) configurations are priced in order of an Eq. 9 lower bound and skipped once a plan
-found for the same batch beats the bound. Stage plans are cached by the layer types of the
-stage, and one prefix layer DP (`layer_dp.StageSolver`) serves every stage length at a pipeline
-position, so moving boundaries costs little.
+(P, m) configurations are priced in order of an Eq. 9 lower bound and skipped once a
+memory-balanced plan found for the same batch beats the bound (exact for both answers). Stage
+plans are cached by the layer types of the stage, and one prefix layer DP
+(`layer_dp.StageSolver`) serves every stage length at a pipeline position, so moving
+boundaries costs little.
 """
 
 from __future__ import annotations
@@ -440,14 +441,16 @@ def search(
         configs = [(ps, m) for ps in searches for m in _microbatch_counts(batch, ps.pp, counts)]
         tick(len(configs))
         # Most promising first; a configuration whose Eq. 9 lower bound is no better than a
-        # plan already found for this batch cannot win and is skipped.
+        # memory-balanced plan already found for this batch cannot win, nor change the
+        # Galvatron-Base answer, and is skipped.
         bounds = [ps.time_bound(batch // m, m) for ps, m in configs]
         order = sorted(range(len(configs)), key=lambda i: bounds[i])
         found: list[tuple[float, _PipelineSearch, list[_Evaluated], int, int]] = []
+        base_here = 0.0
         for i in order:
             ps, m = configs[i]
             mb = batch // m
-            if found and batch / bounds[i] <= max(f[0] for f in found):
+            if batch / bounds[i] <= base_here:
                 state["evaluated"] += 1
                 tick()
                 continue
@@ -457,7 +460,8 @@ def search(
             tick()
             if ev is None:
                 continue
-            best_base[0] = max(best_base[0], batch / ev.time)
+            base_here = max(base_here, batch / ev.time)
+            best_base[0] = max(best_base[0], base_here)
             starts = [ev]
             if bi_objective and not even and ps.pp > 1:
                 starts = ps.starts(ev, mb, m)
