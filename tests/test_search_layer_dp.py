@@ -190,3 +190,25 @@ def test_layout_classes_equal_per_strategy_minimum():
         for e in range(used, budget + 1):
             best[e] = min(best[e], cost)
     np.testing.assert_allclose(table, best, rtol=1e-12)
+
+
+def test_prefix_solver_equals_the_reference_on_every_prefix():
+    """One prefix DP (C++) answers every stage length exactly as the plain-Python reference
+    run on that range alone; here on a T5 stage whose encoder and decoder layers differ."""
+    from dynapipe_planner.cluster import get_gpu
+    from dynapipe_planner.model_spec import MODEL_PRESETS
+    from dynapipe_planner.search import analytic_cost_inputs, strategy_space
+    from dynapipe_planner.search.estimator import Estimator
+    from dynapipe_planner.search.layer_dp import StageSolver
+
+    model = MODEL_PRESETS["t5-large-32"]
+    inputs = analytic_cost_inputs(model, get_gpu("A100-40GB"), 4, seq_length=512)
+    strategies = [s for s in strategy_space(4)[2] if inputs.supports(s)]
+    est = Estimator(inputs, strategies)
+    first = 12  # the decoder starts at layer 16
+    tables = est.stage_tables(range(first, inputs.num_layers), 0, 8, 4)
+    budget = 6e9
+    solver = StageSolver(tables, budget, budget / 64)
+    for n in (9, 1, 4, 10, 7):  # in any order
+        rows = est.stage_tables(range(first, first + n), 0, 8, 4)
+        assert solver.solve(n) == solve_stage(rows, budget, budget / 64, reference=True)
