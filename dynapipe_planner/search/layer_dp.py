@@ -10,7 +10,9 @@ peak); plans with E_fwd low enough to fit whatever the rounding pass by construc
 
 `layer_dp_reference` is the plain-Python statement of that algorithm; the C++ core
 (`csrc/layer_dp.cpp`) does the same arithmetic in the same order and breaks ties the same way,
-and the tests hold them to identical answers.
+and the tests hold them to identical answers. `StageSolver` keeps one C++ DP per pipeline
+position and answers every prefix length from it (the DP of n layers is the first n steps of
+the DP of more), again identical to the reference run on that range alone.
 
 Two refinements over the plain recurrence, both exact in value:
 
