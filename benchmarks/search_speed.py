@@ -25,7 +25,11 @@ Eq. 9 with overlap slowdown, SDP gathers and last-micro-batch gradient sync; Gal
 its own pipeline formula, DP/SDP overlap and p2p rules); ours also counts the backward peak
 (Eq. 2) and Galvatron keeps 1/8 of ZeRO-3 states unsharded when accumulating gradients. So
 the plans are compared as they come out, and each engine's plan is also priced by the other's
-cost model: each engine's pick must be at least as good as the other's under its own model.
+cost model (ours: the public `price_plan`): each engine's pick must be at least as good as the
+other's under its own model. Galvatron's search only splits layers evenly, so our search is
+also run restricted to that space (`search(..., even_partition=True)`, column "ours even"):
+where our full plan's partition is uneven, Galvatron is held to that even plan instead, and
+ours on the even space is held to Galvatron's plan as well.
 
 Times are wall-clock: ours is the median of `--repeats` calls of `search()` in this process
 (after one warm-up search); Galvatron's is one run of `initialize_search_engine()` +
@@ -57,15 +61,9 @@ from dynapipe_planner.search import (
     LayerStrategy,
     SearchResult,
     analytic_cost_inputs,
+    price_plan,
     search,
 )
-from dynapipe_planner.search.estimator import (
-    Estimator,
-    peak_memory,
-    pipeline_time,
-    stage_times,
-)
-from dynapipe_planner.search.space import strategy_space
 
 MiB = 2**20
 TARGET_SPEEDUP = 20.0
@@ -134,34 +132,9 @@ def galvatron_plan(plan: dict, num_gpus: int) -> tuple[int, list[int], list[Laye
     return pp, ints("pp_division"), strategies, int(plan["chunks"])
 
 
-def price_plan(
-    inputs: CostInputs,
-    pp: int,
-    partition: list[int],
-    strategies: list[LayerStrategy],
-    batch: int,
-    num_micro: int,
-    num_gpus: int,
-) -> tuple[float, float]:
-    """(throughput, peak stage memory) of a given plan under our estimator."""
-    space = strategy_space(num_gpus)[pp]
-    index = {s: j for j, s in enumerate(space)}
-    est = Estimator(inputs, space)
-    mb = batch // num_micro
-    nosync, sync, peak, start = [], [], 0.0, 0
-    for stage, n in enumerate(partition):
-        tables = est.stage_tables(range(start, start + n), stage, mb, num_micro)
-        chosen = [index[s] for s in strategies[start : start + n]]
-        a, b = stage_times(tables, chosen)
-        nosync.append(a)
-        sync.append(b)
-        peak = max(peak, peak_memory(tables, chosen))
-        start += n
-    return batch / pipeline_time(nosync, sync, num_micro), peak
-
-
 def galvatron_layers(result: SearchResult) -> dict:
-    """Our plan in the form `runner.py` prices with Galvatron's cost model."""
+    """Our plan in the form `runner.py` prices with Galvatron's cost model (the benchmark's
+    strategies are all Galvatron-expressible: power-of-two degrees, never DP with SDP)."""
     layers = [
         [s.tp, int(s.sdp > 1), int(bool(s.order) and s.order[-1] == "tp"), int(s.ckpt)]
         for s in result.strategies
@@ -208,6 +181,10 @@ class Row:
     galv_self_check: float
     ours_plan: str
     galv_plan: str
+    even_tput: float  # our search restricted to even partitions (Galvatron's space)
+    even_on_galv: float  # that plan priced by Galvatron
+    even_fits_galv: bool
+    ours_even: bool  # our full search's partition is even (Galvatron can express it)
 
 
 @dataclasses.dataclass
@@ -223,6 +200,7 @@ class Setting:
     ours: SearchResult
     ours_s: float
     ours_cpu_s: float
+    even: SearchResult
     job: dict
 
 
@@ -238,20 +216,15 @@ def run_ours(
     batch = batch_per_gpu * gpus
     pp_degrees = [p for p in (1, 2, 4, 8) if p <= min(MAX_PP, gpus)]
     budget = galvatron_budget_bytes(memory_gb)
+    kwargs = dict(global_batch_size=batch, pp_degrees=pp_degrees, max_tp=MAX_TP)
     times, cpu_times = [], []
     for _ in range(repeats):
         start, cpu_start = time.perf_counter(), time.process_time()
-        ours = search(
-            model,
-            inputs,
-            gpus,
-            budget,
-            global_batch_size=batch,
-            pp_degrees=pp_degrees,
-            max_tp=MAX_TP,
-        )
+        ours = search(model, inputs, gpus, budget, **kwargs)
         times.append(time.perf_counter() - start)
         cpu_times.append(time.process_time() - cpu_start)
+    # Galvatron's partition space (even splits), for the comparison where ours is uneven.
+    even = search(model, inputs, gpus, budget, even_partition=True, **kwargs)
     name = f"bench{layers}l{gpus}g"
     profile_dir = os.path.join(work, name)
     docs = profiles.profile_documents(
@@ -274,10 +247,10 @@ def run_ours(
         "global_batch": batch,
         "max_tp": MAX_TP,
         "max_pp": MAX_PP,
-        "evaluate": [galvatron_layers(ours)],
+        "evaluate": [galvatron_layers(ours), galvatron_layers(even)],
     }
     ours_s, ours_cpu_s = statistics.median(times), statistics.median(cpu_times)
-    return Setting(layers, gpus, model, inputs, batch, budget, ours, ours_s, ours_cpu_s, job)
+    return Setting(layers, gpus, model, inputs, batch, budget, ours, ours_s, ours_cpu_s, even, job)
 
 
 def compare(st: Setting, galv: dict) -> Row:
@@ -290,8 +263,8 @@ def compare(st: Setting, galv: dict) -> Row:
         g_desc = "none found"
     else:
         g_pp, g_part, g_strat, g_m = galvatron_plan(galv["plan"], st.gpus)
-        ours_on_galv, peak = price_plan(st.inputs, g_pp, g_part, g_strat, st.batch, g_m, st.gpus)
-        fits = peak <= st.budget
+        price = price_plan(st.inputs, g_strat, g_part, g_m, st.batch)
+        ours_on_galv, fits = price.throughput, price.fits(st.budget)
         g_desc = describe(g_pp, g_part, g_strat, g_m)
     same_strategies = ours.pp == g_pp and ours.strategies == g_strat
     return Row(
@@ -313,6 +286,10 @@ def compare(st: Setting, galv: dict) -> Row:
         galv_self_check=galv["self_check"]["throughput"] if galv["self_check"] else 0.0,
         ours_plan=describe(ours.pp, ours.partition, ours.strategies, ours.num_microbatches),
         galv_plan=g_desc,
+        even_tput=st.even.throughput,
+        even_on_galv=galv["priced"][1]["throughput"],
+        even_fits_galv=galv["priced"][1]["fits"],
+        ours_even=len(set(ours.partition)) <= 1 + (st.layers % ours.pp > 0),
     )
 
 
@@ -372,7 +349,7 @@ def main() -> None:
     header = (
         f"{'layers':>6} {'GPUs':>4} {'model':<14} {'ours s':>7} {'galv s':>7} {'speedup':>7} "
         f"{'cpu x':>6} {'plan':>6} {'ours tput':>9} {'galv tput':>9} {'ours@galv':>9} "
-        f"{'galv@ours':>9}"
+        f"{'galv@ours':>9} {'ours even':>9} {'galv@even':>9}"
     )
     print(header)
     print("-" * len(header))
@@ -380,10 +357,12 @@ def main() -> None:
         same = "same" if r.same_plan else ("layers" if r.same_strategies else "diff")
         on_galv = f"{r.ours_on_galv:9.2f}" if r.galv_fits_ours else "   no fit"
         on_ours = f"{r.galv_on_ours:9.2f}" if r.ours_fits_galv else "   no fit"
+        on_even = f"{r.even_on_galv:9.2f}" if r.even_fits_galv else "   no fit"
         print(
             f"{r.layers:>6} {r.gpus:>4} {r.model:<14} {r.ours_s:7.3f} {r.galv_s:7.2f} "
             f"{r.galv_s / r.ours_s:6.1f}x {r.galv_cpu_s / r.ours_cpu_s:5.1f}x {same:>6} "
-            f"{r.ours_tput:9.2f} {r.galv_tput:9.2f} {on_galv} {on_ours}"
+            f"{r.ours_tput:9.2f} {r.galv_tput:9.2f} {on_galv} {on_ours} {r.even_tput:9.2f} "
+            f"{on_even}"
         )
         if args.show_plans:
             print(f"        ours: {r.ours_plan}\n        galv: {r.galv_plan}")
@@ -397,9 +376,11 @@ def main() -> None:
         "searches' CPU times (process time), less disturbed by other jobs on a shared machine. "
         "tput: "
         "predicted samples/s, each engine's plan priced by its own cost model; ours@galv: "
-        "Galvatron's plan priced by ours, galv@ours: our plan priced by Galvatron's ('no fit': "
-        "over that engine's memory model). plan: same = per-layer strategies, PP and partition "
-        "equal; layers = strategies equal, partition not; diff = otherwise."
+        "Galvatron's plan priced by ours (`price_plan`), galv@ours: our plan priced by "
+        "Galvatron's ('no fit': over that engine's memory model); ours even: our search "
+        "restricted to even partitions (`even_partition=True`, Galvatron's partition space), "
+        "galv@even: that plan priced by Galvatron's. plan: same = per-layer strategies, PP and "
+        "partition equal; layers = strategies equal, partition not; diff = otherwise."
     )
     print(
         "Known model differences: Galvatron splits layers evenly over stages (ours: memory- then "
@@ -416,6 +397,19 @@ def main() -> None:
     )
     ours_bad = [r for r in rows if r.galv_fits_ours and r.ours_tput < r.ours_on_galv * (1 - tol)]
     galv_bad = [r for r in rows if r.ours_fits_galv and r.galv_tput < r.galv_on_ours * (1 - tol)]
+    even_bad = [r for r in rows if r.galv_fits_ours and r.even_tput < r.ours_on_galv * (1 - tol)]
+    # Galvatron's search only splits evenly: where our partition is uneven, hold it to our
+    # even-partition plan instead (a plan its space contains).
+    galv_even_bad = [
+        r
+        for r in rows
+        if (r.ours_fits_galv and r.galv_tput < r.galv_on_ours * (1 - tol))
+        if r.ours_even
+    ] + [
+        r
+        for r in rows
+        if not r.ours_even and r.even_fits_galv and r.galv_tput < r.even_on_galv * (1 - tol)
+    ]
     same = sum(r.same_plan for r in rows)
     close = sum(abs(r.ours_tput - r.galv_tput) <= 0.01 * r.galv_tput for r in rows)
     print(
@@ -426,6 +420,12 @@ def main() -> None:
         + ("every setting" if not ours_bad else f"NO in {len(ours_bad)} setting(s)")
         + "; Galvatron >= our plan under its model: "
         + ("every setting" if not galv_bad else f"NO in {len(galv_bad)} setting(s)")
+    )
+    print(
+        "on Galvatron's space (even partitions): ours >= Galvatron's plan under our model: "
+        + ("every setting" if not even_bad else f"NO in {len(even_bad)} setting(s)")
+        + "; Galvatron >= our plan of that space under its model: "
+        + ("every setting" if not galv_even_bad else f"NO in {len(galv_even_bad)} setting(s)")
     )
     low = min(r.galv_s / r.ours_s for r in rows)
     cpu = [r.galv_cpu_s / r.ours_cpu_s for r in rows]

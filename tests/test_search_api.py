@@ -10,8 +10,9 @@ import pytest
 from dynapipe_planner.cluster import GiB, get_gpu
 from dynapipe_planner.errors import PlanningError
 from dynapipe_planner.model_spec import MODEL_PRESETS
-from dynapipe_planner.search import analytic_cost_inputs, search
+from dynapipe_planner.search import analytic_cost_inputs, price_plan, search
 from dynapipe_planner.search.cli import search_main
+from dynapipe_planner.search.optimizer import _pipeline_searches
 from dynapipe_planner.search.plan_file import megatron_flags, runtime_flags, write_plan
 
 MODEL = MODEL_PRESETS["gpt-350m"]
@@ -125,6 +126,13 @@ def test_cli_prints_a_summary_and_writes_the_plan(tmp_path, capsys):
     assert code == 0
     assert "throughput" in out and "Megatron-LM" in out and "stage" in out
     assert json.loads(path.read_text())["global_batch_size"] == 32
+    code = search_main(
+        ["--model", "gpt-125m", "--num-gpus", "4", "--memory-budget-gb", "8", "--seq-length",
+         "512", "--global-batch-size", "32", "--pp", "4", "--even-partition", "--output",
+         str(path), "--quiet"]
+    )  # fmt: skip
+    capsys.readouterr()
+    assert code == 0 and json.loads(path.read_text())["partition"] == [3, 3, 3, 3]
     code = search_main(["--model", "gpt-350m", "--num-gpus", "8", "--memory-budget-gb", "0.2",
                         "--global-batch-size", "8", "--quiet"])  # fmt: skip
     err = capsys.readouterr().err
@@ -210,3 +218,50 @@ def test_megatron_flags_for_uneven_split_block_recompute_and_sdp():
     four = LayerStrategy(4, ("dp",), (2,), False)
     out = megatron_flags(_result([5, 6, 7, 6], [four] * 24), MODEL)
     assert not out.expressible and any("middle" in n for n in out.notes)
+
+
+def test_price_plan_reprices_a_search_result_and_rejects_bad_plans(inputs):
+    result = search(MODEL, inputs, 8, 6 * GiB, global_batch_size=32, pp_degrees=[2])
+    price = price_plan(inputs, result.strategies, result.partition, result.num_microbatches, 32)
+    assert price.throughput == pytest.approx(result.throughput, rel=1e-12)
+    assert price.stage_memory_bytes == pytest.approx(result.stage_memory_bytes, rel=1e-12)
+    assert price.fits(6 * GiB)
+    assert not price.fits(min(price.stage_memory_bytes) / 2)
+    with pytest.raises(PlanningError, match="does not describe"):
+        price_plan(inputs, result.strategies[:-1], result.partition, 4, 32)
+    with pytest.raises(PlanningError, match="do not split"):
+        price_plan(inputs, result.strategies, result.partition, 5, 32)
+
+
+def test_even_partition_option_splits_layers_evenly(inputs):
+    result = search(MODEL, inputs, 8, 6 * GiB, global_batch_size=32, pp_degrees=[4],
+                    even_partition=True)  # fmt: skip
+    assert result.partition == [6, 6, 6, 6]
+    free = search(MODEL, inputs, 8, 6 * GiB, global_batch_size=32, pp_degrees=[4])
+    assert free.throughput >= result.throughput
+
+
+def test_bi_objective_reaches_plans_the_memory_balanced_start_misses():
+    """The llama-7b / 64-GPU case of issue #5 at small scale: one GPU per stage, so the only
+    choice per layer is CKPT. The memory-balanced start [3, 4, 6, 11] leaves the last stage
+    twice as slow as the even split, and moving a layer off it with every layer's strategy
+    frozen overflows the receiving stage; with the receiving stage's layer DP re-solved it
+    checkpoints instead, and the search ends at least as fast as the even split."""
+    model = MODEL_PRESETS["gpt-350m"]
+    inputs = analytic_cost_inputs(model, GPU, 4, seq_length=2048)
+    budget = 5 * GiB
+    kw = dict(global_batch_size=16, pp_degrees=[4], num_microbatches=16)
+    base = search(model, inputs, 4, budget, bi_objective=False, **kw)
+    even = search(model, inputs, 4, budget, even_partition=True, **kw)
+    assert base.partition == [3, 4, 6, 11]
+    assert even.throughput > 1.5 * base.throughput
+    frozen = price_plan(inputs, base.strategies, [3, 4, 7, 10], 16, 16)
+    assert not frozen.fits(budget)  # the frozen-strategy check rejects the first move
+    bmw = search(model, inputs, 4, budget, **kw)
+    assert bmw.throughput >= even.throughput
+    assert max(bmw.stage_memory_bytes) <= budget
+    # Algorithm 2 from the memory-balanced start alone already gets past that first move.
+    ps = _pipeline_searches(inputs, 4, budget, 256, [4], None, None, True)[0]
+    start = ps.evaluate_initial(1, 16)
+    adjusted, _ = ps.adjust([start], 1, 16, 48)
+    assert adjusted.partition[-1] < 11 and adjusted.time < start.time

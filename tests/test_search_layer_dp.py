@@ -153,3 +153,62 @@ def tiny_tables():
     inputs = analytic_cost_inputs(model, get_gpu("A100-40GB"), 4, seq_length=512)
     strategies = [s for s in strategy_space(4)[1] if inputs.supports(s)]
     return Estimator(inputs, strategies).stage_tables(range(6), 0, 8, 2)
+
+
+def test_equal_cost_mixes_come_out_as_runs():
+    """Eight identical layers, two strategies (fast and big, slow and small) and a budget
+    that forces four of each: every order costs the same (up to rounding), and the DP keeps
+    the previous layer's strategy on ties, so the plan has a single switch."""
+    layers = 8
+    objective = np.tile([0.1, 0.3], (layers, 1))
+    weight = np.tile([2, 1], (layers, 1)).astype(np.int64)
+    transform = np.zeros((layers, 2, 2))
+    fwd = weight.astype(np.float64)
+    zero = np.zeros((layers, 2))
+    args = (objective, weight, transform, fwd, zero, zero, 12, 12.0, 12)
+    cost, chosen, _ = _core.layer_dp_search(*args)
+    ref = layer_dp_reference(*[a.tolist() for a in args[:6]], 12, 12.0, 12)
+    assert (cost, list(chosen)) == (ref[0], ref[1])
+    assert sorted(chosen) == [0] * 4 + [1] * 4
+    assert sum(a != b for a, b in itertools.pairwise(chosen)) == 1
+    assert cost == pytest.approx(4 * 0.1 + 4 * 0.3)
+
+
+def test_layout_classes_equal_per_strategy_minimum():
+    """Strategies with identical transformation rows are minimised as one class; the values
+    equal the per-strategy recurrence (checked against exhaustive enumeration)."""
+    rng = np.random.default_rng(3)
+    layers, strategies, budget = 4, 4, 14
+    objective, weight, transform, *_ = _instance(rng, layers, strategies)
+    transform[:, 1, :] = transform[:, 0, :]  # strategies 0 and 1 share a layout
+    transform[:, 3, :] = transform[:, 2, :]
+    table = _core.layer_dp_table(objective, weight, transform, budget)
+    best = [INF] * (budget + 1)
+    for chosen in itertools.product(range(strategies), repeat=layers):
+        used = sum(weight[layer][s] for layer, s in enumerate(chosen))
+        cost = _assignment_cost(objective, transform, chosen)
+        for e in range(used, budget + 1):
+            best[e] = min(best[e], cost)
+    np.testing.assert_allclose(table, best, rtol=1e-12)
+
+
+def test_prefix_solver_equals_the_reference_on_every_prefix():
+    """One prefix DP (C++) answers every stage length exactly as the plain-Python reference
+    run on that range alone; here on a T5 stage whose encoder and decoder layers differ."""
+    from dynapipe_planner.cluster import get_gpu
+    from dynapipe_planner.model_spec import MODEL_PRESETS
+    from dynapipe_planner.search import analytic_cost_inputs, strategy_space
+    from dynapipe_planner.search.estimator import Estimator
+    from dynapipe_planner.search.layer_dp import StageSolver
+
+    model = MODEL_PRESETS["t5-large-32"]
+    inputs = analytic_cost_inputs(model, get_gpu("A100-40GB"), 4, seq_length=512)
+    strategies = [s for s in strategy_space(4)[2] if inputs.supports(s)]
+    est = Estimator(inputs, strategies)
+    first = 12  # the decoder starts at layer 16
+    tables = est.stage_tables(range(first, inputs.num_layers), 0, 8, 4)
+    budget = 6e9
+    solver = StageSolver(tables, budget, budget / 64)
+    for n in (9, 1, 4, 10, 7):  # in any order
+        rows = est.stage_tables(range(first, first + n), 0, 8, 4)
+        assert solver.solve(n) == solve_stage(rows, budget, budget / 64, reference=True)

@@ -10,11 +10,20 @@ Public API (stable)::
            bi_objective: bool = True, prune: bool = True, memory_bins: int = 256,
            microbatch_counts: int = 4, batch_window: int = 2,
            max_adjust_steps: int | None = None, stop_after_misses: int = 2,
-           num_microbatches: int | None = None,
+           num_microbatches: int | None = None, even_partition: bool = False,
            progress: Callable[[int, int], None] | None = None) -> SearchResult
 
     `memory_budget` is bytes per GPU; `bi_objective=False` is Galvatron-Base (memory-balanced
-    partition only). Raises PlanningError naming the smallest budget that fits.
+    partition only); `even_partition=True` splits layers evenly over stages and skips the
+    partition search (the space of engines without one). Raises PlanningError naming the
+    smallest budget that fits.
+
+    price_plan(cost_inputs, strategies: Sequence[LayerStrategy], partition: Sequence[int],
+               num_microbatches: int, global_batch_size: int) -> PlanPrice
+        PlanPrice: throughput, iteration_time_s, stage_time_s, stage_memory_bytes,
+                   fits(memory_budget). The search's own estimator on a given plan (a
+                   search result reprices to its throughput; another engine's plan can be
+                   compared on equal terms).
 
     analytic_cost_inputs(model, gpu: GpuSpec, num_gpus, *, gpus_per_node=8, seq_length=1024,
                          tgt_seq_length=None, overlap_slowdown=1.3, flash_attention=False,
@@ -54,16 +63,18 @@ Public API (stable)::
 """
 
 from .cost_inputs import CostInputs, LayerTypeCosts, analytic_cost_inputs, topology_bandwidths
-from .optimizer import SearchResult, search
+from .optimizer import PlanPrice, SearchResult, price_plan, search
 from .space import LayerStrategy, decision_trees, strategy_space
 
 __all__ = [
     "CostInputs",
     "LayerStrategy",
     "LayerTypeCosts",
+    "PlanPrice",
     "SearchResult",
     "analytic_cost_inputs",
     "decision_trees",
+    "price_plan",
     "search",
     "strategy_space",
     "topology_bandwidths",

@@ -41,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-tp", type=int, default=None, help="largest TP degree")
     s.add_argument("--base", action="store_true", help="Galvatron-Base: no bi-objective step")
     s.add_argument("--no-prune", action="store_true", help="keep DP+SDP trees (Takeaway #3)")
+    s.add_argument("--even-partition", action="store_true", help="split layers evenly over stages")
     s.add_argument("--memory-bins", type=int, default=256, help="layer DP memory resolution")
     p.add_argument("--output", help="write the plan file (JSON) here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -133,6 +134,7 @@ def search_main(argv: Sequence[str] | None = None) -> int:
                 bi_objective=not args.base,
                 prune=not args.no_prune,
                 memory_bins=args.memory_bins,
+                even_partition=args.even_partition,
                 progress=bar,
             )
         finally:

@@ -123,14 +123,15 @@ class Estimator:
         # Transformation: gather the samples a GPU lacks when the layout changes.
         keys = [_layout_key(s) for s in strategies]
         self.relayout = np.zeros((s_count, s_count))  # fraction of the new shard to receive
-        for i, a in enumerate(strategies):
-            for j, b in enumerate(strategies):
+        degrees = [s.data_degree for s in strategies]
+        for i, da in enumerate(degrees):
+            for j, db in enumerate(degrees):
                 if keys[i] == keys[j]:
                     continue
-                if b.data_degree > a.data_degree and b.data_degree % a.data_degree == 0:
+                if db > da and db % da == 0:
                     continue  # the new shard is a slice of what the GPU holds: local
-                if b.data_degree < a.data_degree:
-                    self.relayout[i, j] = 1.0 - b.data_degree / a.data_degree
+                if db < da:
+                    self.relayout[i, j] = 1.0 - db / da
                 else:
                     self.relayout[i, j] = 1.0
         self.stage_bw = inputs.bandwidth(self.group, 1) if self.group > 1 else INF

@@ -3,14 +3,28 @@
 C(l, E_fwd) is the least time of the first l layers of a stage whose forward memory
 (activations kept for backward, times micro-batches in flight, plus model states) fits in
 E_fwd, with the transformation cost R between neighbouring layers' strategies; because R
-depends on the previous layer's strategy, the state also carries it (|S|^2 per layer and
-budget step). Memory is discretised into bins (weights rounded up, so a plan's real forward
-memory never exceeds its bins). Algorithm 3 then takes the largest E_fwd whose plan also passes
-the backward-peak check of Eq. 2; plans with E_fwd <= E - b_up pass by construction.
+depends on the previous layer's strategy, the state also carries it. Memory is discretised
+into bins (weights rounded to the nearest bin, see `solve_stage`). Algorithm 3 then takes the
+largest E_fwd whose plan also passes the exact Eq. 2 check (forward memory plus the backward
+peak); plans with E_fwd low enough to fit whatever the rounding pass by construction.
 
 `layer_dp_reference` is the plain-Python statement of that algorithm; the C++ core
-(`csrc/layer_dp.cpp`) does the same arithmetic in the same order and breaks ties the same way
-(lowest strategy index), and the tests hold them to identical answers.
+(`csrc/layer_dp.cpp`) does the same arithmetic in the same order and breaks ties the same way,
+and the tests hold them to identical answers. `StageSolver` keeps one C++ DP per pipeline
+position and answers every prefix length from it (the DP of n layers is the first n steps of
+the DP of more), again identical to the reference run on that range alone.
+
+Two refinements over the plain recurrence, both exact in value:
+
+* previous strategies whose transformation rows R(l, p, .) are identical (the same activation
+  layout: DP and SDP of one degree, with and without CKPT) form a class, and the minimum over
+  p is taken as a minimum over classes of the class's least C(l - 1, e, p) plus the shared R.
+  Rounding is monotone, so the values equal the per-strategy minimum; the work per state drops
+  from |S| to the number of layouts (28 strategies, 7 layouts on 64 GPUs);
+* ties: a layer keeps the previous layer's strategy when that costs at most `TIE_REL`
+  (relative) more than the best predecessor; otherwise the lowest index of the best class
+  wins. Equal-cost plans then come out as runs of one strategy (e.g. 8xSDP8, 16xDP8 rather
+  than an arbitrary mix) that map onto per-stage Megatron flags.
 """
 
 from __future__ import annotations
@@ -38,6 +52,22 @@ class StagePlan:
     peak_bytes: float
 
 
+TIE_REL = 1e-13  # a layer keeps the previous layer's strategy within this relative cost
+
+
+def _row_classes(rows) -> list[list[int]]:
+    """Previous strategies with identical transformation rows R(l, p, .), lowest member first."""
+    classes: list[list[int]] = []
+    for p, row in enumerate(rows):
+        for members in classes:
+            if list(rows[members[0]]) == list(row):
+                members.append(p)
+                break
+        else:
+            classes.append([p])
+    return classes
+
+
 def _run_reference(objective, weight, transform, budget):
     layers, strategies = len(objective), len(objective[0])
     best = [
@@ -49,6 +79,21 @@ def _run_reference(objective, weight, transform, budget):
     ]
     back = [None]
     for layer in range(1, layers):
+        tr = transform[layer]
+        classes = _row_classes(tr)
+        # least C(l - 1, e, p) of each class, lowest index among equal values
+        gmin, garg = [], []
+        for e in range(budget + 1):
+            mins, args = [], []
+            for members in classes:
+                value, arg = INF, -1
+                for p in members:
+                    if best[e][p] < value:
+                        value, arg = best[e][p], p
+                mins.append(value)
+                args.append(arg)
+            gmin.append(mins)
+            garg.append(args)
         cur = [[INF] * strategies for _ in range(budget + 1)]
         ptr = [[-1] * strategies for _ in range(budget + 1)]
         for e in range(budget + 1):
@@ -56,15 +101,20 @@ def _run_reference(objective, weight, transform, budget):
                 w = weight[layer][s]
                 if not objective[layer][s] < INF or w > e:
                     continue
-                prev = best[e - w]
+                src = e - w
                 value, arg = INF, -1
-                for p in range(strategies):
-                    v = prev[p] + transform[layer][p][s]
+                for g, members in enumerate(classes):
+                    v = gmin[src][g] + tr[members[0]][s]
                     if v < value:
-                        value, arg = v, p
-                if arg >= 0:
-                    cur[e][s] = value + objective[layer][s]
-                    ptr[e][s] = arg
+                        value, arg = v, garg[src][g]
+                if arg < 0:
+                    continue
+                if arg != s:
+                    own = best[src][s] + tr[s][s]
+                    if own < INF and own - value <= TIE_REL * abs(value):
+                        value, arg = own, s
+                cur[e][s] = value + objective[layer][s]
+                ptr[e][s] = arg
         best = cur
         back.append(ptr)
     return best, back
@@ -131,49 +181,98 @@ def _peak(fwd, bwd, states, chosen) -> float:
 
 
 def memory_weights(tables: StageTables, granularity: float) -> np.ndarray:
-    """Forward memory of each (layer, strategy) in bins, rounded up."""
-    raw = np.ceil((tables.fwd_bytes + tables.state_bytes) / granularity)
+    """Forward memory of each (layer, strategy) in bins, rounded to the nearest bin."""
+    raw = np.floor((tables.fwd_bytes + tables.state_bytes) / granularity + 0.5)
     return np.where(np.isfinite(tables.objective), raw, 0).astype(np.int64)
+
+
+def _budget_bins(limit: float, memory_budget: float, granularity: float) -> int:
+    """Forward budget of the DP table in bins: the limit plus 1/32 of the budget's bins, so
+    plans whose nearest-bin weights add up a little over the limit still get the exact
+    check (the accumulated rounding of n layers is about sqrt(n) / 3.5 bins)."""
+    return math.floor(limit / granularity) + max(2, math.ceil(memory_budget / granularity / 32))
+
+
+def _unchecked_bins(limit: float, b_up: float, layers: int, granularity: float) -> int:
+    """Plans at forward budgets up to this many bins fit whatever the rounding: their real
+    forward memory is at most half a bin per layer above their bins, plus b_up."""
+    safe = (limit - b_up) / granularity - layers / 2
+    return math.floor(safe) if safe >= 0 else -1
 
 
 def solve_stage(
     tables: StageTables, memory_budget: float, granularity: float, *, reference: bool = False
 ) -> StagePlan | None:
-    """Best strategies of one stage's layers within `memory_budget` bytes (None: nothing fits)."""
+    """Best strategies of one stage's layers within `memory_budget` bytes (None: nothing fits).
+
+    Weights are rounded to the nearest bin, so a plan's binned forward memory is within half
+    a bin per layer of its real one: the DP table runs a few bins past the budget, every plan
+    above the provably safe forward budget gets Algorithm 3's exact Eq. 2 check, and a
+    returned plan always fits. Rounding every weight up instead would lose up to a bin per
+    layer and miss plans that fill the budget (a 6-layer stage 0.5 GiB short of 24.6 GiB).
+    """
+    if not reference:
+        return StageSolver(tables, memory_budget, granularity).solve(len(tables.objective))
     limit = memory_budget - tables.extra_bytes
     if limit < 0:
         return None
-    budget = math.floor(limit / granularity)
+    layers = len(tables.objective)
+    budget = _budget_bins(limit, memory_budget, granularity)
     weight = memory_weights(tables, granularity)
     finite = np.isfinite(tables.objective)
     b_up = float(np.max(np.where(finite, tables.bwd_bytes, 0.0)))
-    unchecked = math.floor((limit - b_up) / granularity) if limit >= b_up else -1
+    unchecked = _unchecked_bins(limit, b_up, layers, granularity)
     objective = np.where(finite, tables.objective, INF)
-    if reference:
-        cost, chosen, e = layer_dp_reference(
-            objective.tolist(),
-            weight.tolist(),
-            tables.transform.tolist(),
-            tables.fwd_bytes.tolist(),
-            tables.bwd_bytes.tolist(),
-            tables.state_bytes.tolist(),
-            budget,
-            limit,
-            unchecked,
-        )
-    else:
-        cost, chosen, e = _core.layer_dp_search(
-            objective,
-            weight,
-            tables.transform,
-            tables.fwd_bytes,
-            tables.bwd_bytes,
-            tables.state_bytes,
-            budget,
-            limit,
-            unchecked,
-        )
+    cost, chosen, e = layer_dp_reference(
+        objective.tolist(),
+        weight.tolist(),
+        tables.transform.tolist(),
+        tables.fwd_bytes.tolist(),
+        tables.bwd_bytes.tolist(),
+        tables.state_bytes.tolist(),
+        budget,
+        limit,
+        unchecked,
+    )
     if not chosen or not cost < INF:
         return None
     peak = _peak(tables.fwd_bytes, tables.bwd_bytes, tables.state_bytes, chosen)
     return StagePlan(cost, list(chosen), e, peak + tables.extra_bytes)
+
+
+class StageSolver:
+    """`solve_stage` for every prefix of `tables`' layers from one DP (C++): the layer DP of
+    n layers is the first n steps of the DP of more, so the stages of one pipeline position
+    that start at the same layer, or in a model of identical layers all of them, share it."""
+
+    def __init__(self, tables: StageTables, memory_budget: float, granularity: float):
+        self.tables = tables
+        self.granularity = granularity
+        self.limit = memory_budget - tables.extra_bytes
+        self._dp = None
+        if self.limit < 0:
+            return
+        finite = np.isfinite(tables.objective)
+        self._b_up = np.maximum.accumulate(np.max(np.where(finite, tables.bwd_bytes, 0.0), axis=1))
+        self._dp = _core.PrefixLayerDP(
+            np.where(finite, tables.objective, INF),
+            memory_weights(tables, granularity),
+            tables.transform,
+            tables.fwd_bytes,
+            tables.bwd_bytes,
+            tables.state_bytes,
+            _budget_bins(self.limit, memory_budget, granularity),
+        )
+
+    def solve(self, layers: int) -> StagePlan | None:
+        """The plan of the first `layers` layers (None: nothing fits)."""
+        if self._dp is None:
+            return None
+        b_up = float(self._b_up[layers - 1])
+        unchecked = _unchecked_bins(self.limit, b_up, layers, self.granularity)
+        cost, chosen, e = self._dp.solve(layers, self.limit, unchecked)
+        if not chosen or not cost < INF:
+            return None
+        t = self.tables
+        peak = _peak(t.fwd_bytes[:layers], t.bwd_bytes[:layers], t.state_bytes[:layers], chosen)
+        return StagePlan(cost, list(chosen), e, peak + t.extra_bytes)

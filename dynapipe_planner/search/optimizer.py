@@ -1,18 +1,38 @@
 """Galvatron-Base and Galvatron-BMW optimisation (seed `galvatron_bmw.txt` §IV-A1 Algorithm 1,
-§IV-B2 Algorithm 2).
+§IV-B2 Algorithm 2, App. B).
 
 For each global batch size B, PP degree P and micro-batch count m, the model is split into P
 stages (memory-balanced partition p_m under an initial strategy), every stage's layers get
 their strategies from the layer DP under the memory budget, and Eq. 9 prices the pipeline.
 Galvatron-Base stops there. Galvatron-BMW then adjusts the partition of the best
-configurations from memory- towards time-balanced (boundary layers leave the slowest stage
-under the three validity rules, the layer DP re-runs on every new partition) and searches the
-batch sizes around the best one found. B is explored by doubling until nothing fits, then by
-bisection up to the largest batch that fits, instead of Algorithm 1's B = 1, 2, 3, ...
+configurations from memory- towards time-balanced and searches the batch sizes around the
+best one found. B is explored by doubling until nothing fits, then by bisection up to the
+largest batch that fits, instead of Algorithm 1's B = 1, 2, 3, ...
+
+The adjustment follows Algorithm 2: a boundary layer leaves the slowest stage for a neighbour
+when (1) no stage becomes slower than the old slowest, (2) every stage fits the budget and
+(3) no stage needs more memory than the time-balanced partition p_t. Algorithm 2 runs
+Galvatron_Search on each candidate partition, so the rules are checked with the affected
+stages' strategies re-solved by the layer DP, not with each layer keeping the strategy it had:
+a layer moving to a stage short of memory can make that stage checkpoint instead of
+invalidating the move. The search space the paper argues for lies between p_m and p_t (Eq. 7,
+App. B) and its ablation (Table V) prices p_t itself, so besides p_m the queue also starts
+from p_t and from the even split (p_t of identical layers on one strategy) when they fit: the
+greedy moves off the slowest stage cannot always walk from p_m to p_t.
+
+Within a partition every stage minimises its own time, (m - 1) micro-batches plus the last
+one; Eq. 9 charges the (m - 1) only to the slowest stage, so the others then take the plan with
+the quickest last micro-batch if it keeps them no slower than the slowest (`evaluate`).
+(P, m) configurations are priced in order of an Eq. 9 lower bound and skipped once a
+memory-balanced plan found for the same batch beats the bound (exact for both answers). Stage
+plans are cached by the layer types of the stage, and one prefix layer DP
+(`layer_dp.StageSolver`) serves every stage length at a pipeline position, so moving
+boundaries costs little.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import deque
@@ -25,8 +45,14 @@ from ..errors import PlanningError
 from ..model_spec import ModelSpec
 from .cost_inputs import CostInputs
 from .estimator import Estimator, StageTables, peak_memory, pipeline_time, stage_times
-from .layer_dp import StagePlan, solve_stage
-from .partition import adjustment_moves, balanced_partition, max_stage, prefix_cost
+from .layer_dp import StagePlan, StageSolver
+from .partition import (
+    StageCost,
+    adjustment_moves,
+    balanced_partition,
+    max_stage,
+    prefix_cost,
+)
 from .space import LayerStrategy, strategy_space
 
 GiB = 1024**3
@@ -86,26 +112,88 @@ class _PipelineSearch:
         self.est = Estimator(inputs, strategies)
         self.budget = budget
         self.granularity = budget / bins
-        self._tables: dict[tuple, StageTables] = {}
-        self._plans: dict[tuple, StagePlan | None] = {}
+        self._full: dict[tuple, StageTables] = {}
+        self._solvers: dict[tuple, StageSolver] = {}
+        self._uniform = len(set(inputs.layer_kinds)) == 1
+        self._kinds = (
+            bytes(np.asarray(inputs.layer_kinds, dtype=np.uint8))
+            if max(inputs.layer_kinds, default=0) < 256
+            else tuple(inputs.layer_kinds)
+        )
+        self._plans: dict[tuple, tuple[StagePlan, float, float, float] | None] = {}
 
     def tables(self, stage: int, a: int, b: int, mb: int, m: int) -> StageTables:
-        key = (stage, a, b, mb, m)
-        t = self._tables.get(key)
-        if t is None:
-            if len(self._tables) > 4096:
-                self._tables.clear()
-            t = self._tables[key] = self.est.stage_tables(range(a, b), stage, mb, m)
-        return t
+        """Stage tables of layers [a, b): rows of the whole model's tables for that stage
+        (a layer's costs depend on its stage only through the micro-batches in flight)."""
+        key = (stage, mb, m)
+        full = self._full.get(key)
+        if full is None:
+            if len(self._full) > 256:
+                self._full.clear()
+            full = self._full[key] = self.est.stage_tables(
+                range(self.inputs.num_layers), stage, mb, m
+            )
+        if a == 0 and b == self.inputs.num_layers:
+            return full
+        return dataclasses.replace(
+            full,
+            nosync=full.nosync[a:b],
+            sync=full.sync[a:b],
+            objective=full.objective[a:b],
+            fwd_bytes=full.fwd_bytes[a:b],
+            state_bytes=full.state_bytes[a:b],
+            bwd_bytes=full.bwd_bytes[a:b],
+            transform=full.transform[a:b],
+            transform_once=full.transform_once[a:b],
+        )
+
+    def time_bound(self, mb: int, m: int) -> float:
+        """A lower bound on Eq. 9 for any partition and strategies: every layer at its
+        fastest strategy, the (m - 1) slowest micro-batches at least the average stage's."""
+        t = self.tables(0, 0, self.inputs.num_layers, mb, m)
+        nosync = float(t.nosync.min(axis=1).sum())
+        sync = float(t.sync.min(axis=1).sum())
+        return (m - 1) * nosync / self.pp + sync
+
+    def solved(self, stage: int, a: int, b: int, mb: int, m: int, sync_only: bool = False):
+        """(layer-DP plan, one micro-batch without sync, the last one with sync, peak bytes)
+        of layers [a, b) on `stage`, or None when nothing fits. Cached by the layer types of
+        the range rather than its position: a stage's costs depend only on which layers it
+        holds, so in a model of identical layers every stage of n layers at one pipeline
+        position is solved once, whatever the partition or adjustment step. The DP
+        minimises the stage's own time, (m - 1) x one micro-batch + the last one, or with
+        `sync_only` the last micro-batch alone (see `evaluate`)."""
+        key = (stage, self._kinds[a:b], mb, m, sync_only)
+        if key not in self._plans:
+            if len(self._plans) > 16384:
+                self._plans.clear()
+            plan = self._solver(stage, a, mb, m, sync_only).solve(b - a)
+            if plan is None:
+                self._plans[key] = None
+            else:
+                ns, sy = stage_times(self.tables(stage, a, b, mb, m), plan.chosen)
+                self._plans[key] = (plan, ns, sy, plan.peak_bytes)
+        return self._plans[key]
+
+    def _solver(self, stage: int, a: int, mb: int, m: int, sync_only: bool) -> StageSolver:
+        """The prefix layer DP of the layers from `a` on `stage` (from layer 0 when all
+        layers are alike: every range of n layers then has the same costs)."""
+        anchor = 0 if self._uniform else a
+        key = (stage, anchor, mb, m, sync_only)
+        solver = self._solvers.get(key)
+        if solver is None:
+            if len(self._solvers) > 512:
+                self._solvers.clear()
+            t = self.tables(stage, anchor, self.inputs.num_layers, mb, m)
+            if sync_only:
+                objective = np.where(np.isfinite(t.objective), t.sync, np.inf)
+                t = dataclasses.replace(t, objective=objective, transform=t.transform_once)
+            solver = self._solvers[key] = StageSolver(t, self.budget, self.granularity)
+        return solver
 
     def stage_plan(self, stage: int, a: int, b: int, mb: int, m: int) -> StagePlan | None:
-        key = (stage, a, b, mb, m)
-        if key not in self._plans:
-            if len(self._plans) > 4096:
-                self._plans.clear()
-            t = self.tables(stage, a, b, mb, m)
-            self._plans[key] = solve_stage(t, self.budget, self.granularity)
-        return self._plans[key]
+        got = self.solved(stage, a, b, mb, m)
+        return None if got is None else got[0]
 
     def initial_partitions(self, mb: int, m: int) -> list[list[int]]:
         """p_m: memory-balanced partitions under an initial strategy for every layer (§IV-B:
@@ -116,12 +204,12 @@ class _PipelineSearch:
         L = self.inputs.num_layers
         if self.pp == 1:
             return [[L]]
-        probe = self.est.stage_tables(range(L), 0, mb, m)
+        probe = self.tables(0, 0, L, mb, m)
         per_layer = probe.fwd_bytes / min(self.pp, m) + probe.state_bytes
         usable = [j for j in range(len(self.strategies)) if math.isfinite(probe.objective[0, j])]
         candidates = [j for j in usable if not self.strategies[j].ckpt] or usable
         if not candidates:
-            return [[L // self.pp + (i < L % self.pp) for i in range(self.pp)]]
+            return [even_split(L, self.pp)]
         in_flight = [min(self.pp - stage, m) for stage in range(self.pp)]
         out: list[list[int]] = []
         for pick in (min, max):
@@ -135,12 +223,76 @@ class _PipelineSearch:
 
     def evaluate_initial(self, mb: int, m: int) -> _Evaluated | None:
         """The best of the memory-balanced starting partitions (Galvatron-Base's answer)."""
+        return self.best_of(self.initial_partitions(mb, m), mb, m)
+
+    def best_of(self, partitions, mb: int, m: int) -> _Evaluated | None:
         best = None
-        for partition in self.initial_partitions(mb, m):
+        for partition in partitions:
             ev = self.evaluate(partition, mb, m)
             if ev is not None and (best is None or ev.time < best.time):
                 best = ev
         return best
+
+    def evaluate(self, partition: Sequence[int], mb: int, m: int) -> _Evaluated | None:
+        """Eq. 9 of `partition` with every stage's strategies from the layer DP.
+
+        Each stage first minimises its own time. Eq. 9 only charges (m - 1) micro-batches of
+        the slowest stage, so a faster stage then takes the plan with the quickest last
+        micro-batch instead (e.g. SDP rather than DP: no gradient all-reduce to wait for)
+        when that keeps its micro-batch within the slowest one's: the bottleneck stays,
+        the sum of last micro-batches shrinks."""
+        bounds, start = [], 0
+        for n in partition:
+            bounds.append((start, start + n))
+            start += n
+        got = [self.solved(stage, a, b, mb, m) for stage, (a, b) in enumerate(bounds)]
+        if any(g is None for g in got):
+            return None
+        slowest = max(g[1] for g in got)
+        for stage, (a, b) in enumerate(bounds):
+            # sync >= nosync layer by layer, so a plan without gradient sync already has the
+            # least last micro-batch its stage time allows
+            if m > 1 and got[stage][1] < slowest and got[stage][2] > got[stage][1]:
+                alt = self.solved(stage, a, b, mb, m, sync_only=True)
+                if alt is not None and alt[1] <= slowest and alt[2] < got[stage][2]:
+                    got[stage] = alt
+        plans = [g[0] for g in got]
+        nosync = [g[1] for g in got]
+        sync = [g[2] for g in got]
+        memory = [float(g[3]) for g in got]
+        total = pipeline_time(nosync, sync, m)
+        per_stage = [float((m - 1) * a + b) for a, b in zip(nosync, sync, strict=True)]
+        return _Evaluated(float(total), list(partition), plans, memory, per_stage)
+
+    def _stage_time(self, mb: int, m: int) -> StageCost:
+        """A stage's time with its layers' strategies re-solved by the layer DP (inf: none fit)."""
+
+        def cost(stage: int, a: int, b: int) -> float:
+            got = self.solved(stage, a, b, mb, m)
+            return math.inf if got is None else (m - 1) * got[1] + got[2]
+
+        return cost
+
+    def _stage_memory(self, mb: int, m: int) -> StageCost:
+        def cost(stage: int, a: int, b: int) -> float:
+            got = self.solved(stage, a, b, mb, m)
+            return math.inf if got is None else got[3]
+
+        return cost
+
+    def time_balanced(self, ev: _Evaluated, mb: int, m: int) -> list[int]:
+        """p_t: the partition balancing stage times, each layer priced with the strategy it
+        has in `ev` (for identical layers on one strategy, the even split)."""
+        layer_time = np.concatenate(
+            [
+                (m - 1) * t.nosync[np.arange(len(p.chosen)), p.chosen]
+                + t.sync[np.arange(len(p.chosen)), p.chosen]
+                for t, p in zip(self._stage_tables(ev.partition, mb, m), ev.plans, strict=True)
+            ]
+        )
+        return balanced_partition(
+            len(layer_time), self.pp, prefix_cost(layer_time, [1.0] * self.pp)
+        )
 
     def _stage_tables(self, partition: Sequence[int], mb: int, m: int) -> list[StageTables]:
         out, start = [], 0
@@ -149,58 +301,36 @@ class _PipelineSearch:
             start += n
         return out
 
-    def evaluate(self, partition: Sequence[int], mb: int, m: int) -> _Evaluated | None:
-        plans, memory, nosync, sync = [], [], [], []
-        start = 0
-        for stage, n in enumerate(partition):
-            plan = self.stage_plan(stage, start, start + n, mb, m)
-            if plan is None:
-                return None
-            t = self.tables(stage, start, start + n, mb, m)
-            ns, sy = stage_times(t, plan.chosen)
-            plans.append(plan)
-            memory.append(plan.peak_bytes)
-            nosync.append(ns)
-            sync.append(sy)
-            start += n
-        total = pipeline_time(nosync, sync, m)
-        per_stage = [float((m - 1) * a + b) for a, b in zip(nosync, sync, strict=True)]
-        memory = [float(x) for x in memory]
-        return _Evaluated(float(total), list(partition), plans, memory, per_stage)
+    def starts(self, base: _Evaluated, mb: int, m: int) -> list[_Evaluated]:
+        """Starting points of the adjustment: the memory-balanced plan `base`, and the
+        time-balanced p_t and the even split when they fit (with re-solved strategies)."""
+        out = [base]
+        for p in (self.time_balanced(base, mb, m), even_split(self.inputs.num_layers, self.pp)):
+            if all(p != ev.partition for ev in out):
+                ev = self.evaluate(p, mb, m)
+                if ev is not None:
+                    out.append(ev)
+        return out
 
-    def adjust(self, start: _Evaluated, mb: int, m: int, max_steps: int) -> tuple[_Evaluated, int]:
-        """Algorithm 2's queue: partitions move towards time balance while rules 1-3 hold."""
-        best = start
-        queue = deque([start])
-        seen = {tuple(start.partition)}
+    def adjust(
+        self, starts: list[_Evaluated], mb: int, m: int, max_steps: int
+    ) -> tuple[_Evaluated, int]:
+        """Algorithm 2's queue: partitions move towards time balance while rules 1-3 hold.
+
+        Every candidate partition is priced with its stages' strategies re-solved by the
+        layer DP (Algorithm 2 runs Galvatron_Search on each new partition), so a layer that
+        moves to a stage short of memory may make that stage checkpoint instead of being
+        rejected for the memory its old strategy needed there.
+        """
+        best = min(starts, key=lambda ev: ev.time)
+        queue = deque(starts)
+        seen = {tuple(ev.partition) for ev in starts}
         steps = 0
+        stage_time, stage_memory = self._stage_time(mb, m), self._stage_memory(mb, m)
         while queue and steps < max_steps:
             cur = queue.popleft()
-            # Each layer keeps its strategy when it moves; price stages with those strategies.
-            chosen = [j for plan in cur.plans for j in plan.chosen]
-
-            def stage_time(stage: int, a: int, b: int, chosen=chosen) -> float:
-                t = self.tables(stage, a, b, mb, m)
-                ns, sy = stage_times(t, chosen[a:b])
-                return (m - 1) * ns + sy
-
-            def stage_memory(stage: int, a: int, b: int, chosen=chosen) -> float:
-                return peak_memory(self.tables(stage, a, b, mb, m), chosen[a:b])
-
-            layer_time = np.concatenate(
-                [
-                    (m - 1) * t.nosync[np.arange(len(p.chosen)), p.chosen]
-                    + t.sync[np.arange(len(p.chosen)), p.chosen]
-                    for t, p in zip(
-                        self._stage_tables(cur.partition, mb, m), cur.plans, strict=True
-                    )
-                ]
-            )
-            p_time = balanced_partition(
-                len(chosen), self.pp, prefix_cost(layer_time, [1.0] * self.pp)
-            )
             # Rule 3 caps memory at p_t's peak; never below the current partition's own peak.
-            cap = max(max_stage(p_time, stage_memory), max(cur.memory))
+            cap = max(max_stage(self.time_balanced(cur, mb, m), stage_memory), max(cur.memory))
             for p in adjustment_moves(cur.partition, stage_time, stage_memory, self.budget, cap):
                 if tuple(p) in seen:
                     continue
@@ -213,6 +343,13 @@ class _PipelineSearch:
                 if found.time < best.time:
                     best = found
         return best, steps
+
+
+def even_split(num_layers: int, num_stages: int) -> list[int]:
+    """Layers split as evenly as possible; the last stages take the remainder (they keep the
+    fewest micro-batches in flight under 1F1B)."""
+    base, extra = divmod(num_layers, num_stages)
+    return [base + (i >= num_stages - extra) for i in range(num_stages)]
 
 
 def _microbatch_counts(batch: int, pp: int, counts: tuple[int, int | None]) -> list[int]:
@@ -250,6 +387,7 @@ def search(
     max_adjust_steps: int | None = None,
     stop_after_misses: int = 2,
     num_microbatches: int | None = None,
+    even_partition: bool = False,
     progress: Progress | None = None,
 ) -> SearchResult:
     """Galvatron-BMW (or, with `bi_objective=False`, Galvatron-Base) search.
@@ -259,7 +397,9 @@ def search(
     nothing), or a search (doubling from `num_gpus`, then bisection to the largest
     batch that fits, then +-`batch_window` steps around the best). For each B and PP degree,
     `microbatch_counts` counts m = P, 2P, 4P, ... dividing B are tried (or exactly
-    `num_microbatches`, for every P, when given). `strategy_filter`
+    `num_microbatches`, for every P, when given). `even_partition=True` splits the layers
+    evenly over the stages and skips the partition search (the layer DP still picks every
+    layer's strategy): the space of engines without a partition search. `strategy_filter`
     restricts the layer strategies (the limited spaces of Table II). Raises PlanningError
     naming the smallest budget that fits when nothing does.
     """
@@ -274,6 +414,7 @@ def search(
     if num_microbatches is not None and num_microbatches < 1:
         raise PlanningError(f"num_microbatches must be >= 1, got {num_microbatches}")
     counts = (microbatch_counts, num_microbatches)
+    even = even_partition
     searches = _pipeline_searches(
         cost_inputs, num_gpus, memory_budget, memory_bins, pp_degrees, max_tp, strategy_filter,
         prune,
@@ -299,26 +440,46 @@ def search(
         """Price every (P, m) for this batch; True when something fits."""
         configs = [(ps, m) for ps in searches for m in _microbatch_counts(batch, ps.pp, counts)]
         tick(len(configs))
-        found: list[tuple[float, _PipelineSearch, _Evaluated, int, int]] = []
-        for ps, m in configs:
+        # Most promising first; a configuration whose Eq. 9 lower bound is no better than a
+        # memory-balanced plan already found for this batch cannot win, nor change the
+        # Galvatron-Base answer, and is skipped.
+        bounds = [ps.time_bound(batch // m, m) for ps, m in configs]
+        order = sorted(range(len(configs)), key=lambda i: bounds[i])
+        found: list[tuple[float, _PipelineSearch, list[_Evaluated], int, int]] = []
+        base_here = 0.0
+        for i in order:
+            ps, m = configs[i]
             mb = batch // m
-            ev = ps.evaluate_initial(mb, m)
+            if batch / bounds[i] <= base_here:
+                state["evaluated"] += 1
+                tick()
+                continue
+            initial = [even_split(L, ps.pp)] if even else ps.initial_partitions(mb, m)
+            ev = ps.best_of(initial, mb, m)
             state["evaluated"] += 1
             tick()
-            if ev is not None:
-                found.append((batch / ev.time, ps, ev, mb, m))
+            if ev is None:
+                continue
+            base_here = max(base_here, batch / ev.time)
+            best_base[0] = max(best_base[0], base_here)
+            starts = [ev]
+            if bi_objective and not even and ps.pp > 1:
+                starts = ps.starts(ev, mb, m)
+                state["evaluated"] += len(starts) - 1
+            top = min(starts, key=lambda e: e.time)
+            found.append((batch / top.time, ps, starts, mb, m))
         if not found:
             return False
         found.sort(key=lambda f: -f[0])
-        best_base[0] = max(best_base[0], found[0][0])
-        if bi_objective:
-            for i, (_, ps, ev, mb, m) in enumerate(found[:3]):
+        if bi_objective and not even:
+            for i, (_, ps, starts, mb, m) in enumerate(found[:3]):
                 if ps.pp > 1:
-                    adjusted, steps = ps.adjust(ev, mb, m, steps_limit)
+                    adjusted, steps = ps.adjust(starts, mb, m, steps_limit)
                     state["evaluated"] += steps
-                    found[i] = (batch / adjusted.time, ps, adjusted, mb, m)
+                    found[i] = (batch / adjusted.time, ps, [adjusted], mb, m)
             found.sort(key=lambda f: -f[0])
-        tput, ps, ev, mb, m = found[0]
+        tput, ps, starts, mb, m = found[0]
+        ev = min(starts, key=lambda e: e.time)
         if best[0] is None or tput > best[0][0]:
             best[0] = (tput, batch, ps, ev, mb, m)
         return True
@@ -510,3 +671,61 @@ def _infeasible_message(
         f"the least-memory plan needs {need / GiB:.2f} GiB ({where}); the smallest budget "
         f"that works is {smallest / GiB:.2f} GiB (--memory-budget-gb {smallest / GiB:.2f})"
     )
+
+
+@dataclass
+class PlanPrice:
+    """A given plan priced by the estimator (§V, Eq. 2 and Eq. 9)."""
+
+    throughput: float  # samples / s
+    iteration_time_s: float
+    stage_time_s: list[float]  # per stage: (m - 1) * one micro-batch + the last one
+    stage_memory_bytes: list[float]  # Eq. 2 peak per stage, end layers included
+
+    def fits(self, memory_budget: float) -> bool:
+        return max(self.stage_memory_bytes) <= memory_budget
+
+
+def price_plan(
+    cost_inputs: CostInputs,
+    strategies: Sequence[LayerStrategy],
+    partition: Sequence[int],
+    num_microbatches: int,
+    global_batch_size: int,
+) -> PlanPrice:
+    """Price a plan (a strategy per layer, layers per stage, micro-batch count, global batch)
+    with the same estimator the search uses: a plan the search returns prices to its
+    reported throughput, and another engine's plan can be compared on equal terms. Raises
+    PlanningError when the plan does not describe the model or cannot run (a micro-batch
+    not divisible by a layer's data-parallel degree, a strategy the inputs do not support)."""
+    L = cost_inputs.num_layers
+    if len(strategies) != L or sum(partition) != L or min(partition, default=0) < 1:
+        raise PlanningError(
+            f"plan does not describe {L} layers: {len(strategies)} strategies, partition "
+            f"{list(partition)}"
+        )
+    pps = {s.pp for s in strategies}
+    if pps != {len(partition)}:
+        raise PlanningError(f"strategies of PP {sorted(pps)} for {len(partition)} stages")
+    m = num_microbatches
+    if m < 1 or global_batch_size % m:
+        raise PlanningError(f"{m} micro-batches do not split a global batch of {global_batch_size}")
+    mb = global_batch_size // m
+    unique = list(dict.fromkeys(strategies))
+    bad = [str(s) for s in unique if not cost_inputs.supports(s) or mb % s.data_degree]
+    if bad:
+        raise PlanningError(f"strategies {bad} cannot run micro-batches of {mb} on these inputs")
+    index = {s: j for j, s in enumerate(unique)}
+    est = Estimator(cost_inputs, unique)
+    nosync, sync, memory, start = [], [], [], 0
+    for stage, n in enumerate(partition):
+        tables = est.stage_tables(range(start, start + n), stage, mb, m)
+        chosen = [index[s] for s in strategies[start : start + n]]
+        a, b = stage_times(tables, chosen)
+        nosync.append(a)
+        sync.append(b)
+        memory.append(float(peak_memory(tables, chosen)))
+        start += n
+    total = float(pipeline_time(nosync, sync, m))
+    per_stage = [float((m - 1) * a + b) for a, b in zip(nosync, sync, strict=True)]
+    return PlanPrice(global_batch_size / total, total, per_stage, memory)

@@ -6,7 +6,10 @@ with its time). `adjustment_moves` is one step of the
 bi-objective adjustment: move a boundary layer off the slowest stage to a neighbour and keep
 the result only if (1) no stage gets slower than the old slowest, (2) no stage exceeds the
 memory budget and (3) no stage exceeds the peak memory of the time-balanced partition; App. B
-shows such a move keeps alpha_t(p_m) <= alpha_t(p') and improves time balance.
+shows such a move keeps alpha_t(p_m) <= alpha_t(p') and improves time balance. The stage costs
+are callables of (stage, first layer, end layer): the optimizer passes ones that re-solve the
+stage's layer DP for that range (Algorithm 2), so a move is judged with the strategies the
+receiving stage would pick, not the ones its layers had.
 """
 
 from __future__ import annotations
