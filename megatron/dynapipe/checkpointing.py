@@ -53,17 +53,27 @@ def save(
         "sampler": sampler.state_dict(),
         "rng": {"torch": torch.get_rng_state()},
     }
+    save_atomically(payload, path)
+    dist.barrier()
+    if rank == 0:
+        mark_latest(directory, state.iteration)
+    dist.barrier()
+    return path
+
+
+def save_atomically(payload: dict, path: Path) -> None:
+    """torch.save next to `path`, then rename: a crash never leaves half a checkpoint."""
     tmp = path.with_suffix(".pt.tmp")
     torch.save(payload, tmp)
     os.replace(tmp, path)
-    dist.barrier()
-    if rank == 0:
-        marker = directory / LATEST
-        tmp_marker = marker.with_suffix(".tmp")
-        tmp_marker.write_text(f"{state.iteration}\n")
-        os.replace(tmp_marker, marker)
-    dist.barrier()
-    return path
+
+
+def mark_latest(directory: Path, iteration: int) -> None:
+    """Point `LATEST` at `iteration` (atomically), once its files are all written."""
+    marker = directory / LATEST
+    tmp_marker = marker.with_suffix(".tmp")
+    tmp_marker.write_text(f"{iteration}\n")
+    os.replace(tmp_marker, marker)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .checkpointing import LATEST, CheckpointError, TrainState
+from .checkpointing import LATEST, CheckpointError, TrainState, mark_latest, save_atomically
 from .strategy_switch import DisaggregatedOptimizer
 
 FULL_STATE = "full_state.pt"
@@ -53,13 +53,8 @@ def save(
             "optimizer": full,
             "sampler": sampler.state_dict(),
         }
-        tmp = path.with_suffix(".pt.tmp")
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
-        marker = directory / LATEST
-        tmp_marker = marker.with_suffix(".tmp")
-        tmp_marker.write_text(f"{state.iteration}\n")
-        os.replace(tmp_marker, marker)
+        save_atomically(payload, path)
+        mark_latest(directory, state.iteration)
     dist.barrier()
     return path
 

@@ -32,7 +32,6 @@ import argparse
 import dataclasses
 import math
 import os
-import sys
 import time
 
 import numpy as np
@@ -64,6 +63,7 @@ from .strategy_candidates import (
     realisable,
 )
 from .strategy_switch import DisaggregatedOptimizer
+from .training import log_rank0
 
 TIMES = ("pull", "propagation", "push", "optimizer")
 
@@ -213,9 +213,10 @@ def pretrain_hetero(
 def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> list[float]:
     rank, world = dist.get_rank(), dist.get_world_size()
     for line in job.dropped:
-        _log0(rank, line)
+        log_rank0(rank, line)
     names = job.candidates.names
-    _log0(rank, f"{len(names)} strategies: " + "; ".join(f"{k}: {n}" for k, n in enumerate(names)))
+    listed = "; ".join(f"{k}: {n}" for k, n in enumerate(names))
+    log_rank0(rank, f"{len(names)} strategies: {listed}")
     sampler = GlobalBatchSampler(dataset.lengths(), args.tokens_per_global_batch, args.seed)
     checkpoint = hetero_checkpointing.read(args.load) if args.load else None
     if checkpoint is not None:
@@ -235,12 +236,13 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
         if checkpoint is not None:
             checkpoint.restore(optimizer)
             state = checkpoint.state
-            _log0(rank, f"resumed from {args.load} at iteration {state.iteration}")
+            log_rank0(rank, f"resumed from {args.load} at iteration {state.iteration}")
         elif initial_weights is not None:
             optimizer.load_full(initial_weights)
         else:
             optimizer.load_from(0)
-        _log0(rank, f"dataset {dataset.name}: {len(dataset)} samples; model {job.spec.to_dict()}")
+        shape = job.spec.to_dict()
+        log_rank0(rank, f"dataset {dataset.name}: {len(dataset)} samples; model {shape}")
         losses = []
         while state.iteration < args.train_iters:
             iteration = state.iteration
@@ -274,7 +276,7 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
             if state.iteration % args.log_interval == 0 or state.iteration == args.train_iters:
                 line = _line(args, state, names[k], plan.stats, loss, tokens, measured_s, slowest)
                 line += f" (waited {waited_s * 1e3:,.1f} ms) | grad norm {grad_norm:.3f}"
-                _log0(rank, line)
+                log_rank0(rank, line)
             if args.save and (
                 state.iteration % args.save_interval == 0 or state.iteration == args.train_iters
             ):
@@ -366,8 +368,3 @@ def _line(args, state, strategy, stats, loss, tokens, measured_s, slowest) -> st
         f"predicted {stats.get('predicted_iteration_s', 0.0) * 1e3:,.1f} ms | "
         f"planning {stats.get('planning_time_s', 0.0) * 1e3:,.1f} ms"
     )
-
-
-def _log0(rank: int, message: str) -> None:
-    if rank == 0:
-        print(message, file=sys.stdout, flush=True)

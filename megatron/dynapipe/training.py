@@ -149,7 +149,7 @@ def _train(args: argparse.Namespace, tp: int, probe: IterationProbe | None) -> l
         if checkpoint is not None:
             checkpoint.restore(model, optimizer, scheduler)
             state = checkpoint.state
-            _log0(rank, f"resumed from {args.load} at iteration {state.iteration}")
+            log_rank0(rank, f"resumed from {args.load} at iteration {state.iteration}")
         cuda = torch.cuda.is_available()
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         if args.baseline == "megatron-1f1b":  # the plans' packed rows, megatron-core's schedule
@@ -166,7 +166,7 @@ def _train(args: argparse.Namespace, tp: int, probe: IterationProbe | None) -> l
             )
             speeds = parse_device_speed(getattr(args, "device_speed", None), dist.get_world_size())
             executor.slowdown = speeds[rank]
-        _log0(rank, f"dataset {dataset.name}: {len(dataset)} samples; model {spec.to_dict()}")
+        log_rank0(rank, f"dataset {dataset.name}: {len(dataset)} samples; model {spec.to_dict()}")
         losses = []
         while state.iteration < args.train_iters:
             iteration = state.iteration
@@ -188,7 +188,7 @@ def _train(args: argparse.Namespace, tp: int, probe: IterationProbe | None) -> l
             state.consumed_tokens += tokens
             if state.iteration % args.log_interval == 0 or state.iteration == args.train_iters:
                 line = _iteration_line(args, state, plan.stats, loss, tokens, measured_s, waited_s)
-                _log0(rank, line)
+                log_rank0(rank, line)
             if args.save and (
                 state.iteration % args.save_interval == 0 or state.iteration == args.train_iters
             ):
@@ -231,6 +231,7 @@ def _iteration_line(args, state, stats, loss, tokens, measured_s, waited_s) -> s
     )
 
 
-def _log0(rank: int, message: str) -> None:
+def log_rank0(rank: int, message: str) -> None:
+    """Print `message` on rank 0 only (the log every Megatron user reads)."""
     if rank == 0:
         print(message, file=sys.stdout, flush=True)
