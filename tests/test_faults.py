@@ -146,7 +146,11 @@ def _planner_hangs(rank: int, world: int) -> tuple[str, float]:
 def test_a_plan_that_never_comes_fails_every_rank_naming_the_iteration() -> None:
     (planner_error, planner_spent), (error, spent) = run_ranks(_planner_hangs, 2, timeout_s=60)
     assert planner_error.startswith("PlanTimeoutError: plan of iteration 0 not ready after")
-    assert "planning iterations 0 for" in planner_error
+    # The error says what the planner was doing: planning iteration 0 or, on a loaded machine
+    # where the spawned worker is still importing when the timeout comes, still starting.
+    assert "planning iterations 0 for" in planner_error or (
+        "no plan in progress; 1 of 1 workers still starting" in planner_error
+    )
     assert error.startswith("PlanTimeoutError: rank 1: no plan for iteration 0 after 5.0 s; ")
     assert "rank 0 plans and publishes it" in error
     assert planner_spent < 3 * TIMEOUT_S and spent < 3 * TIMEOUT_S
