@@ -16,8 +16,8 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from examples.figures._common import PaperFigure, start, subplots, write_outputs  # noqa: E402
-from examples.figures._dynapipe import GPT_8, T5_8, Setup, batches, run_method  # noqa: E402
+from examples.figures._common import PaperFigure, start, subplots, write_outputs
+from examples.figures._dynapipe import GPT_8, T5_8, Setup, batches, run_method
 
 FIGURE = PaperFigure(
     "dynapipe_fig4", "DynaPipe", "Fig. 4", "packing vs dynamic micro-batching (8 A100-40GB)"
@@ -102,9 +102,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             "recomputation chosen per iteration. Throughput = real tokens / predicted time."
         ),
         paper=(
-            "§2.2, Fig. 4: training GPT and T5 on FLANv2 with packing, \"more than 50% "
+            '§2.2, Fig. 4: training GPT and T5 on FLANv2 with packing, "more than 50% '
             "throughput decrease when the maximum sequence length increases from 512 to 8192, "
-            "while the total number of non-padding tokens only increases by 13.2%\"; dynamic "
+            'while the total number of non-padding tokens only increases by 13.2%"; dynamic '
             "micro-batching keeps throughput far flatter. Packing keeps padding efficiency "
             "high (§8.3: both > 0.8 for GPT)."
         ),

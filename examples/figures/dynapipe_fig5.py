@@ -17,8 +17,8 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from examples.figures._common import PaperFigure, start, subplots, write_outputs  # noqa: E402
-from examples.figures._dynapipe import GPT_8, T5_8, batches, run_method  # noqa: E402
+from examples.figures._common import PaperFigure, start, subplots, write_outputs
+from examples.figures._dynapipe import GPT_8, T5_8, batches, run_method
 
 FIGURE = PaperFigure(
     "dynapipe_fig5",
@@ -38,10 +38,16 @@ def sweep(iterations: int, max_seqlens: Sequence[int], budgets, sizes) -> list[d
         for max_len in max_seqlens:
             bs = batches(setup, max_len, TOKENS, iterations)
             dp = run_method(setup.planner(max_seqlen=max_len), bs).throughput
-            options = [("token-based", b, {"batching": "token-budget", "token_budget": b}) for b in budgets]
-            options += [("fixed-size", k, {"batching": "padding", "micro_batch_size": k}) for k in sizes]
+            options = [
+                ("token-based", b, {"batching": "token-budget", "token_budget": b}) for b in budgets
+            ]
+            options += [
+                ("fixed-size", k, {"batching": "padding", "micro_batch_size": k}) for k in sizes
+            ]
             for method, param, config in options:
-                if method == "token-based" and param < max_len * (2 if setup.encoder_decoder else 1):
+                if method == "token-based" and param < max_len * (
+                    2 if setup.encoder_decoder else 1
+                ):
                     continue  # a budget below the longest sample cannot hold it
                 out = run_method(setup.planner(max_seqlen=max_len, schedule="1f1b", **config), bs)
                 rows.append(
@@ -68,7 +74,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     fig, axes = subplots(run, ncols=2, nrows=2, width=5.0, height=3.4)
     for r_i, model in enumerate(("gpt-6.7b", "t5-11b")):
         for c_i, (method, xlabel) in enumerate(
-            (("token-based", "tokens per micro-batch"), ("fixed-size", "micro-batch size (samples)"))
+            (
+                ("token-based", "tokens per micro-batch"),
+                ("fixed-size", "micro-batch size (samples)"),
+            )
         ):
             ax = axes[2 * r_i + c_i]
             for max_len in dict.fromkeys(r["max_seqlen"] for r in rows):

@@ -19,8 +19,8 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dynapipe_planner.schedule import search_schedule  # noqa: E402
-from examples.figures._common import PaperFigure, start, subplots, write_outputs  # noqa: E402
+from dynapipe_planner.schedule import search_schedule
+from examples.figures._common import PaperFigure, start, subplots, write_outputs
 
 FIGURE = PaperFigure(
     "dynapipe_fig7", "DynaPipe", "Fig. 7", "makespan under Gaussian micro-batch time noise"
@@ -100,9 +100,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             "unconstrained, no communication time."
         ),
         paper=(
-            "§2.2, Fig. 7: \"the per-iteration training time with 1F1B schedule grows rapidly "
+            '§2.2, Fig. 7: "the per-iteration training time with 1F1B schedule grows rapidly '
             "as the variation level increases, especially when there are more pipeline "
-            "stages\"; the adaptive schedule is \"more robust to dynamic micro-batches\". The "
+            'stages"; the adaptive schedule is "more robust to dynamic micro-batches". The '
             "text gives the trend, not per-point values."
         ),
         ours="\n".join(lines),
