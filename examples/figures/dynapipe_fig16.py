@@ -91,8 +91,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     for ax in axes:
         ax.grid(alpha=0.3, axis="y")
     by = {(r["panel"], r["global_batch_tokens"], r["method"]): r["tokens_per_s"] for r in rows}
+    tb_s = by[("a", 65536, "TB (S)")]
     lines = [
-        f"- (a) TB (S) / padding = {by[('a', 65536, 'TB (S)')] / by[('a', 65536, 'padding')]:.2f}x; "
+        f"- (a) TB (S) / padding = {tb_s / by[('a', 65536, 'padding')]:.2f}x; "
         f"DP (S) / TB (S) = {by[('a', 65536, 'DP (S)')] / by[('a', 65536, 'TB (S)')]:.2f}x; "
         f"DP (T) / DP (S) = {by[('a', 65536, 'DP (T)')] / by[('a', 65536, 'DP (S)')]:.3f}x; "
         f"TB (T) / TB (S) = {by[('a', 65536, 'TB (T)')] / by[('a', 65536, 'TB (S)')]:.3f}x."
