@@ -17,8 +17,10 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dynapipe_planner.data import global_batches, sample_lengths  # noqa: E402
-from examples.figures._common import PaperFigure, start, subplots, write_outputs  # noqa: E402
+import itertools
+
+from dynapipe_planner.data import global_batches, sample_lengths
+from examples.figures._common import PaperFigure, start, subplots, write_outputs
 
 FIGURE = PaperFigure(
     "hydraulis_fig3", "Hydraulis", "Fig. 3", "sequence length imbalance (SYNTHETIC CommonCrawl)"
@@ -66,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     axes[0].set_title(f"{TOKENS:,} tokens per iteration, context 32K", fontsize=9)
     labels = [
         f"{lo // 1024}-{hi // 1024}K" if lo else f"<{hi // 1024}K"
-        for lo, hi in zip(BINS[:-1], BINS[1:], strict=True)
+        for lo, hi in itertools.pairwise(BINS)
     ]
     bars = axes[1].bar(labels, counts)
     axes[1].bar_label(bars, fontsize=8)

@@ -15,8 +15,8 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.hydraulis_solve_time import PAPER, SETTINGS, measure  # noqa: E402
-from examples.figures._common import PaperFigure, start, subplots, write_outputs  # noqa: E402
+from benchmarks.hydraulis_solve_time import PAPER, SETTINGS, measure
+from examples.figures._common import PaperFigure, start, subplots, write_outputs
 
 FIGURE = PaperFigure("hydraulis_table2", "Hydraulis", "Table 2", "planner solve times (one core)")
 PARTS = ("strategy proposal", "greedy dispatch (10 it.)", "packing (10 it.)")
