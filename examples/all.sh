@@ -18,6 +18,8 @@ DEFAULT_FIGURES=(
     examples/figures/dynapipe_fig4.py
     examples/figures/dynapipe_fig5.py
     examples/figures/dynapipe_fig7.py
+    examples/figures/dynapipe_fig13.py
+    examples/figures/dynapipe_fig14.py
     examples/figures/dynapipe_fig15.py
     examples/figures/dynapipe_fig16.py
     examples/figures/dynapipe_fig17.py

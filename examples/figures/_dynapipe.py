@@ -16,12 +16,27 @@ from dynapipe_planner.cluster import ClusterSpec, get_gpu
 from dynapipe_planner.cost import AnalyticCostModel
 from dynapipe_planner.data import global_batches, sample_lengths
 from dynapipe_planner.errors import PlanningError
-from dynapipe_planner.model_spec import MODEL_PRESETS
+from dynapipe_planner.model_spec import MODEL_PRESETS, ModelSpec
 from dynapipe_planner.plan import ExecutionPlan
 from dynapipe_planner.planner import IterationPlanner, PlannerConfig
 
 GPU = "A100-40GB"
 DATASET_SIZE = 20_000
+# Table 1's models that have no preset (shapes from the table; vocabularies as the presets').
+TABLE1_EXTRA = {
+    "gpt-29b": ModelSpec("gpt-29b", "gpt", 16, 12288, 96, 49152, 51200),
+    "t5-22b": ModelSpec("t5-22b", "t5", 48, 1024, 128, 65536, 32128, kv_channels=128),
+    "t5-44b": ModelSpec("t5-44b", "t5", 96, 1024, 128, 65536, 32128, kv_channels=128),
+}
+# Table 1: the model trained on each GPU count.
+TABLE1 = {
+    "gpt": {4: "gpt-3.35b", 8: "gpt-6.7b", 16: "gpt-13b", 32: "gpt-29b"},
+    "t5": {4: "t5-5.5b", 8: "t5-11b", 16: "t5-22b", 32: "t5-44b"},
+}
+
+
+def model_spec(name: str) -> ModelSpec:
+    return TABLE1_EXTRA[name] if name in TABLE1_EXTRA else MODEL_PRESETS[name]
 
 
 @dataclass(frozen=True)
@@ -39,7 +54,7 @@ class Setup:
 
     @property
     def encoder_decoder(self) -> bool:
-        return MODEL_PRESETS[self.model].is_encoder_decoder
+        return model_spec(self.model).is_encoder_decoder
 
     @property
     def label(self) -> str:
@@ -47,7 +62,7 @@ class Setup:
 
     def cost_model(self) -> AnalyticCostModel:
         cluster = ClusterSpec(get_gpu(GPU), self.stages, self.replicas, self.tp)
-        return AnalyticCostModel(MODEL_PRESETS[self.model], cluster)
+        return AnalyticCostModel(model_spec(self.model), cluster)
 
     def planner(self, **config) -> IterationPlanner:
         return IterationPlanner(
@@ -124,3 +139,71 @@ def run_method(planner: IterationPlanner, global_batches_: list[np.ndarray]) -> 
         except PlanningError:
             return Outcome([], [])
     return Outcome(plans, list(global_batches_))
+
+
+def layouts(model: str, gpus: int) -> list[Setup]:
+    """Power-of-two TP (within a node of 8) x PP (at most the layer count) x DP on `gpus`."""
+    spec = model_spec(model)
+    layers = spec.num_layers * (2 if spec.is_encoder_decoder else 1)
+    out = []
+    for tp in (1, 2, 4, 8):
+        for pp in (1, 2, 4, 8, 16):
+            if tp * pp <= gpus and gpus % (tp * pp) == 0 and pp <= layers:
+                out.append(Setup(model, tp, pp, gpus // (tp * pp)))
+    return out
+
+
+def best_layout(
+    model: str, gpus: int, config: dict, global_batches_: list[np.ndarray], max_seqlen: int
+) -> Setup | None:
+    """The layout with the highest throughput for one method on `global_batches_` (the paper's
+    grid search over 3D parallelism); None when every layout runs out of memory."""
+    best, best_tps = None, 0.0
+    for setup in layouts(model, gpus):
+        out = run_method(setup.planner(max_seqlen=max_seqlen, **config), global_batches_)
+        if out.ok and out.throughput > best_tps:
+            best, best_tps = setup, out.throughput
+    return best
+
+
+def baseline_config(encoder_decoder: bool) -> dict:
+    """MLM+DS stand-in: packing for GPT; fixed-size padding for T5 (our packing is
+    decoder-only); 1F1B, micro-batch size grid searched by the planner."""
+    return {"batching": "padding" if encoder_decoder else "packing", "schedule": "1f1b"}
+
+
+def scaling_point(
+    family: str, gpus: int, max_seqlen: int, tokens: int, iterations: int
+) -> list[dict]:
+    """One point of Fig. 13/14: DynaPipe and the baseline, each on its grid-searched layout
+    (searched on the first batch), plus the baseline on DynaPipe's layout (MLM+DS (c))."""
+    model = TABLE1[family][gpus]
+    probe = Setup(model, 1, 1, 1)
+    bs = batches(probe, max_seqlen, tokens, iterations)
+    base_cfg = baseline_config(probe.encoder_decoder)
+    runs = {
+        "dynapipe": ({"batching": "dynamic"}, best_layout(model, gpus, {}, bs[:1], max_seqlen)),
+        "baseline": (base_cfg, best_layout(model, gpus, base_cfg, bs[:1], max_seqlen)),
+    }
+    runs["baseline (c)"] = (base_cfg, runs["dynapipe"][1])
+    rows = []
+    for method, (config, setup) in runs.items():
+        out = (
+            run_method(setup.planner(max_seqlen=max_seqlen, **config), bs)
+            if setup is not None
+            else Outcome([], [])
+        )
+        rows.append(
+            {
+                "family": family,
+                "model": model,
+                "gpus": gpus,
+                "max_seqlen": max_seqlen,
+                "global_batch_tokens": tokens,
+                "method": method,
+                "layout": setup.label.split(" ", 1)[1] if setup else "",
+                "tokens_per_s": round(out.throughput, 1),
+                "oom": not out.ok,
+            }
+        )
+    return rows
