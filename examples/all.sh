@@ -24,7 +24,9 @@ DEFAULT_FIGURES=(
     examples/figures/dynapipe_fig16.py
     examples/figures/dynapipe_fig17.py
     examples/figures/hydraulis_fig3.py
+    examples/figures/hydraulis_fig10.py
     examples/figures/hydraulis_fig12.py
+    examples/figures/hydraulis_fig13.py
     examples/figures/hydraulis_table2.py
 )
 if [[ -n "${FIGURES:-}" ]]; then
