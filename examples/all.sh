@@ -23,6 +23,7 @@ DEFAULT_FIGURES=(
     examples/figures/dynapipe_fig15.py
     examples/figures/dynapipe_fig16.py
     examples/figures/dynapipe_fig17.py
+    examples/figures/dynapipe_fig18.py
     examples/figures/hydraulis_fig3.py
     examples/figures/hydraulis_fig10.py
     examples/figures/hydraulis_fig12.py
