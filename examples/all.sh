@@ -26,6 +26,7 @@ DEFAULT_FIGURES=(
     examples/figures/dynapipe_fig18.py
     examples/figures/hydraulis_fig3.py
     examples/figures/hydraulis_fig10.py
+    examples/figures/hydraulis_fig11.py
     examples/figures/hydraulis_fig12.py
     examples/figures/hydraulis_fig13.py
     examples/figures/hydraulis_table2.py
