@@ -69,7 +69,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             xs = [r["max_seqlen"] for r in pts]
             axes[col].plot(xs, [r["tokens_per_s"] / 1e3 for r in pts], "o-", label=method)
             axes[2 + col].plot(xs, [r["padding_efficiency"] for r in pts], "o-", label=method)
-        for ax, ylabel in ((axes[col], "throughput (k tokens/s)"), (axes[2 + col], "padding eff.")):
+        for ax, ylabel in (
+            (axes[col], "throughput (k tokens/s)"),
+            (axes[2 + col], "padding eff. (real / padded tokens)"),
+        ):
             ax.set_xscale("log", base=2)
             ax.set_xlabel("max sequence length (tokens)")
             ax.set_ylabel(ylabel)
