@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Regenerate every paper figure (issue #8): one script at a time, with progress and elapsed
+# time, stopping at the first failure and naming it (non-zero exit).
+#
+#   examples/all.sh                 # every figure into examples/out/<figure>/
+#   OUT=/tmp/figs examples/all.sh   # another output root
+#   QUICK=1 examples/all.sh         # each script's tiny workload (smoke run)
+#   FIGURES="path/a.py path/b.py" examples/all.sh   # an explicit script list (tests use this)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+OUT="${OUT:-$ROOT/examples/out}"
+PYTHON="${PYTHON:-python3}"
+
+# In order: DynaPipe, then Hydraulis (Galvatron-BMW and HexiScale figures go after these).
+DEFAULT_FIGURES=(
+    examples/figures/dynapipe_fig4.py
+    examples/figures/dynapipe_fig5.py
+    examples/figures/dynapipe_fig7.py
+    examples/figures/dynapipe_fig13.py
+    examples/figures/dynapipe_fig14.py
+    examples/figures/dynapipe_fig15.py
+    examples/figures/dynapipe_fig16.py
+    examples/figures/dynapipe_fig17.py
+    examples/figures/dynapipe_fig18.py
+    examples/figures/hydraulis_fig3.py
+    examples/figures/hydraulis_fig10.py
+    examples/figures/hydraulis_fig11.py
+    examples/figures/hydraulis_fig12.py
+    examples/figures/hydraulis_fig13.py
+    examples/figures/hydraulis_table2.py
+)
+if [[ -n "${FIGURES:-}" ]]; then
+    read -r -a SCRIPTS <<< "$FIGURES"
+else
+    SCRIPTS=("${DEFAULT_FIGURES[@]}")
+fi
+EXTRA=()
+[[ -n "${QUICK:-}" ]] && EXTRA+=(--quick)
+
+total=${#SCRIPTS[@]}
+began=$SECONDS
+for i in "${!SCRIPTS[@]}"; do
+    script="${SCRIPTS[$i]}"
+    name="$(basename "$script" .py)"
+    echo "[$((i + 1))/$total] $name ..."
+    t0=$SECONDS
+    if ! "$PYTHON" "$script" --out "$OUT" "${EXTRA[@]}"; then
+        echo "FAILED: $name ($script) after $((SECONDS - t0)) s; later figures not run" >&2
+        exit 1
+    fi
+    echo "[$((i + 1))/$total] $name done in $((SECONDS - t0)) s (total $((SECONDS - began)) s)"
+done
+echo "all $total figures written under $OUT in $((SECONDS - began)) s"

@@ -1,0 +1,54 @@
+"""Paper-figure scripts (examples/, issue #8): one small figure end to end, and the runner's
+failure path (it must stop and name the failing script)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNNER = ROOT / "examples" / "all.sh"
+
+
+def test_fig7_end_to_end(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    try:
+        from examples.figures import dynapipe_fig7
+    finally:
+        sys.path.remove(str(ROOT))
+    dynapipe_fig7.main(["--out", str(tmp_path), "--quick"])
+    folder = tmp_path / "dynapipe_fig7"
+    for suffix in (".png", ".csv", ".md"):
+        assert (folder / f"dynapipe_fig7{suffix}").stat().st_size > 0
+    with (folder / "dynapipe_fig7.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["stages", "sigma", "schedule", "normalised_makespan", "std", "trials"]
+    assert {r["schedule"] for r in rows} == {"1f1b", "adaptive"}
+    note = (folder / "dynapipe_fig7.md").read_text()
+    assert note.startswith("# DynaPipe Fig. 7:")
+    for section in ("What the paper shows", "What we got", "Where and why they differ"):
+        assert f"## {section}" in note
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="bash runner")
+def test_runner_names_the_failing_script(tmp_path: Path) -> None:
+    ok = tmp_path / "fine_figure.py"
+    ok.write_text("import sys\nprint('ran', sys.argv[1:])\n")
+    bad = tmp_path / "broken_figure.py"
+    bad.write_text("raise SystemExit(3)\n")
+    never = tmp_path / "later_figure.py"
+    never.write_text("open(__file__ + '.ran', 'w').close()\n")
+    env = {**os.environ, "FIGURES": f"{ok} {bad} {never}", "OUT": str(tmp_path / "out")}
+    env["PYTHON"] = sys.executable
+    done = subprocess.run(["bash", str(RUNNER)], env=env, capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "[1/3] fine_figure" in done.stdout
+    assert "[2/3] broken_figure" in done.stdout
+    assert "FAILED: broken_figure" in done.stderr
+    assert "later_figure" not in done.stdout
+    assert not Path(str(never) + ".ran").exists()
