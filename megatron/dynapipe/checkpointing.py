@@ -100,16 +100,31 @@ class Checkpoint:
         torch.set_rng_state(self.payload["rng"]["torch"])
 
 
-def read(directory: str | os.PathLike) -> Checkpoint:
-    """This rank's shard of the latest checkpoint in `directory`."""
-    directory = Path(directory)
+def latest_iteration(directory: Path) -> int:
+    """The iteration `LATEST` names in `directory`."""
     marker = directory / LATEST
     try:
-        iteration = int(marker.read_text().strip())
+        return int(marker.read_text().strip())
     except FileNotFoundError as err:
         raise CheckpointError(f"no checkpoint in {directory}: {marker} is missing") from err
     except ValueError as err:
         raise CheckpointError(f"{marker} does not hold an iteration number") from err
+
+
+def load_payload(path: Path, what: str) -> dict:
+    """torch.load a checkpoint file; a missing or damaged one is a CheckpointError naming it."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except FileNotFoundError as err:
+        raise CheckpointError(f"{what} {path} is missing") from err
+    except Exception as err:  # torch raises several types for a truncated or foreign file
+        raise CheckpointError(f"{what} {path} is corrupt: {err}") from err
+
+
+def read(directory: str | os.PathLike) -> Checkpoint:
+    """This rank's shard of the latest checkpoint in `directory`."""
+    directory = Path(directory)
+    iteration = latest_iteration(directory)
     rank, world = dist.get_rank(), dist.get_world_size()
     path = _shard_path(directory, iteration, rank)
     if not path.exists() and (path.parent / "full_state.pt").exists():
@@ -117,12 +132,7 @@ def read(directory: str | os.PathLike) -> Checkpoint:
             f"{path.parent} holds a heterogeneous job's full_state.pt; resume it with "
             "--dynamic-strategies or --hetero-plan"
         )
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=False)
-    except FileNotFoundError as err:
-        raise CheckpointError(f"checkpoint shard {path} is missing") from err
-    except Exception as err:  # torch raises several types for a truncated or foreign file
-        raise CheckpointError(f"checkpoint shard {path} is corrupt: {err}") from err
+    payload = load_payload(path, "checkpoint shard")
     if payload.get("world_size") != world:
         raise CheckpointError(
             f"checkpoint {path} was written by {payload.get('world_size')} ranks, this job has "

@@ -18,10 +18,16 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
-from .checkpointing import LATEST, CheckpointError, TrainState, mark_latest, save_atomically
+from .checkpointing import (
+    CheckpointError,
+    TrainState,
+    latest_iteration,
+    load_payload,
+    mark_latest,
+    save_atomically,
+)
 from .strategy_switch import DisaggregatedOptimizer
 
 FULL_STATE = "full_state.pt"
@@ -86,25 +92,13 @@ class FullCheckpoint:
 def read(directory: str | os.PathLike) -> FullCheckpoint:
     """The latest layout-independent checkpoint in `directory`."""
     directory = Path(directory)
-    marker = directory / LATEST
-    try:
-        iteration = int(marker.read_text().strip())
-    except FileNotFoundError as err:
-        raise CheckpointError(f"no checkpoint in {directory}: {marker} is missing") from err
-    except ValueError as err:
-        raise CheckpointError(f"{marker} does not hold an iteration number") from err
-    path = _path(directory, iteration)
+    path = _path(directory, latest_iteration(directory))
     if not path.exists() and (path.parent / "rank_00000.pt").exists():
         raise CheckpointError(
             f"{path.parent} holds a homogeneous job's per-rank shards; a heterogeneous job "
             f"resumes from {FULL_STATE} (layout-independent) checkpoints only"
         )
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=False)
-    except FileNotFoundError as err:
-        raise CheckpointError(f"checkpoint {path} is missing") from err
-    except Exception as err:  # torch raises several types for a truncated or foreign file
-        raise CheckpointError(f"checkpoint {path} is corrupt: {err}") from err
+    payload = load_payload(path, "checkpoint")
     if payload.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path} is not a {FORMAT} checkpoint")
     return FullCheckpoint(path, payload)
