@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -41,8 +42,15 @@ from dynapipe_planner.strategy.baselines import (
     megatron_iteration,
     per_gpu,
 )
-from dynapipe_planner.strategy.proposal import Strategy, interval_work, propose_strategies
+from dynapipe_planner.strategy.proposal import (
+    Proposal,
+    Strategy,
+    interval_work,
+    propose_strategies,
+)
 from dynapipe_planner.strategy.schemes import (
+    AnalyticSchemeModels,
+    SchemeProfile,
     analytic_scheme_models,
     profile_schemes,
     scheme_space,
@@ -78,12 +86,25 @@ def best_of(candidates, run, batches):
     return min(candidates, key=lambda c: np.mean([run(c, b).latency for b in batches]))
 
 
-def setting(
-    model_name: str, num_gpus: int, context: int, iterations: int, trials: int, tokens: int
-):
+@dataclass(frozen=True)
+class Workload:
+    """One setting's per-scheme cost models and profiles, the strategies proposed from the
+    data, its global batches, and the schemes a homogeneous baseline may use (they hold the
+    whole context)."""
+
+    models: AnalyticSchemeModels
+    profiles: list[SchemeProfile]
+    proposals: list[Proposal]
+    batches: list[np.ndarray]
+    fits: list[SchemeProfile]
+
+
+def workload(
+    model_name: str, num_gpus: int, context: int, iterations: int, tokens: int
+) -> Workload:
+    """The setting every method is measured on (also Hydraulis Fig. 12's)."""
     model = MODEL_PRESETS[model_name]
-    gpu = get_gpu(GPU)
-    models = analytic_scheme_models(model, gpu, num_gpus)
+    models = analytic_scheme_models(model, get_gpu(GPU), num_gpus)
     schemes = scheme_space(model, num_gpus, max_tp=MAX_TP)
     profiles = profile_schemes(schemes, scheme_tables(models, context))
     data = np.minimum(sample_lengths("commoncrawl", 300_000, seed=0), context)
@@ -92,6 +113,23 @@ def setting(
     proposals = propose_strategies(
         interval_work(data, profiles, step=128, tokens_per_iteration=tokens), num_gpus
     )
+    fits = [p for p in profiles if p.max_len >= context and p.scheme.num_gpus <= num_gpus]
+    return Workload(models, profiles, proposals, batches, fits)
+
+
+def setting(
+    model_name: str, num_gpus: int, context: int, iterations: int, trials: int, tokens: int
+):
+    model = MODEL_PRESETS[model_name]
+    gpu = get_gpu(GPU)
+    work = workload(model_name, num_gpus, context, iterations, tokens)
+    models, profiles, proposals, batches, fits = (
+        work.models,
+        work.profiles,
+        work.proposals,
+        work.batches,
+        work.fits,
+    )
     packing = StrategySelector(
         profiles, proposals, models, num_gpus, SelectionConfig(trials=trials)
     )
@@ -99,7 +137,6 @@ def setting(
         profiles, proposals, models, num_gpus, SelectionConfig(inside="dynapipe", trials=trials)
     )
     planners = packing.planners
-    fits = [p for p in profiles if p.max_len >= context and p.scheme.num_gpus <= num_gpus]
     pick = batches[:PICK_ITERATIONS]
 
     def megatron(p, b):

@@ -20,18 +20,8 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.hydraulis_quality import GPU, MAX_TP, best_of
-from dynapipe_planner.cluster import get_gpu
-from dynapipe_planner.data import global_batches, sample_lengths
-from dynapipe_planner.model_spec import MODEL_PRESETS
+from benchmarks.hydraulis_quality import MAX_TP, best_of, workload
 from dynapipe_planner.strategy.baselines import IterationLatency, megatron_iteration, per_gpu
-from dynapipe_planner.strategy.proposal import interval_work, propose_strategies
-from dynapipe_planner.strategy.schemes import (
-    analytic_scheme_models,
-    profile_schemes,
-    scheme_space,
-    scheme_tables,
-)
 from dynapipe_planner.strategy.selection import SelectionConfig, StrategySelector
 from examples.figures._common import PaperFigure, start, subplots, write_outputs
 
@@ -48,21 +38,12 @@ BALANCE_ITERATIONS = 5
 def main(argv: Sequence[str] | None = None) -> None:
     run = start(FIGURE, argv, __doc__ or "")
     iterations, trials = (6, 10) if run.quick else (30, 100)
-    model = MODEL_PRESETS[MODEL]
-    models = analytic_scheme_models(model, get_gpu(GPU), NUM_GPUS)
-    profiles = profile_schemes(
-        scheme_space(model, NUM_GPUS, max_tp=MAX_TP), scheme_tables(models, CONTEXT)
-    )
-    data = np.minimum(sample_lengths("commoncrawl", 300_000, seed=0), CONTEXT)
-    stream = global_batches(data, TOKENS, seed=1)
-    batches = [data[next(stream)] for _ in range(iterations)]
-    proposals = propose_strategies(
-        interval_work(data, profiles, step=128, tokens_per_iteration=TOKENS), NUM_GPUS
-    )
+    work = workload(MODEL, NUM_GPUS, CONTEXT, iterations, TOKENS)
+    batches = work.batches
     selector = StrategySelector(
-        profiles, proposals, models, NUM_GPUS, SelectionConfig(trials=trials)
+        work.profiles, work.proposals, work.models, NUM_GPUS, SelectionConfig(trials=trials)
     )
-    fits = [p for p in profiles if p.max_len >= CONTEXT and p.scheme.num_gpus <= NUM_GPUS]
+    fits = work.fits
 
     def megatron(p, b):
         return megatron_iteration(b, p.scheme, NUM_GPUS, CONTEXT, selector.planners)
