@@ -77,9 +77,9 @@ def mark_latest(directory: Path, iteration: int) -> None:
 
 
 @dataclass
-class Checkpoint:
-    """One rank's shard, read but not yet applied: the data position is needed before the model
-    exists, so that planning can start while the model is built."""
+class ReadCheckpoint:
+    """A checkpoint file read but not yet applied: the data position is needed before the
+    model exists, so that planning can start while the model is built."""
 
     path: Path
     payload: dict
@@ -91,6 +91,10 @@ class Checkpoint:
     @property
     def sampler_state(self) -> dict:
         return self.payload["sampler"]
+
+
+class Checkpoint(ReadCheckpoint):
+    """One rank's shard of a homogeneous job."""
 
     def restore(self, model, optimizer, scheduler) -> None:
         """Load weights, optimiser, LR schedule and the RNG (after the model drew its init)."""

@@ -15,13 +15,13 @@ leaves the previous checkpoint in force. Every rank reads the same file on resum
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch.distributed as dist
 
 from .checkpointing import (
     CheckpointError,
+    ReadCheckpoint,
     TrainState,
     latest_iteration,
     load_payload,
@@ -65,21 +65,8 @@ def save(
     return path
 
 
-@dataclass
-class FullCheckpoint:
-    """A layout-independent checkpoint, read but not applied (the data position is needed
-    before the models exist, so planning starts while they are built)."""
-
-    path: Path
-    payload: dict
-
-    @property
-    def state(self) -> TrainState:
-        return TrainState(self.payload["iteration"], self.payload["consumed_tokens"])
-
-    @property
-    def sampler_state(self) -> dict:
-        return self.payload["sampler"]
+class FullCheckpoint(ReadCheckpoint):
+    """A layout-independent checkpoint: full master weights and optimiser states."""
 
     def restore(self, optimizer: DisaggregatedOptimizer) -> None:
         """This rank's rows of the master weights and AdamW states."""

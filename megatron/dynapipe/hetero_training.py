@@ -54,7 +54,7 @@ from .device_speed import parse_device_speed
 from .executor import PlanExecutor
 from .hetero_plan_file import load_hetero_plan
 from .liveness import Liveness
-from .model import ModelOptions, build_stage_model, padded_vocab_size
+from .model import build_stage_model, padded_vocab_size
 from .plan_source import PLANNING_RANK, dtype_name, open_plan_source
 from .strategy_candidates import (
     CandidateSet,
@@ -63,7 +63,7 @@ from .strategy_candidates import (
     realisable,
 )
 from .strategy_switch import DisaggregatedOptimizer
-from .training import log_rank0
+from .training import log_rank0, model_options
 
 TIMES = ("pull", "propagation", "push", "optimizer")
 
@@ -287,14 +287,7 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
 
 def _build(args, job: HeteroJob):
     """Every strategy's stage model and executor on this rank, and the one optimiser."""
-    options = ModelOptions(
-        dtype=dtype_name(args),
-        position_embedding=args.position_embedding_type,
-        tie_embeddings=not args.untie_embeddings_and_output_weights,
-        hidden_dropout=args.hidden_dropout,
-        attention_dropout=args.attention_dropout,
-        seed=args.seed,
-    )
+    options = model_options(args)
     models, configs, topologies = [], [], []
     for k in range(len(job.candidates.layouts)):
         ps.use_strategy(k)

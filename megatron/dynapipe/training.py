@@ -197,9 +197,9 @@ def _train(args: argparse.Namespace, tp: int, probe: IterationProbe | None) -> l
     return losses
 
 
-def _model_and_optimizer(args: argparse.Namespace, spec: ModelSpec):
-    """This rank's stage of the model in Megatron DDP, its optimiser and LR schedule."""
-    options = ModelOptions(
+def model_options(args: argparse.Namespace) -> ModelOptions:
+    """The model-building flags of a run (dtype, embeddings, dropout, seed)."""
+    return ModelOptions(
         dtype=dtype_name(args),
         position_embedding=args.position_embedding_type,
         tie_embeddings=not args.untie_embeddings_and_output_weights,
@@ -207,7 +207,11 @@ def _model_and_optimizer(args: argparse.Namespace, spec: ModelSpec):
         attention_dropout=args.attention_dropout,
         seed=args.seed,
     )
-    config, model = build_stage_model(spec, args.seq_length, options)
+
+
+def _model_and_optimizer(args: argparse.Namespace, spec: ModelSpec):
+    """This rank's stage of the model in Megatron DDP, its optimiser and LR schedule."""
+    config, model = build_stage_model(spec, args.seq_length, model_options(args))
     model = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
     config.finalize_model_grads_func = finalize_model_grads
     optimizer, scheduler = _optimizer(args, model)
