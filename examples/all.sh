@@ -29,6 +29,7 @@ DEFAULT_FIGURES=(
     examples/figures/hydraulis_fig11.py
     examples/figures/hydraulis_fig12.py
     examples/figures/hydraulis_fig13.py
+    examples/figures/hydraulis_table1.py
     examples/figures/hydraulis_table2.py
 )
 if [[ -n "${FIGURES:-}" ]]; then

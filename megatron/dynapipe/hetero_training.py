@@ -231,7 +231,7 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
     )
     liveness = Liveness(plans.store, rank, world, server_rank=PLANNING_RANK)
     with plans, liveness:
-        optimizer, models, executors, timer = _build(args, job)
+        optimizer, models, executors = _build(args, job)
         state = TrainState()
         if checkpoint is not None:
             checkpoint.restore(optimizer)
@@ -250,11 +250,9 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
             plan, waited_s = plans.get(iteration, batch)
             k = job.candidates.index_of(plan)
             ps.use_strategy(k)
-            timer.clear()
             started = time.perf_counter()
             with liveness.step(iteration):
                 optimizer.pull(k)
-                timer["pull"] = time.perf_counter() - started
                 models[k].zero_grad(set_to_none=True)
                 batches = rank_microbatches(plan, ps.replica(), dataset)
                 result = executors[k].run(plan, batches, iteration=iteration)
@@ -262,11 +260,13 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
                 optimizer.set_lr(learning_rate(args, iteration))
                 grad_norm = optimizer.clip_grad_norm(args.clip_grad)
                 optimizer.step()
-                timer["optimizer"] = time.perf_counter() - ran
                 measured_s = time.perf_counter() - started
-                timer["propagation"] = measured_s - sum(
-                    timer[t] for t in ("pull", "push", "optimizer")
-                )
+                timer = {
+                    "pull": optimizer.times["pull"],
+                    "push": optimizer.times["push"],
+                    "optimizer": measured_s - (ran - started),
+                }
+                timer["propagation"] = measured_s - sum(timer.values())
                 loss, tokens, slowest = _global_report(result, timer)
             losses.append(loss)
             if strategies_out is not None:
@@ -303,34 +303,21 @@ def _build(args, job: HeteroJob):
         eps=args.adam_eps,
         weight_decay=args.weight_decay,
         tied_embeddings=options.tie_embeddings,
+        overlap=args.overlap_pull_push,
     )
-    timer: dict[str, float] = {}
     slowdown = parse_device_speed(args.device_speed, dist.get_world_size())[dist.get_rank()]
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     executors = []
     for k in range(len(models)):
         ps.use_strategy(k)
-        configs[k].finalize_model_grads_func = _timed_push(optimizer, k, timer)
+        configs[k].finalize_model_grads_func = optimizer.finalize_func(k)
         executor = PlanExecutor.for_this_rank(
             models[k], configs[k], device=device, timeout_s=args.dynapipe_timeout
         )
         executor.slowdown = slowdown
         executors.append(executor)
-    return optimizer, models, executors, timer
-
-
-def _timed_push(optimizer: DisaggregatedOptimizer, strategy: int, timer: dict[str, float]):
-    """The push as the executor's finalize step, timed without its wait for the slowest
-    pipeline (that wait is propagation: the iteration's critical path)."""
-    push = optimizer.finalize_func(strategy)
-
-    def finalize(*args, **kwargs) -> None:
-        started = time.perf_counter()
-        push(*args, **kwargs)
-        timer["push"] = time.perf_counter() - started - optimizer.last_push_wait_s
-
-    return finalize
+    return optimizer, models, executors
 
 
 def _global_report(result, timer: dict[str, float]) -> tuple[float, int, dict[str, float]]:
