@@ -1,4 +1,5 @@
-"""Heterogeneous training end to end on forked gloo ranks (fp32, no dropout).
+"""Heterogeneous training end to end on forked gloo ranks (fp32, no dropout but in the
+dropout-resume test).
 
 `--dynamic-strategies` on 4 ranks (candidates proposed at start-up; the tiny memory limit makes
 the selector switch between them) trains with the same losses as a single-process reference
@@ -158,6 +159,27 @@ def test_resume_under_another_strategy_set(tmp_path: Path, reference, uninterrup
     losses, _ = uninterrupted
     np.testing.assert_allclose(saved, losses[:2], rtol=1e-5)
     np.testing.assert_allclose(resumed, losses[2:], rtol=1e-5)
+
+
+def test_resume_continues_the_dropout_streams(tmp_path: Path, reference) -> None:
+    """With dropout on, a run saved after 2 iterations and resumed by as many ranks under the
+    same layout continues with the uninterrupted run's third loss: every rank's default
+    generator and TP RNG tracker (the TP2 stage's attention dropout) come back."""
+    import json
+
+    weights, _ = reference
+    plan = tmp_path / "hetero.json"
+    plan.write_text(json.dumps(HETERO_PLAN))
+    argv = [*TINY, "--hetero-plan", str(plan), "--hidden-dropout", "0.1"]
+    argv += ["--attention-dropout", "0.1"]
+    whole, _ = run_ranks(_train, 4, [*argv, "--train-iters", "3"], weights, timeout_s=240)[0]
+    ckpt = tmp_path / "ckpt"
+    first = [*argv, "--train-iters", "2", "--save", str(ckpt)]
+    saved, _ = run_ranks(_train, 4, first, weights, timeout_s=240)[0]
+    resume = [*argv, "--train-iters", "3", "--load", str(ckpt)]
+    resumed, _ = run_ranks(_train, 4, resume, None, timeout_s=240)[0]
+    np.testing.assert_allclose(saved, whole[:2], rtol=1e-6)
+    np.testing.assert_allclose(resumed, whole[2:], rtol=1e-6)
 
 
 def test_pretrain_gpt_dynamic_strategies_under_torchrun() -> None:

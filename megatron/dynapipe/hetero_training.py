@@ -234,7 +234,9 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
         optimizer, models, executors = _build(args, job)
         state = TrainState()
         if checkpoint is not None:
-            checkpoint.restore(optimizer)
+            restarted = checkpoint.restore(optimizer)
+            if restarted:
+                log_rank0(rank, restarted)
             state = checkpoint.state
             log_rank0(rank, f"resumed from {args.load} at iteration {state.iteration}")
         elif initial_weights is not None:
