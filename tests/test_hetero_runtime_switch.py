@@ -105,7 +105,9 @@ def _build(rank: int, overlap: bool = False):
         models.append(model)
         configs.append(config)
         topologies.append(ps.topology())
-    optimizer = DisaggregatedOptimizer(models, topologies, lr=LR, eps=EPS, overlap=overlap)
+    optimizer = DisaggregatedOptimizer(
+        dict(enumerate(models)), topologies, lr=LR, eps=EPS, overlap=overlap
+    )
     executors = []
     for k in range(len(STRATEGIES)):
         ps.use_strategy(k)

@@ -124,6 +124,16 @@ def test_dynamic_strategies_equal_the_reference(reference, uninterrupted) -> Non
     assert losses[-1] < losses[0]
 
 
+def test_one_cached_stage_model_trains_like_all(reference) -> None:
+    """`--max-cached-strategies 1` rebuilds a stage model at every switch; the pulls refill
+    it, so the losses are the reference's, and `--overlap-pull-push` changes nothing either."""
+    weights, ref_losses = reference
+    argv = [*DYNAMIC, "--train-iters", str(ITERATIONS), "--max-cached-strategies", "1"]
+    losses, names = run_ranks(_train, 4, [*argv, "--overlap-pull-push"], weights)[0]
+    assert len(set(names)) >= 2, f"the selector never switched: {names}"
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+
+
 def test_static_hetero_plan_with_clipping_and_weight_decay_equals_the_reference(
     tmp_path: Path,
 ) -> None:

@@ -7,8 +7,9 @@ fixed partition over all ranks, so a switch moves no optimiser state. HexiScale 
 loop over the `DisaggregatedOptimizer` (a static layout is a set of one strategy):
 
 1. start-up: every candidate strategy's layouts (`strategy_candidates`, or the `--hetero-plan`
-   file), all their process groups in one order on every rank, each strategy's stage model on
-   this rank and its executor; master weights from strategy 0's fresh layers or a checkpoint;
+   file), all their process groups in one order on every rank, strategy 0's stage model (the
+   others are built on first use, `strategy_models`); master weights from strategy 0's fresh
+   layers or a checkpoint;
 2. per iteration: rank 0's planner (planning ahead in worker processes, `plan_source`) selects
    and plans a strategy for the global batch; every rank reads the strategy from the plan's
    layouts, switches to it (`parallel_state.use_strategy`), pulls its working weights, runs the
@@ -62,6 +63,7 @@ from .strategy_candidates import (
     propose_candidates,
     realisable,
 )
+from .strategy_models import StrategyModels
 from .strategy_switch import DisaggregatedOptimizer
 from .training import log_rank0, model_options
 
@@ -231,7 +233,7 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
     )
     liveness = Liveness(plans.store, rank, world, server_rank=PLANNING_RANK)
     with plans, liveness:
-        optimizer, models, executors = _build(args, job)
+        optimizer, models = _build(args, job)
         state = TrainState()
         if checkpoint is not None:
             restarted = checkpoint.restore(optimizer)
@@ -252,12 +254,13 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
             plan, waited_s = plans.get(iteration, batch)
             k = job.candidates.index_of(plan)
             ps.use_strategy(k)
+            stage = models.get(k)
             started = time.perf_counter()
             with liveness.step(iteration):
                 optimizer.pull(k)
-                models[k].zero_grad(set_to_none=True)
+                stage.model.zero_grad(set_to_none=True)
                 batches = rank_microbatches(plan, ps.replica(), dataset)
-                result = executors[k].run(plan, batches, iteration=iteration)
+                result = stage.executor.run(plan, batches, iteration=iteration)
                 ran = time.perf_counter()
                 optimizer.set_lr(learning_rate(args, iteration))
                 grad_norm = optimizer.clip_grad_norm(args.clip_grad)
@@ -287,19 +290,18 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
     return losses
 
 
-def _build(args, job: HeteroJob):
-    """Every strategy's stage model and executor on this rank, and the one optimiser."""
+def _build(args, job: HeteroJob) -> tuple[DisaggregatedOptimizer, StrategyModels]:
+    """The one optimiser (from strategy 0's stage model) and the cache of stage models."""
     options = model_options(args)
-    models, configs, topologies = [], [], []
-    for k in range(len(job.candidates.layouts)):
+
+    def build(k: int):
         ps.use_strategy(k)
-        config, model = build_stage_model(job.spec, args.seq_length, options)
-        models.append(model)
-        configs.append(config)
-        topologies.append(ps.topology())
+        return build_stage_model(job.spec, args.seq_length, options)
+
+    config, model = build(0)
     optimizer = DisaggregatedOptimizer(
-        models,
-        topologies,
+        {0: model},
+        ps.topologies(),
         lr=args.lr,
         betas=(args.adam_beta1, args.adam_beta2),
         eps=args.adam_eps,
@@ -310,16 +312,18 @@ def _build(args, job: HeteroJob):
     slowdown = parse_device_speed(args.device_speed, dist.get_world_size())[dist.get_rank()]
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    executors = []
-    for k in range(len(models)):
-        ps.use_strategy(k)
-        configs[k].finalize_model_grads_func = optimizer.finalize_func(k)
+
+    def make_executor(k: int, config, model) -> PlanExecutor:
+        config.finalize_model_grads_func = optimizer.finalize_func(k)
         executor = PlanExecutor.for_this_rank(
-            models[k], configs[k], device=device, timeout_s=args.dynapipe_timeout
+            model, config, device=device, timeout_s=args.dynapipe_timeout
         )
         executor.slowdown = slowdown
-        executors.append(executor)
-    return optimizer, models, executors
+        return executor
+
+    models = StrategyModels(optimizer, build, make_executor, args.max_cached_strategies)
+    models.add(0, config, model)
+    return optimizer, models
 
 
 def _global_report(result, timer: dict[str, float]) -> tuple[float, int, dict[str, float]]:

@@ -40,7 +40,7 @@ last backward); bf16 working weights from fp32 masters is only a cast in `pull`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -134,14 +134,17 @@ class DisaggregatedOptimizer:
     """This rank's share of the fp32 master weights and Adam states, fixed for the whole job,
     and the pull/push links to every strategy's working weights.
 
-    `models[k]` is this rank's stage model of strategy k (built while `use_strategy(k)` was in
-    force); `topologies[k]` its layout. Construct it on every rank together: it gathers the
+    `topologies[k]` is strategy k's layout; `models` maps strategies to this rank's stage model
+    of each (built while `use_strategy(k)` was in force). The models given at construction
+    must hold the whole model between them over all ranks (one strategy's do); more can be
+    `attach`ed later and `detach`ed to free them: the working weights are refilled by every pull,
+    so a stage model is only a buffer. Construct it on every rank together: it gathers the
     parameter catalogue from all ranks.
     """
 
     def __init__(
         self,
-        models: Sequence[torch.nn.Module],
+        models: Mapping[int, torch.nn.Module],
         topologies: Sequence[HeteroTopology],
         *,
         lr: float,
@@ -152,7 +155,7 @@ class DisaggregatedOptimizer:
         overlap: bool = False,
     ) -> None:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.models, self.topologies = list(models), list(topologies)
+        self.topologies = list(topologies)
         self.tied = tied_embeddings
         self.overlap = overlap
         # Seconds of the current iteration this rank spent on pull and push (posting, local
@@ -161,17 +164,12 @@ class DisaggregatedOptimizer:
         self._pulling: _Posted | None = None  # a posted pull not yet waited for
         self._receipts: _Posted | None = None  # gradient receives posted ahead of the push
         self._group = dist.new_group(list(range(self.world)))  # pull/push traffic only
+        self.local_params: dict[int, dict[str, torch.nn.Parameter]] = {}
+        self._hooks: dict[int, object] = {}
         local: dict[str, ParamInfo] = {}
-        self.local_params: list[dict[str, torch.nn.Parameter]] = []
-        for model, topology in zip(self.models, self.topologies, strict=True):
-            place = topology.place(self.rank)
+        for k, model in models.items():
+            place = self.topologies[k].place(self.rank)
             local.update(local_catalogue(model, place.layers[0], place.tp, self.tied))
-            self.local_params.append(
-                {
-                    logical_name(n, place.layers[0], self.tied): p
-                    for n, p in unwrap(model).named_parameters()
-                }
-            )
         gathered: list[dict[str, ParamInfo]] = [{} for _ in range(self.world)]
         dist.all_gather_object(gathered, local)
         self.catalogue = self._merge(gathered)
@@ -197,9 +195,42 @@ class DisaggregatedOptimizer:
             eps=eps,
             weight_decay=weight_decay,
         )
-        if overlap:  # each stage waits for its working weights at its first forward
-            for model in self.models:
-                model.register_forward_pre_hook(lambda *_: self._finish_pull())
+        for k, model in models.items():
+            self.attach(k, model)
+
+    def attach(self, strategy: int, model: torch.nn.Module) -> None:
+        """Make `model` (this rank's stage of strategy `strategy`) the one its pulls fill and
+        its pushes read; it must agree with the catalogue (same parameters, shapes, TP dims)."""
+        place = self.topologies[strategy].place(self.rank)
+        for name, info in local_catalogue(model, place.layers[0], place.tp, self.tied).items():
+            if self.catalogue.get(name) != info:
+                raise ValueError(
+                    f"strategy {strategy}'s stage model on rank {self.rank} has parameter "
+                    f"{name} as {info}, the job's catalogue as {self.catalogue.get(name)}"
+                )
+        self.detach(strategy)
+        self.local_params[strategy] = {
+            logical_name(n, place.layers[0], self.tied): p
+            for n, p in unwrap(model).named_parameters()
+        }
+        if self.overlap:  # the stage waits for its working weights at its first forward
+            self._hooks[strategy] = model.register_forward_pre_hook(lambda *_: self._finish_pull())
+
+    def detach(self, strategy: int) -> None:
+        """Forget strategy `strategy`'s stage model (no-op when none is attached)."""
+        self._finish_pull()
+        self.local_params.pop(strategy, None)
+        hook = self._hooks.pop(strategy, None)
+        if hook is not None:
+            hook.remove()
+
+    def _params(self, strategy: int) -> dict[str, torch.nn.Parameter]:
+        try:
+            return self.local_params[strategy]
+        except KeyError:
+            raise KeyError(
+                f"strategy {strategy} has no stage model attached on rank {self.rank}"
+            ) from None
 
     @staticmethod
     def _merge(gathered: list[dict[str, ParamInfo]]) -> dict[str, ParamInfo]:
@@ -229,7 +260,7 @@ class DisaggregatedOptimizer:
         each parameter): how a job starts from freshly initialised layers."""
         self._finish_pull()
         sources = [p for p in self.links[strategy] if p.source]
-        params = self.local_params[strategy]
+        params = self._params(strategy)
         self._start(
             sources,
             send=lambda p: self._holder_slice(params[p.name], p),
@@ -296,7 +327,7 @@ class DisaggregatedOptimizer:
         return: the stage's first forward, or at the latest the push, waits for them."""
         self._finish_pull()
         started = time.perf_counter()
-        params = self.local_params[strategy]
+        params = self._params(strategy)
         posted = self._start(
             self.links[strategy],
             send=lambda p: self._owner_slice(p),
@@ -321,7 +352,7 @@ class DisaggregatedOptimizer:
         started = time.perf_counter()
         for master in self.master.values():
             master.grad = torch.zeros_like(master)
-        params = self.local_params[strategy]
+        params = self._params(strategy)
         send = lambda p: self._holder_slice(_grad(params[p.name]), p)  # noqa: E731
         recv = lambda p, t: self._owner_slice(p, grad=True).add_(t)  # noqa: E731
         pieces = self._contributions(strategy)
