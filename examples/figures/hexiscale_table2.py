@@ -61,7 +61,7 @@ def plan_rows(name: str, cost: HeteroCostModel, plan: HeteroPlan) -> list[dict]:
 
 def priced(cost: HeteroCostModel, plan: HeteroPlan) -> str:
     est = cost.estimate(plan)
-    fit = "fits memory" if est.fits else f"out of memory ({est.oom[0]}; {len(est.oom)} stages)"
+    fit = "fits memory" if est.fits else f"out of memory on {len(est.oom)} stages ({est.oom[0]})"
     return f"MFU {est.mfu:.1%}, {est.iteration_s:.1f} s/iteration, {fit}"
 
 
