@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "layout": r.best.layout[:160],
                 }
             )
-    fig, axes = subplots(run, ncols=len(cases), width=3.8, height=4.0)
+    fig, axes = subplots(run, ncols=len(cases), width=3.8 if len(cases) > 1 else 5.5, height=4.0)
     lines = []
     for i, (ax, (label, _, model)) in enumerate(zip(axes, cases, strict=True)):
         mine = [r for r in rows if (r["cluster"], r["model"]) == (label, model)]
