@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                             "best_mfu": round(mfu, 4),
                         }
                     )
-    fig, axes = subplots(run, ncols=len(cases), width=5.5, height=4.0)
+    fig, axes = subplots(run, ncols=len(cases), width=5.5 if len(cases) > 1 else 6.5, height=4.0)
     summary = []
     for ax, (label, _, model) in zip(axes, cases, strict=True):
         length = max(len(c) for (lb, _, _), c in curves.items() if lb == label)
