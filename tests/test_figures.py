@@ -52,3 +52,21 @@ def test_runner_names_the_failing_script(tmp_path: Path) -> None:
     assert "FAILED: broken_figure" in done.stderr
     assert "later_figure" not in done.stdout
     assert not Path(str(never) + ".ran").exists()
+
+
+def test_hexiscale_fig1_end_to_end(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    try:
+        from examples.figures import hexiscale_fig1
+    finally:
+        sys.path.remove(str(ROOT))
+    hexiscale_fig1.main(["--out", str(tmp_path), "--quick"])
+    folder = tmp_path / "hexiscale_fig1"
+    with (folder / "hexiscale_fig1.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["plan"] for r in rows][-1] == "HexiScale (ours)"
+    for r in rows:  # the three parts add up to the iteration
+        parts = sum(float(r[f"{p}_s"]) for p in ("compute", "bubble", "communication"))
+        assert parts == pytest.approx(float(r["iteration_s"]), rel=1e-3)
+    assert rows[-1]["fits_memory"] == "True"
+    assert (folder / "hexiscale_fig1.md").read_text().startswith("# HexiScale Fig. 1:")

@@ -60,9 +60,12 @@ def _megatron_stages(tp: int, pp: int, dp: int, replica: int) -> list[tuple[int,
     return [tuple(tp * (replica + dp * j) + t for t in range(tp)) for j in range(pp)]
 
 
-def _symmetric_plan(
-    cost: HeteroCostModel, tp: int, pp: int, dp: int, balance_layers: bool
+def symmetric_plan(
+    cost: HeteroCostModel, tp: int, pp: int, dp: int, balance_layers: bool = False
 ) -> HeteroPlan | None:
+    """One symmetric TP x PP x DP layout in Megatron's rank order: layers split evenly, or
+    (`balance_layers`) by Galvatron-style heterogeneity-blind balancing; None when that
+    balancing finds no split within memory."""
     m = cost.job.num_micro_batches // dp
     pipes = []
     for r in range(dp):
@@ -96,7 +99,7 @@ def _symmetric_plan(
 def _best_symmetric(cost: HeteroCostModel, balance_layers: bool, name: str) -> BaselineResult:
     best: tuple[HeteroPlan, Estimate, str] | None = None
     for tp, pp, dp in _symmetric_layouts(cost):
-        plan = _symmetric_plan(cost, tp, pp, dp, balance_layers)
+        plan = symmetric_plan(cost, tp, pp, dp, balance_layers)
         if plan is None:
             continue
         est = cost.estimate(plan)
