@@ -13,7 +13,7 @@ cd "$ROOT"
 OUT="${OUT:-$ROOT/examples/out}"
 PYTHON="${PYTHON:-python3}"
 
-# In order: DynaPipe, then Hydraulis (Galvatron-BMW and HexiScale figures go after these).
+# In order: DynaPipe, Hydraulis, then Galvatron-BMW (HexiScale figures go after these).
 DEFAULT_FIGURES=(
     examples/figures/dynapipe_fig4.py
     examples/figures/dynapipe_fig5.py
@@ -30,6 +30,11 @@ DEFAULT_FIGURES=(
     examples/figures/hydraulis_fig12.py
     examples/figures/hydraulis_fig13.py
     examples/figures/hydraulis_table2.py
+    examples/figures/galvatron_table2.py
+    examples/figures/galvatron_table3.py
+    examples/figures/galvatron_table4.py
+    examples/figures/galvatron_fig4.py
+    examples/figures/galvatron_fig5.py
 )
 if [[ -n "${FIGURES:-}" ]]; then
     read -r -a SCRIPTS <<< "$FIGURES"
