@@ -105,7 +105,7 @@ def draw(run: Run, table: Table, clusters: Sequence[Cluster], ncols: int = 2):
     strategies = list(ROWS)
     ncols = min(ncols, len(panels))
     nrows = -(-len(panels) // ncols)
-    width = 2.6 + 1.25 * len(models)
+    width = max(6.0, 2.6 + 1.25 * len(models))
     fig, axes = subplots(run, ncols=ncols, nrows=nrows, width=width, height=5.4)
     labels = {c.key: c.label for c in clusters}
     for ax, (cluster, budget) in zip(axes, panels, strict=False):

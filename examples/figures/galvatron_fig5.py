@@ -173,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         paper=(
             "§VII-C, Fig. 5: (a) with the number of layers and the memory limit growing linearly "
             "(4G, 8G, 16G), the search time grows linearly, 'only hundreds of seconds' at the "
-            "largest (the y axis reaches 1,000 s at 96 layers). (b) DP+TP and DP+PP have 4 "
+            "largest (its axes span 24-96 layers and 0-1,000 s). (b) DP+TP and DP+PP have 4 "
             "candidate strategies on 8 GPUs, Galvatron 22 and Galvatron-BMW 44; the search time "
             "of DP+TP and DP+PP is much smaller than that of Galvatron and Galvatron-BMW. §VII-D: "
             "on 16 and 64 GPUs the search takes 2.2x and 9.2x the 8-GPU time."
