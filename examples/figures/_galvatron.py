@@ -171,9 +171,10 @@ def speedups(table: Table) -> list[dict]:
 
 COMMON_DIFFERENCES = """\
 - The paper measured real runs (averaged over 100 iterations); ours are the §V estimator's
-  predictions from the analytic GPU model, so absolute samples/s differ (the RTX TITAN preset is
-  priced at its 130 TFLOPS 16-bit tensor-core peak, several times what the paper's TITAN
-  numbers imply per GPU; they look like FP32 training, see Table I's activation sizes).
+  predictions from the analytic GPU model, so absolute samples/s differ, by 5-10x on the RTX
+  TITAN clusters: our preset prices the TITAN at its 130 TFLOPS 16-bit tensor-core peak, while
+  the paper's numbers imply a few TFLOPS per GPU (its Table I activation sizes, about twice our
+  16-bit ones, suggest FP32 training).
 - §V prices compute linearly in the batch (per-sample time x samples, Eq. 9), so a larger batch
   pays only through amortised per-iteration costs (gradient sync, pipeline bubbles), not
   through GPU efficiency growing with the batch as in measured runs. That is why our

@@ -121,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         points = [r for r in panel_b if r["space"] == row]
         _plot(ax_b, points, f"{row} ({points[0]['candidates']} strategies)", marker)
     ax_b.set_title(f"(b) strategy spaces, {SPACE_BUDGET} GB per GPU", fontsize=9)
-    for ax in (ax_a, ax_b):
+    for ax, panel in ((ax_a, panel_a), (ax_b, panel_b)):
         ax.set_xlabel("number of layers")
         ax.set_ylabel("search time (s, CPU of one core)")
         ax.set_xticks(layer_counts)
@@ -129,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         ax.grid(alpha=0.3)
         ax.legend(
             fontsize=8,
-            title="x: no plan fits" if any(not r["fits"] for r in rows) else None,
+            title="x: no plan fits" if any(not r["fits"] for r in panel) else None,
             title_fontsize=7,
         )
     deepest, shallowest = max(layer_counts), min(layer_counts)
