@@ -26,7 +26,7 @@ MAX_BATCH = 2048  # the paper's largest batch here is 1,744
 def main(argv: Sequence[str] | None = None) -> None:
     run = start(FIGURE, argv, __doc__ or "")
     models, budgets, max_batch = (
-        (("vit-xhuge",), (16,), 256) if run.quick else (MODELS, BUDGETS, MAX_BATCH)
+        (("vit-xhuge",), (16,), 128) if run.quick else (MODELS, BUDGETS, MAX_BATCH)
     )
     table = compute("TABLE_IV", [CLUSTER], models, budgets, max_batch=max_batch)
     fig = draw(run, table, [CLUSTER])
