@@ -13,7 +13,7 @@ cd "$ROOT"
 OUT="${OUT:-$ROOT/examples/out}"
 PYTHON="${PYTHON:-python3}"
 
-# In order: DynaPipe, Hydraulis, then HexiScale (Galvatron-BMW figures go after Hydraulis).
+# In order: DynaPipe, Hydraulis, Galvatron-BMW, HexiScale, then beyond the seeds.
 DEFAULT_FIGURES=(
     examples/figures/dynapipe_fig4.py
     examples/figures/dynapipe_fig5.py
@@ -31,6 +31,11 @@ DEFAULT_FIGURES=(
     examples/figures/hydraulis_fig13.py
     examples/figures/hydraulis_table1.py
     examples/figures/hydraulis_table2.py
+    examples/figures/galvatron_table2.py
+    examples/figures/galvatron_table3.py
+    examples/figures/galvatron_table4.py
+    examples/figures/galvatron_fig4.py
+    examples/figures/galvatron_fig5.py
     examples/figures/hexiscale_fig1.py
     examples/figures/hexiscale_fig4_5.py
     examples/figures/hexiscale_table2.py
