@@ -1,8 +1,9 @@
 """Strategies on a mixed GPU cluster (dynapipe_planner.strategy.mixed, hetero.pipeline_costs):
 per-stage cost tables equal the analytic model of each stage's GPU, schemes are profiled on
 their own GPU type, the per-iteration choice is the best of every candidate priced alone
-(brute force), its plans match their price on the real cluster, and dispatch never gives a
-pipeline a sequence beyond its memory."""
+(brute force), its plans match their price on the real cluster, dispatch never gives a
+pipeline a sequence beyond its memory, and the gradient-sync bound counts only what crosses
+machines."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dynapipe_planner.cluster import ClusterSpec
 from dynapipe_planner.cost import AnalyticCostModel
 from dynapipe_planner.devices import cluster_from_dict
 from dynapipe_planner.errors import PlanningError
+from dynapipe_planner.hetero.cost import HeteroCostModel, TrainingJob
 from dynapipe_planner.hetero.layout import HeteroPipeline, HeteroStage
 from dynapipe_planner.hetero.pipeline_costs import pipeline_cost_model
 from dynapipe_planner.model_spec import MODEL_PRESETS
@@ -113,8 +115,17 @@ def mixed():
 
 
 def test_candidates_fill_each_gpu_type_with_one_scheme(mixed):
-    candidates = mixed[3]
+    _, profiles, data, candidates = mixed
     assert len(candidates) == len(set(candidates)) == 9  # 3 fillings x 3 fillings
+    # With one filling per type kept, the cheapest that holds the longest sequence joins it:
+    # 7,000 tokens fit only TP4PP1 of the 3080 Tis, every A100 scheme (the cheapest, TP1PP1).
+    longer = np.append(np.minimum(data, 7000), 7000)
+    few = group_candidates(profiles, CLUSTER, longer, keep=1)
+    rtx = {s for c in few for s, _ in c.pipelines if s.gpu == "RTX3080Ti"}
+    a100 = {s for c in few for s, _ in c.pipelines if s.gpu == "A100-80GB"}
+    assert len(few) == 2 and len(rtx) == 2 and a100 == {ParallelScheme(1, 1, "A100-80GB")}
+    max_len = {p.scheme: p.max_len for p in profiles}
+    assert max(max_len[s] for s in rtx) >= 7000 > min(max_len[s] for s in rtx)
     for strategy in candidates:
         for gpu, count in (("A100-80GB", 2), ("RTX3080Ti", 4)):
             mine = [(s, d) for s, d in strategy.pipelines if s.gpu == gpu]
@@ -167,3 +178,21 @@ def test_no_candidates_and_untyped_schemes_are_errors(mixed):
     with pytest.raises(PlanningError, match="needs schemes with a GPU type"):
         models(ParallelScheme(1, 1))
     assert str(Strategy.of({ParallelScheme(1, 2, "A100-80GB"): 1})) == "1xTP1PP2@A100-80GB"
+
+
+def test_hierarchical_sync_counts_only_what_crosses_machines():
+    job = TrainingJob(GPT, seqlen=CONTEXT)
+    cost = HeteroCostModel(CLUSTER, job)
+    layers = GPT.num_layers
+    same_machine = [pipeline(((0,), layers)), pipeline(((1,), layers))]
+    assert cost.hierarchical_sync_s(same_machine) == 0.0
+    assert cost.hierarchical_sync_s(same_machine[:1]) == 0.0
+    # Two copies of every parameter on two machines: each link carries 2 (2 - 1) / 2 of them.
+    params = layers * GPT.layer_params("decoder") + GPT.embedding_params()
+    params += GPT.vocab_size * GPT.hidden_size
+    across = [pipeline(((0,), layers)), pipeline(((2, 3), layers))]
+    assert cost.hierarchical_sync_s(across) == pytest.approx(params * 2 / 1.25e9)
+    # A third copy on a machine that already holds one adds nothing across machines.
+    assert cost.hierarchical_sync_s([*across, pipeline(((1,), layers))]) == pytest.approx(
+        params * 2 / 1.25e9
+    )

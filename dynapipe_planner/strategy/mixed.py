@@ -15,8 +15,9 @@ Candidates (`group_candidates`): a pipeline never spans GPU types (mixing types 
 or across stages paces them to the slowest), so each type's GPUs are filled with pipelines of
 one scheme of that type; a strategy picks one filling per type. Each type keeps the `keep`
 fillings that process the dataset's tokens they can hold in the fewest GPU-seconds (§7's
-ranking by GPU-seconds, per type), and the candidates are every combination of those;
-`mixed_selector` prices every candidate each iteration (§4 steps 1-4) and plans the winner.
+ranking by GPU-seconds, per type) and the cheapest one that holds the longest sequence; the
+candidates are every combination of those. `mixed_selector` prices every candidate each
+iteration (§4 steps 1-4) and plans the winner.
 """
 
 from __future__ import annotations
@@ -112,13 +113,16 @@ def group_candidates(
     cluster: HeteroCluster,
     lengths: np.ndarray,
     *,
-    keep: int = 3,
+    keep: int = 2,
     step: int = 128,
 ) -> list[Strategy]:
-    """Every combination of one filling per GPU type (module docstring); a type none of whose
+    """Every combination of one filling per GPU type (module docstring): the `keep` cheapest
+    per token and the cheapest that holds the longest of `lengths`; a type none of whose
     schemes fits in memory stays idle."""
     groups = gpu_groups(cluster)
     lengths = np.asarray(lengths, dtype=np.int64)
+    longest = int(lengths.max())
+    by_scheme = {p.scheme: p for p in profiles}
     per_type = []
     for gpu, devices in groups.items():
         mine = [p for p in profiles if p.scheme.gpu == gpu]
@@ -130,7 +134,14 @@ def group_candidates(
             work = interval_work(held, [p], step=step).work[:, 0]
             seconds_per_token = float(np.sum(work)) * p.scheme.num_gpus / float(held.sum())
             ranked.append((seconds_per_token, p.scheme))
-        fillings = [Strategy.of({s: len(devices) // s.num_gpus}) for _, s in sorted(ranked)[:keep]]
+        ranked.sort()
+        chosen = [s for _, s in ranked[:keep]]
+        # And the cheapest scheme that holds the longest sequence, so that some combination
+        # holds every batch (the cheapest per token are often the ones with a short MaxLen).
+        holder = next((s for _, s in ranked if by_scheme[s].max_len >= longest), None)
+        if holder is not None and holder not in chosen:
+            chosen.append(holder)
+        fillings = [Strategy.of({s: len(devices) // s.num_gpus}) for s in chosen]
         per_type.append(fillings or [Strategy(())])
     return [
         Strategy(tuple(sorted(pair for part in combo for pair in part.pipelines)))
