@@ -9,7 +9,8 @@ GPU type (`ParallelScheme.gpu`) and is profiled on where it runs: the first GPUs
 (`PlacedSchemeModels`, the cost model of that placement, `hetero.pipeline_costs`). MaxLen,
 UtilLen and T(l) then differ by type, so dispatch (§6.2, already per pipeline profile) sends
 long sequences to pipelines that are fast and roomy enough, and Eq. 1 packing (§6.1) runs
-inside each pipeline with its own profile.
+inside each pipeline with its own profile. A scheme is priced where its first pipeline sits,
+which is exact for all its pipelines when each type's machines hold whole pipelines.
 
 Candidates (`group_candidates`): a pipeline never spans GPU types (mixing types in a TP group
 or across stages paces them to the slowest), so each type's GPUs are filled with pipelines of
@@ -179,7 +180,8 @@ def mixed_selector(
 
 class ClusterPricer:
     """Prices pipelines as laid out on the real cluster: the planner core's 1F1B timeline of
-    given micro-batches on each pipeline's `pipeline_cost_model`; a planner per layout."""
+    given micro-batches on each pipeline's `pipeline_cost_model`, with the cheapest
+    recomputation mode that fits them; a planner per layout."""
 
     def __init__(self, cluster: HeteroCluster, model: ModelSpec, num_gpus: int) -> None:
         self.cluster, self.model, self.num_gpus = cluster, model, num_gpus

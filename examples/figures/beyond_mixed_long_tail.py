@@ -285,6 +285,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     axes[1].set_title(f"{iterations} iterations of {tokens:,} tokens", fontsize=9)
     axes[1].grid(alpha=0.3, axis="y")
     ours = summary[SYSTEMS[3]]
+
+    def mean(system: str, column: str) -> float:
+        return float(np.mean([r[column] for r in rows if r["system"] == system]))
+
     layouts = {n: next(r["layout"] for r in rows if r["system"] == n) for n in SYSTEMS[:2]}
     chosen = {n: len({r["layout"] for r in rows if r["system"] == n}) for n in SYSTEMS[2:]}
     write_outputs(
@@ -312,10 +316,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         ),
         ours="\n".join(
             [
-                f"- {n}: {summary[n]:,.0f} tokens/s overall ({ours / summary[n]:.2f}x slower "
-                "than ours)"
-                if n != SYSTEMS[3]
-                else f"- {n}: {summary[n]:,.0f} tokens/s overall"
+                f"- {n}: {summary[n]:,.0f} tokens/s overall"
+                + (f" ({ours / summary[n]:.2f}x slower than ours)" if n != SYSTEMS[3] else "")
+                + f"; per iteration {mean(n, 'propagation_s'):.2f} s propagation + "
+                f"{mean(n, 'sync_s'):.2f} s gradient sync"
                 for n in SYSTEMS
             ]
             + [
