@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -162,6 +162,7 @@ def mixed_selector(
     if not candidates:
         raise PlanningError("no candidate strategies for the mixed cluster")
     longest = max(p.max_len for p in profiles)
+    # No relaxation stands behind these candidates (Hydraulis §7's has one GPU pool): NaN.
     unplaced = np.full(len(profiles), math.nan)
     proposal = Proposal(
         longest,
@@ -169,10 +170,7 @@ def mixed_selector(
         tuple(candidates),
         tuple(math.nan for _ in candidates),
     )
-    base = config or SelectionConfig()
-    fixed = SelectionConfig(
-        **{**base.__dict__, "homogeneous": False, "batch_candidates": 0, "window": None}
-    )
+    fixed = replace(config or SelectionConfig(), homogeneous=False, batch_candidates=0, window=None)
     return StrategySelector(
         list(profiles), [proposal], cost_model_of, cost_model_of.num_gpus, fixed
     )
