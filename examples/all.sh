@@ -42,6 +42,7 @@ DEFAULT_FIGURES=(
     examples/figures/hexiscale_fig8.py
     examples/figures/hexiscale_fig9.py
     examples/figures/hexiscale_fig10.py
+    examples/figures/beyond_mixed_long_tail.py
 )
 if [[ -n "${FIGURES:-}" ]]; then
     read -r -a SCRIPTS <<< "$FIGURES"

@@ -42,7 +42,8 @@ class BaselineResult:
     plan: HeteroPlan | None = None
 
 
-def _symmetric_layouts(cost: HeteroCostModel):
+def symmetric_layouts(cost: HeteroCostModel):
+    """Every (TP, PP, DP) that tiles the cluster and divides the job's micro-batches."""
     n, layers = cost.cluster.num_devices, cost.job.model.num_layers
     for tp in (1, 2, 4, 8, 16):
         if n % tp or not cost.valid_tp(tp):
@@ -98,7 +99,7 @@ def symmetric_plan(
 
 def _best_symmetric(cost: HeteroCostModel, balance_layers: bool, name: str) -> BaselineResult:
     best: tuple[HeteroPlan, Estimate, str] | None = None
-    for tp, pp, dp in _symmetric_layouts(cost):
+    for tp, pp, dp in symmetric_layouts(cost):
         plan = symmetric_plan(cost, tp, pp, dp, balance_layers)
         if plan is None:
             continue
