@@ -24,7 +24,6 @@ iteration (§4 steps 1-4) and plans the winner.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -37,7 +36,7 @@ from ..hetero.layout import HeteroPipeline, HeteroStage
 from ..hetero.pipeline_costs import MixedPipelineCostModel, pipeline_cost_model
 from ..model_spec import ModelSpec
 from ..planner import IterationPlanner, PlannerConfig
-from .proposal import Proposal, RelaxedSolution, Strategy, interval_work
+from .proposal import Strategy, interval_work
 from .schemes import ParallelScheme, SchemeProfile, scheme_space
 from .selection import SelectionConfig, StrategySelector
 
@@ -156,23 +155,14 @@ def mixed_selector(
     cost_model_of: PlacedSchemeModels,
     config: SelectionConfig | None = None,
 ) -> StrategySelector:
-    """A `StrategySelector` that prices exactly `candidates` every iteration: they form one
-    proposal for every length up to the longest MaxLen, and neither the one-scheme strategies
-    nor per-batch proposals (which assume interchangeable GPUs) are added."""
+    """A `StrategySelector` that prices exactly `candidates` every iteration: neither the
+    one-scheme strategies nor per-batch proposals (which assume interchangeable GPUs) are
+    added."""
     if not candidates:
         raise PlanningError("no candidate strategies for the mixed cluster")
-    longest = max(p.max_len for p in profiles)
-    # No relaxation stands behind these candidates (Hydraulis §7's has one GPU pool): NaN.
-    unplaced = np.full(len(profiles), math.nan)
-    proposal = Proposal(
-        longest,
-        RelaxedSolution(math.nan, unplaced, np.zeros(0, dtype=np.int64)),
-        tuple(candidates),
-        tuple(math.nan for _ in candidates),
-    )
-    fixed = replace(config or SelectionConfig(), homogeneous=False, batch_candidates=0, window=None)
+    settings = replace(config or SelectionConfig(), homogeneous=False, batch_candidates=0)
     return StrategySelector(
-        list(profiles), [proposal], cost_model_of, cost_model_of.num_gpus, fixed
+        list(profiles), [], cost_model_of, cost_model_of.num_gpus, settings, fixed=candidates
     )
 
 

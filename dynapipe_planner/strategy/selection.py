@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -124,9 +124,12 @@ class StrategySelector:
         cost_model_of: Callable[[ParallelScheme], CostModel],
         num_gpus: int,
         config: SelectionConfig | None = None,
+        *,
+        fixed: Sequence[Strategy] = (),
     ) -> None:
-        if not proposals:
+        if not proposals and not fixed:
             raise PlanningError("no proposed strategies to select from")
+        self.fixed = tuple(fixed)
         self.num_gpus = num_gpus
         self.profiles = {p.scheme: p for p in profiles}
         self.proposals = sorted(proposals, key=lambda p: p.max_len)
@@ -141,7 +144,10 @@ class StrategySelector:
         strategies proposed from the batch itself (`batch_proposals`), then the homogeneous
         strategy of every scheme that holds the batch: the relaxation prices GPU-seconds,
         not a long sequence's trip through a small pipeline, so one large scheme everywhere
-        can still win an iteration."""
+        can still win an iteration. A selector built with `fixed` strategies offers exactly
+        those (a mixed cluster's candidates: no proposal stands behind them)."""
+        if self.fixed:
+            return list(self.fixed)
         longest = int(np.max(lengths))
         first = next((k for k, p in enumerate(self.proposals) if p.max_len >= longest), None)
         if first is None:
