@@ -36,8 +36,9 @@ def test_fig7_end_to_end(tmp_path: Path) -> None:
 
 
 def test_galvatron_table2_quick(tmp_path: Path) -> None:
-    """Table II's cells come from our search and sit beside the paper's quoted cells; in every
-    (budget, model) the full Galvatron-BMW space is at least as fast as Galvatron-Base's."""
+    """Table II's cells come from our search (the CSV holds only computed numbers; the paper's
+    quoted cells sit beside ours in the note); in every (budget, model) the full Galvatron-BMW
+    space is at least as fast as Galvatron-Base's."""
     sys.path.insert(0, str(ROOT))
     try:
         from examples.figures import galvatron_table2
@@ -48,16 +49,18 @@ def test_galvatron_table2_quick(tmp_path: Path) -> None:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == [
         "cluster", "gpu", "gpus", "budget_gb", "model", "strategy", "samples_per_s",
-        "global_batch", "paper_samples_per_s", "paper_global_batch",
+        "global_batch",
     ]  # fmt: skip
     cells = {(r["budget_gb"], r["model"], r["strategy"]): r for r in rows}
     for budget, model, _ in cells:
         bmw = cells[(budget, model, "Galvatron-BMW")]["samples_per_s"]
         base = cells[(budget, model, "Galvatron-Base")]["samples_per_s"]
         assert base == "OOM" or float(bmw) >= float(base)
-    # the paper's own cell (Table II, ViT-Huge-32, 8 GB, Galvatron-BMW: 71.57 (568))
-    paper = cells[("8", "vit-huge-32", "Galvatron-BMW")]
-    assert (paper["paper_samples_per_s"], paper["paper_global_batch"]) == ("71.57", "568")
+    # the paper's own cell (Table II, ViT-Huge-32, 8 GB, Galvatron-BMW: 71.57 (568)) in the note
+    note = (tmp_path / "galvatron_table2" / "galvatron_table2.md").read_text()
+    ours = cells[("8", "vit-huge-32", "Galvatron-BMW")]
+    row = f"| vit-huge-32 | Galvatron-BMW | {ours['samples_per_s']} ({ours['global_batch']}) |"
+    assert f"{row} 71.57 (568) |" in note
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="bash runner")
