@@ -4,6 +4,7 @@ failure path (it must stop and name the failing script)."""
 from __future__ import annotations
 
 import csv
+import importlib
 import os
 import subprocess
 import sys
@@ -15,13 +16,18 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "examples" / "all.sh"
 
 
-def test_fig7_end_to_end(tmp_path: Path) -> None:
+def run_quick(name: str, out: Path) -> None:
+    """Run `examples/figures/<name>.py --quick` in this process, writing under `out`."""
     sys.path.insert(0, str(ROOT))
     try:
-        from examples.figures import dynapipe_fig7
+        module = importlib.import_module(f"examples.figures.{name}")
     finally:
         sys.path.remove(str(ROOT))
-    dynapipe_fig7.main(["--out", str(tmp_path), "--quick"])
+    module.main(["--out", str(out), "--quick"])
+
+
+def test_fig7_end_to_end(tmp_path: Path) -> None:
+    run_quick("dynapipe_fig7", tmp_path)
     folder = tmp_path / "dynapipe_fig7"
     for suffix in (".png", ".csv", ".md"):
         assert (folder / f"dynapipe_fig7{suffix}").stat().st_size > 0
@@ -39,12 +45,7 @@ def test_galvatron_table2_quick(tmp_path: Path) -> None:
     """Table II's cells come from our search (the CSV holds only computed numbers; the paper's
     quoted cells sit beside ours in the note); in every (budget, model) the full Galvatron-BMW
     space is at least as fast as Galvatron-Base's."""
-    sys.path.insert(0, str(ROOT))
-    try:
-        from examples.figures import galvatron_table2
-    finally:
-        sys.path.remove(str(ROOT))
-    galvatron_table2.main(["--out", str(tmp_path), "--quick"])
+    run_quick("galvatron_table2", tmp_path)
     with (tmp_path / "galvatron_table2" / "galvatron_table2.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == [
@@ -83,12 +84,7 @@ def test_runner_names_the_failing_script(tmp_path: Path) -> None:
 
 
 def test_hexiscale_fig1_end_to_end(tmp_path: Path) -> None:
-    sys.path.insert(0, str(ROOT))
-    try:
-        from examples.figures import hexiscale_fig1
-    finally:
-        sys.path.remove(str(ROOT))
-    hexiscale_fig1.main(["--out", str(tmp_path), "--quick"])
+    run_quick("hexiscale_fig1", tmp_path)
     folder = tmp_path / "hexiscale_fig1"
     with (folder / "hexiscale_fig1.csv").open() as f:
         rows = list(csv.DictReader(f))
