@@ -35,7 +35,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.hexiscale_breakdown import describe
+from benchmarks.hexiscale_breakdown import breakdown, describe
 from dynapipe_planner.devices import HeteroCluster, cluster_from_dict, load_cluster
 from dynapipe_planner.errors import PlanningError
 from dynapipe_planner.hetero.baselines import (
@@ -296,9 +296,10 @@ def sensitivity(budget: float, batches: Sequence[int], cases) -> None:
 def measure_scaling(
     budget: float, sizes: Sequence[int], model: str = "llama2-70b", batch_per_gpu: int = 4
 ) -> list[dict]:
-    """Search wall and process (CPU) time, plans priced and MFU of our search on App. B's
-    machine mix cut at each size (§5.3 Fig. 9), the global batch growing with the cluster.
-    Process time is the steadier number on a shared machine."""
+    """Search wall and process (CPU) time, plans priced, MFU of our search and the MFU points
+    its DP sync costs (`hexiscale_breakdown.breakdown`) on App. B's machine mix cut at each
+    size (§5.3 Fig. 9), the global batch growing with the cluster. Process time is the steadier
+    number on a shared machine."""
     rows = []
     for n in sizes:
         cluster = scaled_cluster(n)
@@ -314,6 +315,7 @@ def measure_scaling(
                 "plans": r.evaluated,
                 "dp": len(r.plan.pipelines),
                 "mfu": r.estimate.mfu,
+                "dp_sync_points": breakdown(cost, r.plan)["dp"],
             }
         )
     return rows
