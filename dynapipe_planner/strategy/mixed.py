@@ -35,6 +35,7 @@ from ..errors import PlanningError
 from ..hetero.layout import HeteroPipeline, HeteroStage
 from ..hetero.pipeline_costs import MixedPipelineCostModel, pipeline_cost_model
 from ..model_spec import ModelSpec
+from ..plan import ReplicaLayout, StageLayout
 from ..planner import IterationPlanner, PlannerConfig
 from .proposal import Strategy, interval_work
 from .schemes import ParallelScheme, SchemeProfile, scheme_space
@@ -100,6 +101,17 @@ class PlacedSchemeModels:
     model: ModelSpec
     num_gpus: int
 
+    def layouts(self, schemes: Sequence[ParallelScheme]) -> list[ReplicaLayout]:
+        """Where pipelines of `schemes` (in order) run: `place_pipelines` as plan layouts."""
+        return [
+            ReplicaLayout(
+                index,
+                len(pipeline.stages),
+                [StageLayout(list(st.devices), st.tp, st.layers) for st in pipeline.stages],
+            )
+            for index, pipeline in enumerate(place_pipelines(self.cluster, self.model, schemes))
+        ]
+
     def __call__(self, scheme: ParallelScheme) -> MixedPipelineCostModel:
         if not scheme.gpu:
             raise PlanningError(f"{scheme}: a mixed cluster needs schemes with a GPU type")
@@ -162,7 +174,13 @@ def mixed_selector(
         raise PlanningError("no candidate strategies for the mixed cluster")
     settings = replace(config or SelectionConfig(), homogeneous=False, batch_candidates=0)
     return StrategySelector(
-        list(profiles), [], cost_model_of, cost_model_of.num_gpus, settings, fixed=candidates
+        list(profiles),
+        [],
+        cost_model_of,
+        cost_model_of.num_gpus,
+        settings,
+        fixed=candidates,
+        placement=cost_model_of.layouts,
     )
 
 

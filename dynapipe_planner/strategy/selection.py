@@ -126,10 +126,12 @@ class StrategySelector:
         config: SelectionConfig | None = None,
         *,
         fixed: Sequence[Strategy] = (),
+        placement: Callable[[Sequence[ParallelScheme]], list[ReplicaLayout]] | None = None,
     ) -> None:
         if not proposals and not fixed:
             raise PlanningError("no proposed strategies to select from")
         self.fixed = tuple(fixed)
+        self.placement = placement  # where each chosen pipeline runs (default: contiguous)
         self.num_gpus = num_gpus
         self.profiles = {p.scheme: p for p in profiles}
         self.proposals = sorted(proposals, key=lambda p: p.max_len)
@@ -275,15 +277,18 @@ class StrategySelector:
         return plan
 
     def to_plan(self, choice: IterationChoice) -> ExecutionPlan:
-        """The chosen pipelines side by side (`merge_pipeline_plans`): GPUs are given out in
-        pipeline order, stage by stage, TP groups contiguous; a pipeline that got no sequence
-        this iteration runs an empty program (it still joins the gradient sync)."""
+        """The chosen pipelines side by side (`merge_pipeline_plans`): GPUs are given out by
+        `placement` (a mixed cluster's: each pipeline on GPUs of its type) or else in pipeline
+        order, stage by stage, TP groups contiguous; a pipeline that got no sequence this
+        iteration runs an empty program (it still joins the gradient sync)."""
         plans, layouts, first_device = [], [], 0
         for i, pipeline in enumerate(choice.pipelines):
             planner = self.planner(pipeline.scheme)
             plans.append(pipeline.plan or idle_pipeline_plan(planner))
             layouts.append(pipeline_layout(i, pipeline.scheme, planner, first_device))
             first_device += pipeline.scheme.num_gpus
+        if self.placement is not None:
+            layouts = self.placement([p.scheme for p in choice.pipelines])
         return merge_pipeline_plans(plans, layouts)
 
     def _plan_pipelines(
