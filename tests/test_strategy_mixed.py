@@ -174,8 +174,8 @@ def test_choice_is_the_best_candidate_and_respects_memory(mixed):
 def test_plans_run_each_pipeline_on_gpus_of_its_type():
     """The runtime's plan puts every chosen pipeline on GPUs of its scheme's type, each GPU at
     most once, all layers in each pipeline. Here the RTX machine comes first in the cluster
-    while dispatch orders the A100 pipeline first, so GPUs dealt out in pipeline order would
-    put the A100 pipeline on RTX GPUs."""
+    while the plan lists the A100 pipeline first (scheme order), so GPUs dealt out in that
+    order would put the A100 pipeline on RTX GPUs."""
     cluster = cluster_from_dict(
         {
             "name": "rtx-first",
@@ -187,16 +187,17 @@ def test_plans_run_each_pipeline_on_gpus_of_its_type():
         }
     )
     models = PlacedSchemeModels(cluster, GPT, cluster.num_devices)
-    rtx, a100 = ParallelScheme(1, 2, "RTX3080Ti"), ParallelScheme(2, 1, "A100-80GB")
+    rtx, a100 = ParallelScheme(1, 2, "RTX3080Ti"), ParallelScheme(1, 2, "A100-80GB")
     profiles = profile_schemes([rtx, a100], scheme_tables(models, CONTEXT))
     strategy = Strategy.of({rtx: 2, a100: 1})
     selector = mixed_selector(profiles, [strategy], models, SelectionConfig(trials=5))
     choice = selector.select(np.full(24, 500))
     plan = selector.to_plan(choice)
-    assert choice.pipelines[0].scheme == a100  # dispatch's order, not the cluster's
+    ordered = choice.in_plan_order
+    assert ordered[0].scheme == a100  # the plan's order, not the cluster's
     types = {d: m.gpu.name for m in cluster.machines for d in m.devices}
     used = []
-    for layout, chosen in zip(plan.replicas, choice.pipelines, strict=True):
+    for layout, chosen in zip(plan.replicas, ordered, strict=True):
         devices = [d for stage in layout.stages for d in stage.devices]
         assert {types[d] for d in devices} == {chosen.scheme.gpu}
         assert layout.stages[0].layers[0] == 0

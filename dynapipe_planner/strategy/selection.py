@@ -113,6 +113,12 @@ class IterationChoice:
         """The iteration's propagation time: its slowest pipeline's planned makespan."""
         return max(p.latency for p in self.pipelines)
 
+    @property
+    def in_plan_order(self) -> list[PipelinePlan]:
+        """The pipelines in the strategy's own order (by scheme), the order of the plan's
+        replicas (`pipelines` is dispatch's: longest MaxLen first)."""
+        return sorted(self.pipelines, key=lambda pipeline: pipeline.scheme)
+
 
 class StrategySelector:
     """Chooses and plans the strategy of every iteration from proposed candidates."""
@@ -277,18 +283,21 @@ class StrategySelector:
         return plan
 
     def to_plan(self, choice: IterationChoice) -> ExecutionPlan:
-        """The chosen pipelines side by side (`merge_pipeline_plans`): GPUs are given out by
-        `placement` (a mixed cluster's: each pipeline on GPUs of its type) or else in pipeline
-        order, stage by stage, TP groups contiguous; a pipeline that got no sequence this
-        iteration runs an empty program (it still joins the gradient sync)."""
+        """The chosen pipelines side by side (`merge_pipeline_plans`) in the strategy's own
+        order (by scheme, not dispatch's longest-MaxLen-first), so a strategy always gets the
+        same layouts, whatever the batch: the runtime built its groups for exactly those. GPUs
+        are given out by `placement` (a mixed cluster's: each pipeline on GPUs of its type) or
+        else in that order, stage by stage, TP groups contiguous; a pipeline that got no
+        sequence this iteration runs an empty program (it still joins the gradient sync)."""
+        ordered = choice.in_plan_order
         plans, layouts, first_device = [], [], 0
-        for i, pipeline in enumerate(choice.pipelines):
+        for i, pipeline in enumerate(ordered):
             planner = self.planner(pipeline.scheme)
             plans.append(pipeline.plan or idle_pipeline_plan(planner))
             layouts.append(pipeline_layout(i, pipeline.scheme, planner, first_device))
             first_device += pipeline.scheme.num_gpus
         if self.placement is not None:
-            layouts = self.placement([p.scheme for p in choice.pipelines])
+            layouts = self.placement([p.scheme for p in ordered])
         return merge_pipeline_plans(plans, layouts)
 
     def _plan_pipelines(
