@@ -382,6 +382,8 @@ class StrategyRecipe:
     cost_model_of: Callable[[ParallelScheme], CostModel]
     num_gpus: int
     config: SelectionConfig = field(default_factory=SelectionConfig)
+    fixed: tuple[Strategy, ...] = ()
+    placement: Callable[[Sequence[ParallelScheme]], list[ReplicaLayout]] | None = None
 
     def build(self) -> StrategySelector:
         return StrategySelector(
@@ -390,6 +392,8 @@ class StrategyRecipe:
             self.cost_model_of,
             self.num_gpus,
             self.config,
+            fixed=self.fixed,
+            placement=self.placement,
         )
 
 

@@ -81,7 +81,7 @@ class FullCheckpoint(ReadCheckpoint):
         when the checkpoint was saved by as many ranks; otherwise returns why they restart."""
         try:
             optimizer.load_full_state_dict(self.payload["optimizer"])
-        except (KeyError, RuntimeError) as err:
+        except (KeyError, RuntimeError, ValueError) as err:
             raise CheckpointError(f"checkpoint {self.path} does not fit this model: {err}") from err
         streams = self.payload.get("rng_by_rank")
         if streams is None or len(streams) != dist.get_world_size():

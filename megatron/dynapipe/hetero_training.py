@@ -40,10 +40,12 @@ import torch
 import torch.distributed as dist
 
 from dynapipe_planner.cluster import GiB, GpuSpec, get_gpu
+from dynapipe_planner.devices import emulated_cluster
 from dynapipe_planner.model_spec import ModelSpec
 from dynapipe_planner.plan import ReplicaLayout
 from dynapipe_planner.planner import PlannerConfig
 from dynapipe_planner.static_hetero import StaticHeteroRecipe
+from dynapipe_planner.strategy.mixed import PlacedSchemeModels
 from dynapipe_planner.strategy.schemes import AnalyticSchemeModels
 from dynapipe_planner.strategy.selection import SelectionConfig, StrategyRecipe
 
@@ -60,6 +62,7 @@ from .plan_source import PLANNING_RANK, dtype_name, open_plan_source
 from .strategy_candidates import (
     CandidateSet,
     load_candidates,
+    mixed_candidates,
     propose_candidates,
     realisable,
 )
@@ -95,9 +98,21 @@ def hetero_job(args: argparse.Namespace, vocab_size: int, lengths: np.ndarray, w
     memory = int(args.dynapipe_memory_limit * GiB) if args.dynapipe_memory_limit else 0
     dtype = dtype_name(args)
     dropped: list[str] = []
+    speeds = parse_device_speed(args.device_speed, world)
+    mixed = args.dynamic_strategies and not args.strategy_candidates and len(set(speeds)) > 1
     if args.hetero_plan:
         layouts, fractions = load_hetero_plan(args.hetero_plan, base, world)
         candidates = CandidateSet([f"hetero-plan {describe(layouts)}"], [layouts], [None])
+    elif mixed:  # the selector knows each rank's speed: schemes typed by speed class
+        cluster = emulated_cluster(_gpu(args), speeds, memory or None)
+        profiles, candidates = mixed_candidates(
+            PlacedSchemeModels(cluster, base, world),
+            lengths,
+            max_seqlen=args.seq_length,
+            recompute=_profile_recompute(args),
+            dropped=dropped,
+        )
+        proposals, homogeneous = [], False
     else:
         models = AnalyticSchemeModels(
             base, _gpu(args), world, gpus_per_node=world, memory_limit_bytes=memory
@@ -145,10 +160,24 @@ def hetero_job(args: argparse.Namespace, vocab_size: int, lengths: np.ndarray, w
             seed=args.seed,
             allowed=frozenset(candidates.strategies),
         )
-        scheme_models = AnalyticSchemeModels(
-            spec, _gpu(args), world, gpus_per_node=world, memory_limit_bytes=memory
-        )
-        recipe = StrategyRecipe(tuple(profiles), tuple(proposals), scheme_models, world, selection)
+        if mixed:
+            placed = PlacedSchemeModels(cluster, spec, world)
+            recipe = StrategyRecipe(
+                tuple(profiles),
+                (),
+                placed,
+                world,
+                selection,
+                fixed=tuple(candidates.strategies),
+                placement=placed.layouts,
+            )
+        else:
+            scheme_models = AnalyticSchemeModels(
+                spec, _gpu(args), world, gpus_per_node=world, memory_limit_bytes=memory
+            )
+            recipe = StrategyRecipe(
+                tuple(profiles), tuple(proposals), scheme_models, world, selection
+            )
     return HeteroJob(spec, candidates, recipe, dropped)
 
 

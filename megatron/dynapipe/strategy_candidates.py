@@ -25,6 +25,11 @@ import numpy as np
 from dynapipe_planner.cost import split_layers
 from dynapipe_planner.model_spec import ModelSpec
 from dynapipe_planner.plan import ExecutionPlan, ReplicaLayout, StageLayout
+from dynapipe_planner.strategy.mixed import (
+    PlacedSchemeModels,
+    group_candidates,
+    typed_scheme_space,
+)
 from dynapipe_planner.strategy.proposal import (
     Proposal,
     RelaxedSolution,
@@ -41,6 +46,9 @@ from dynapipe_planner.strategy.schemes import (
     scheme_tables,
 )
 
+# Heterogeneous jobs pad the vocabulary for TP up to this (one NVLink node), whatever their own
+# candidates use: Megatron pads for the job's TP, which would tie a checkpoint to its layout.
+VOCAB_TP = 8
 LayoutKey = tuple[tuple[tuple[tuple[int, ...], int, tuple[int, int]], ...], ...]
 
 
@@ -146,6 +154,40 @@ def propose_candidates(
     return profiles, propose_strategies(iw, models.num_gpus, keep=keep)
 
 
+def mixed_candidates(
+    models: PlacedSchemeModels,
+    lengths: np.ndarray,
+    *,
+    max_seqlen: int,
+    recompute: str = "none",
+    dropped: list[str] | None = None,
+) -> tuple[list[SchemeProfile], CandidateSet]:
+    """Candidates for ranks of different speeds (`--device-speed`): schemes typed by speed
+    class and profiled where they run, each class filled with one scheme
+    (`strategy.mixed.group_candidates`), each pipeline laid out on ranks of its class. A
+    combination that leaves ranks idle (a class none of whose schemes fits) is dropped with a
+    line."""
+    dropped = [] if dropped is None else dropped
+    spec, cluster = models.model, models.cluster
+    schemes = typed_scheme_space(spec, cluster, max_tp=cluster.num_devices)
+    for scheme in schemes:
+        check_scheme(scheme, spec, "emulated mixed cluster")
+    profiles = profile_schemes(schemes, scheme_tables(models, max_seqlen, recompute))
+    kept = []
+    for strategy in group_candidates(profiles, cluster, np.minimum(lengths, max_seqlen)):
+        if strategy.num_gpus == models.num_gpus:
+            kept.append(strategy)
+        else:
+            dropped.append(
+                f"strategy {strategy} uses {strategy.num_gpus} of the job's {models.num_gpus} "
+                "ranks (no scheme of the rest fits): not a candidate"
+            )
+    if not kept:
+        raise CandidateError(f"no mixed-speed candidate uses all the job's {models.num_gpus} ranks")
+    layouts = [models.layouts([s for s, n in k.pipelines for _ in range(n)]) for k in kept]
+    return profiles, CandidateSet([str(k) for k in kept], layouts, kept)
+
+
 def strategy_layouts(strategy: Strategy, num_layers: int) -> list[ReplicaLayout]:
     """The layouts `StrategySelector.to_plan` gives a strategy's plans."""
     layouts, first = [], 0
@@ -202,8 +244,10 @@ class CandidateSet:
 
     @property
     def vocab_multiple_tp(self) -> int:
-        """The TP degree the vocabulary is padded for: every strategy's shards must divide it."""
-        return math.lcm(*self.tp_degrees)
+        """The TP degree the vocabulary is padded for: every strategy's shards must divide it,
+        and so must any TP up to one node's 8 GPUs, so that every heterogeneous job pads the
+        same and a checkpoint (`hetero_checkpointing`) resumes under any layout."""
+        return math.lcm(VOCAB_TP, *self.tp_degrees)
 
 
 def realisable(

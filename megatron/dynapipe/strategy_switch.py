@@ -253,6 +253,11 @@ class DisaggregatedOptimizer:
             for name, info in self.catalogue.items():
                 a, b = owner_ranges(info.shape[info.dim], self.world)[self.rank]
                 full = torch.as_tensor(weights[name], dtype=torch.float32)
+                if tuple(full.shape) != tuple(info.shape):
+                    raise ValueError(
+                        f"parameter {name}: given shape {tuple(full.shape)}, this job's model "
+                        f"has {tuple(info.shape)} (another vocabulary padding or model size?)"
+                    )
                 self.master[name].copy_(full.narrow(info.dim, a, b - a))
 
     def load_from(self, strategy: int) -> None:
