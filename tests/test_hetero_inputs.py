@@ -165,6 +165,35 @@ def test_plans_of_a_strategy_have_the_layouts_its_groups_were_built_for() -> Non
     assert layout_key(plan.replicas) == layout_key(strategy_layouts(strategy, spec.num_layers))
 
 
+def test_vocabulary_padding_rows_follow_the_resuming_job() -> None:
+    """A checkpoint padded for other TP degrees: padding rows dropped or added as zeros, in the
+    weights and both Adam moments; other parameters are left for `load_full` to check."""
+    import torch
+
+    from megatron.dynapipe.strategy_switch import fit_vocab_rows
+
+    def entry(rows: int) -> dict:
+        base = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2)
+        return {"param": base, "exp_avg": base + 100, "exp_avg_sq": base + 200}
+
+    full = {"embedding.word_embeddings.weight": entry(6), "output_layer.weight": entry(6)}
+    full["decoder.w"] = entry(3)
+    wanted = {"embedding.word_embeddings.weight": (8, 2), "output_layer.weight": (4, 2)}
+    notes = fit_vocab_rows(full, {**wanted, "decoder.w": (5, 2)})
+    grown = full["embedding.word_embeddings.weight"]
+    assert grown["param"].shape == (8, 2)
+    assert torch.equal(grown["exp_avg"][:6], entry(6)["exp_avg"])
+    assert not grown["exp_avg_sq"][6:].any()
+    assert torch.equal(full["output_layer.weight"]["param"], entry(6)["param"][:4])
+    assert full["decoder.w"]["param"].shape == (3, 2)
+    assert notes == [
+        "embedding.word_embeddings.weight: the checkpoint pads the vocabulary to 6 rows, this "
+        "job to 8; padding rows added as zeros",
+        "output_layer.weight: the checkpoint pads the vocabulary to 6 rows, this job to 4; "
+        "padding rows dropped",
+    ]
+
+
 def test_device_speed() -> None:
     assert parse_device_speed("2:2,3:1.5", 4) == [1.0, 1.0, 2.0, 1.5]
     assert parse_device_speed("1,1,2,2", 4) == [1.0, 1.0, 2.0, 2.0]

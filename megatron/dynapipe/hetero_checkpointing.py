@@ -7,7 +7,8 @@ from the `DisaggregatedOptimizer`'s shards, plus the data sampler's position. A 
 from it under any strategy set, static layout or rank count: each rank takes its own rows.
 Every rank's random streams (dropout) are saved too; a job of the same rank count resumes them
 (exactly the uninterrupted run when it also trains the same strategies), another rank count
-starts them from the seed, and says so.
+starts them from the seed, and says so. A job whose TP degrees pad the vocabulary differently
+gets the padding rows fitted (`strategy_switch.fit_vocab_rows`), and says so too.
 
 Layout: the homogeneous checkpoints' directory (`<dir>/iter_<NNNNNNN>/`, `<dir>/latest_
 iteration.txt`, see `checkpointing`), with one file `full_state.pt` written by rank 0 under a
@@ -76,22 +77,24 @@ def save(
 class FullCheckpoint(ReadCheckpoint):
     """A layout-independent checkpoint: full master weights and optimiser states."""
 
-    def restore(self, optimizer: DisaggregatedOptimizer) -> str | None:
-        """This rank's rows of the master weights and AdamW states, and its random streams
-        when the checkpoint was saved by as many ranks; otherwise returns why they restart."""
+    def restore(self, optimizer: DisaggregatedOptimizer) -> list[str]:
+        """This rank's rows of the master weights and AdamW states (the vocabulary's padding
+        fitted to this job's), and its random streams when the checkpoint was saved by as many
+        ranks; returns a line for each way the resume differs from an uninterrupted run."""
         try:
-            optimizer.load_full_state_dict(self.payload["optimizer"])
+            notes = optimizer.load_full_state_dict(self.payload["optimizer"])
         except (KeyError, RuntimeError, ValueError) as err:
             raise CheckpointError(f"checkpoint {self.path} does not fit this model: {err}") from err
         streams = self.payload.get("rng_by_rank")
         if streams is None or len(streams) != dist.get_world_size():
             saved = "no" if streams is None else len(streams)
-            return (
+            notes.append(
                 f"dropout random streams restart from --seed: {self.path} holds {saved} ranks' "
                 f"streams, this job has {dist.get_world_size()} ranks"
             )
-        set_rng_state(streams[dist.get_rank()])
-        return None
+        else:
+            set_rng_state(streams[dist.get_rank()])
+        return notes
 
 
 def read(directory: str | os.PathLike) -> FullCheckpoint:

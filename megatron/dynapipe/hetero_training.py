@@ -57,7 +57,7 @@ from .device_speed import parse_device_speed
 from .executor import PlanExecutor
 from .hetero_plan_file import load_hetero_plan
 from .liveness import Liveness
-from .model import build_stage_model, padded_vocab_size
+from .model import build_stage_model, layout_free_tp, padded_vocab_size
 from .plan_source import PLANNING_RANK, dtype_name, open_plan_source
 from .strategy_candidates import (
     CandidateSet,
@@ -133,7 +133,10 @@ def hetero_job(args: argparse.Namespace, vocab_size: int, lengths: np.ndarray, w
             profiles, proposals, world, base.num_layers, homogeneous=homogeneous, dropped=dropped
         )
     spec = dataclasses.replace(
-        base, vocab_size=padded_vocab_size(vocab_size, candidates.vocab_multiple_tp)
+        base,
+        vocab_size=padded_vocab_size(
+            vocab_size, math.lcm(layout_free_tp(world), candidates.vocab_multiple_tp)
+        ),
     )
     if args.hetero_plan:
         config = PlannerConfig(
@@ -265,9 +268,8 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
         optimizer, models = _build(args, job)
         state = TrainState()
         if checkpoint is not None:
-            restarted = checkpoint.restore(optimizer)
-            if restarted:
-                log_rank0(rank, restarted)
+            for note in checkpoint.restore(optimizer):
+                log_rank0(rank, note)
             state = checkpoint.state
             log_rank0(rank, f"resumed from {args.load} at iteration {state.iteration}")
         elif initial_weights is not None:

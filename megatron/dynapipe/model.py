@@ -54,6 +54,13 @@ def _recompute_kwargs(mode: str) -> dict[str, object]:
     raise ValueError(f"recompute must be none, selective or full, got {mode!r}")
 
 
+def layout_free_tp(world_size: int) -> int:
+    """The lcm of every TP degree up to one node (8) that divides `world_size`: heterogeneous
+    jobs pad the vocabulary for all of them, not only for their own layouts' degrees, so a
+    full-state checkpoint has the same embedding shape under any layout of as many ranks."""
+    return math.lcm(*(t for t in range(1, min(8, world_size) + 1) if world_size % t == 0))
+
+
 def padded_vocab_size(dataset_vocab: int, tp: int) -> int:
     """Megatron pads the vocabulary so each tensor-parallel shard is a multiple of 128 rows."""
     multiple = 128 * tp

@@ -46,9 +46,6 @@ from dynapipe_planner.strategy.schemes import (
     scheme_tables,
 )
 
-# Heterogeneous jobs pad the vocabulary for TP up to this (one NVLink node), whatever their own
-# candidates use: Megatron pads for the job's TP, which would tie a checkpoint to its layout.
-VOCAB_TP = 8
 LayoutKey = tuple[tuple[tuple[tuple[int, ...], int, tuple[int, int]], ...], ...]
 
 
@@ -244,10 +241,8 @@ class CandidateSet:
 
     @property
     def vocab_multiple_tp(self) -> int:
-        """The TP degree the vocabulary is padded for: every strategy's shards must divide it,
-        and so must any TP up to one node's 8 GPUs, so that every heterogeneous job pads the
-        same and a checkpoint (`hetero_checkpointing`) resumes under any layout."""
-        return math.lcm(VOCAB_TP, *self.tp_degrees)
+        """The TP degree the vocabulary is padded for: every strategy's shards must divide it."""
+        return math.lcm(*self.tp_degrees)
 
 
 def realisable(

@@ -301,11 +301,14 @@ class DisaggregatedOptimizer:
             full[name]["step"] = torch.tensor(max(s["step"] for s in shards))
         return full
 
-    def load_full_state_dict(self, full: dict[str, dict[str, torch.Tensor]]) -> None:
-        """Take this rank's rows of `full_state_dict`'s output (saved by any job layout)."""
+    def load_full_state_dict(self, full: dict[str, dict[str, torch.Tensor]]) -> list[str]:
+        """Take this rank's rows of `full_state_dict`'s output (saved by any job layout).
+        The vocabulary's padding rows follow this job's padding (`fit_vocab_rows`); returns
+        a line for each parameter whose padding changed."""
         missing = sorted(set(self.catalogue) - set(full))
         if missing:
             raise KeyError(f"the saved optimiser state lacks parameter(s) {missing[:5]}")
+        notes = fit_vocab_rows(full, {n: i.shape for n, i in self.catalogue.items()})
         self.load_full({name: entry["param"] for name, entry in full.items()})
         for name, info in self.catalogue.items():
             master = self.master[name]
@@ -318,6 +321,7 @@ class DisaggregatedOptimizer:
                 "exp_avg": full[name]["exp_avg"].narrow(info.dim, a, b - a).clone().float(),
                 "exp_avg_sq": full[name]["exp_avg_sq"].narrow(info.dim, a, b - a).clone().float(),
             }
+        return notes
 
     def set_lr(self, lr: float) -> None:
         """The learning rate of the next step (the job's LR schedule)."""
@@ -518,6 +522,37 @@ class DisaggregatedOptimizer:
         for size in self._piece_shape(piece):
             n *= size
         return n
+
+
+# Parameters whose first dim is the (padded) vocabulary: Megatron pads it for the job's TP
+# degrees, so jobs of other layouts hold other numbers of padding rows.
+VOCAB_PARAMS = ("embedding.word_embeddings.weight", "output_layer.weight")
+
+
+def fit_vocab_rows(
+    full: dict[str, dict[str, torch.Tensor]], shapes: dict[str, tuple[int, ...]]
+) -> list[str]:
+    """Give the vocabulary parameters of a saved full state (weights and Adam moments) the
+    padding rows of `shapes`: extra padding rows dropped, missing ones added as zeros (no
+    token uses a padding row; their logits only join the softmax, so the first losses after
+    such a resume differ slightly from an uninterrupted run). Returns a line per change."""
+    notes = []
+    for name in VOCAB_PARAMS:
+        if name not in full or name not in shapes:
+            continue
+        saved, want = tuple(full[name]["param"].shape), tuple(shapes[name])
+        if saved == want or saved[1:] != want[1:]:
+            continue  # same, or not a padding difference (load_full names the mismatch)
+        rows = min(saved[0], want[0])
+        for key in ("param", "exp_avg", "exp_avg_sq"):
+            fitted = torch.zeros(want, dtype=full[name][key].dtype)
+            fitted[:rows] = full[name][key][:rows]
+            full[name][key] = fitted
+        notes.append(
+            f"{name}: the checkpoint pads the vocabulary to {saved[0]} rows, this job to "
+            f"{want[0]}; padding rows {'dropped' if saved[0] > want[0] else 'added as zeros'}"
+        )
+    return notes
 
 
 class _Posted:
