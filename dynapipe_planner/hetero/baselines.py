@@ -21,6 +21,7 @@ same cost model (`hetero.cost`) so that only the plan differs.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -42,7 +43,9 @@ class BaselineResult:
     plan: HeteroPlan | None = None
 
 
-def _symmetric_layouts(cost: HeteroCostModel):
+def symmetric_layouts(cost: HeteroCostModel) -> Iterator[tuple[int, int, int]]:
+    """Every (TP, PP, DP) that uses all devices, with a TP the model's heads allow and a DP that
+    divides the micro-batches."""
     n, layers = cost.cluster.num_devices, cost.job.model.num_layers
     for tp in (1, 2, 4, 8, 16):
         if n % tp or not cost.valid_tp(tp):
@@ -60,9 +63,11 @@ def _megatron_stages(tp: int, pp: int, dp: int, replica: int) -> list[tuple[int,
     return [tuple(tp * (replica + dp * j) + t for t in range(tp)) for j in range(pp)]
 
 
-def _symmetric_plan(
-    cost: HeteroCostModel, tp: int, pp: int, dp: int, balance_layers: bool
+def symmetric_plan(
+    cost: HeteroCostModel, tp: int, pp: int, dp: int, balance_layers: bool = False
 ) -> HeteroPlan | None:
+    """The layout as Megatron places it (see `megatron_symmetric`), layers split evenly or, with
+    `balance_layers`, as Galvatron would; None when no layer split fits in memory."""
     m = cost.job.num_micro_batches // dp
     pipes = []
     for r in range(dp):
@@ -95,8 +100,8 @@ def _symmetric_plan(
 
 def _best_symmetric(cost: HeteroCostModel, balance_layers: bool, name: str) -> BaselineResult:
     best: tuple[HeteroPlan, Estimate, str] | None = None
-    for tp, pp, dp in _symmetric_layouts(cost):
-        plan = _symmetric_plan(cost, tp, pp, dp, balance_layers)
+    for tp, pp, dp in symmetric_layouts(cost):
+        plan = symmetric_plan(cost, tp, pp, dp, balance_layers)
         if plan is None:
             continue
         est = cost.estimate(plan)
