@@ -33,6 +33,13 @@ the optimiser are not slowed.
    is HexiScale's median over the baseline's, per round and pooled, printed beside the
    planner's own prediction and each side's split of the iteration.
 
+Data: SYNTHETIC web/code-like lengths truncated at `--seq-length` (91% of the samples full
+length at 128), close to HexiScale's fixed-length setting. With variable lengths the ratio also
+measures how each side pads: `--hetero-plan` deals every batch to the pipelines by token share
+(longest first, so each pipeline pads to about the longest length), while DynaPipe's planner for
+the symmetric DP layout sorts the batch and leaves one replica the short tail
+(`--data-path synthetic:flan` shows it).
+
 Not a test: CPU numbers on a shared machine are noisy, and the script says how noisy.
 """
 
@@ -166,7 +173,7 @@ def main() -> None:
     p.add_argument("--num-attention-heads", type=int, default=4)
     p.add_argument("--seq-length", type=int, default=128)
     p.add_argument("--tokens-per-global-batch", type=int, default=4096)
-    p.add_argument("--data-path", default="synthetic:flan")
+    p.add_argument("--data-path", default="synthetic:webcode")
     p.add_argument("--memory-limit-gb", type=float, default=1.0)
     p.add_argument("--link-gbs", type=float, default=1.0, help="planner's view of gloo links")
     p.add_argument("--link-latency-us", type=float, default=100.0)

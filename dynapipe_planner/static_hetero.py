@@ -4,12 +4,13 @@ share of every global batch's tokens.
 HexiScale (seed `hexiscale.txt` §3.2) gives each pipeline of an asymmetric layout its own batch
 size, so a pipeline of slower or fewer GPUs gets fewer tokens. Its planner decides the layout
 and the shares once, before training (`--hetero-plan`); per iteration only the sequences move.
-Here each global batch is dealt to the pipelines by their `batch_fraction`s (consecutive runs
-of the sequences in length order, each about its pipeline's share of the batch's tokens), and
-each pipeline's sequences are then planned alone by the planner core on the pipeline's own cost
-model (DynaPipe's micro-batches and schedule, seed `dynapipe.txt` §4-§5), then merged into one
-heterogeneous ExecutionPlan (`plan_merge.merge_pipeline_plans`). The recipe pickles, so the
-planning service's workers plan ahead of training as for homogeneous jobs.
+Here each global batch is dealt to the pipelines by their `batch_fraction`s (longest sequence
+first, each to the pipeline furthest below its share of the batch's tokens, so every pipeline's
+token count ends close to its share), and each pipeline's sequences are then planned alone by
+the planner core on the pipeline's own cost model (DynaPipe's micro-batches and schedule, seed
+`dynapipe.txt` §4-§5), then merged into one heterogeneous ExecutionPlan
+(`plan_merge.merge_pipeline_plans`). The recipe pickles, so the planning service's workers plan
+ahead of training as for homogeneous jobs.
 """
 
 from __future__ import annotations
@@ -31,24 +32,19 @@ from .strategy.selection import idle_pipeline_plan
 
 
 def dispatch_by_fraction(lengths: np.ndarray, fractions: Sequence[float]) -> np.ndarray:
-    """The pipeline of each sequence: the sequences in decreasing length, cut into consecutive
-    runs of about each pipeline's share of the tokens (a sequence goes where the middle of its
-    tokens falls). Each pipeline's sequences are then alike in length, so the micro-batches its
-    planner pads to their longest sequence waste little: dealing longest-first to whichever
-    pipeline is furthest below its share mixes long and short sequences in every pipeline
-    (padding efficiency 0.55 against 0.93 for the homogeneous planner on the FLAN-like lengths
-    at 128 tokens, measured by `benchmarks/hetero_cpu.py`'s runs). Deterministic, so every
+    """The pipeline of each sequence: longest first, to the pipeline whose tokens so far are
+    the smallest multiple of its share (ties to the lower index). Deterministic, so every
     planner process deals a batch alike."""
     share = np.asarray(fractions, dtype=np.float64)
     if share.ndim != 1 or len(share) == 0 or (share <= 0).any():
         raise PlanningError(f"batch fractions must be positive, got {list(fractions)}")
     lengths = np.asarray(lengths, dtype=np.int64)
-    order = np.argsort(-lengths, kind="stable")
-    sorted_lengths = lengths[order]
-    middles = np.cumsum(sorted_lengths) - sorted_lengths / 2
-    bounds = np.cumsum(share / share.sum())[:-1] * sorted_lengths.sum()
     owner = np.empty(len(lengths), dtype=np.int64)
-    owner[order] = np.searchsorted(bounds, middles, side="right")
+    tokens = np.zeros(len(share))
+    for i in np.argsort(-lengths, kind="stable"):
+        j = int(np.argmin((tokens + lengths[i]) / share))
+        owner[i] = j
+        tokens[j] += lengths[i]
     return owner
 
 

@@ -156,19 +156,6 @@ def test_batch_fractions_split_the_tokens() -> None:
     assert np.array_equal(owner, dispatch_by_fraction(lengths, [0.75, 0.25]))
 
 
-def test_each_pipeline_gets_a_run_of_alike_lengths() -> None:
-    """Pipelines pad their micro-batches to the longest sequence: each gets consecutive
-    sequences of the length order, and its token share within half a sequence per cut."""
-    lengths = np.random.default_rng(1).integers(5, 120, 300)
-    fractions = [11 / 32, 11 / 32, 5 / 32, 5 / 32]
-    owner = dispatch_by_fraction(lengths, fractions)
-    for j in range(len(fractions) - 1):
-        assert lengths[owner == j].min() >= lengths[owner == j + 1].max()
-    cuts = np.cumsum(fractions)[:-1] * lengths.sum()
-    ends = np.cumsum([lengths[owner == j].sum() for j in range(len(fractions))])[:-1]
-    assert (np.abs(ends - cuts) <= lengths.max() / 2).all()
-
-
 def test_a_hexiscale_plan_file_is_read(tmp_path: Path) -> None:
     """`dynapipe-hetero --output` plans: batch sizes become shares; a stage order that puts a
     later stage on a lower rank is refused naming it."""
