@@ -9,6 +9,7 @@ Galvatron-BMW engine restricted to that family's strategies:
   3D (TP2 PP2 DP2)      a fixed expert 3D plan (the paper's DeepSpeed 3D row), no CKPT
   DP+TP, DP+PP          Galvatron restricted to two paradigms, no CKPT
   Galvatron             all of DP/SDP/TP/PP, no CKPT, memory-balanced partition
+  Galvatron (1F1B+Bi-obj)  the same space with the bi-objective partition and batch search
   Galvatron-Base        the full space with CKPT, memory-balanced partition only
   Galvatron-BMW         the full space with the bi-objective partition and batch search
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from dynapipe_planner.cluster import GiB, get_gpu
 from dynapipe_planner.errors import PlanningError
@@ -31,15 +32,21 @@ from dynapipe_planner.search import LayerStrategy, analytic_cost_inputs, search
 
 NUM_GPUS = 8
 BUDGETS_GB = (8, 12, 16, 20)
-# Sequence lengths of the paper's workloads: BERT 512, ViT-Huge/16 at 224x224 (196 patches +
-# CLS), T5 512/512; GPT at 1024.
+# Table name -> (model preset, sequence length, decoder length). Sequence lengths of the paper's
+# workloads: BERT 512, ViT-Huge/16 at 224x224 (196 patches + CLS), T5 512/512, T5-512/4 (its
+# SQuAD variant, §VII-A) 512 encoder / 4 decoder tokens; GPT at 1024.
 MODELS = {
-    "bert-huge-32": (512, None),
-    "bert-huge-48": (512, None),
-    "vit-huge-32": (197, None),
-    "vit-huge-48": (197, None),
-    "t5-large-32": (512, 512),
-    "gpt-1.3b": (1024, None),
+    "bert-huge-32": ("bert-huge-32", 512, None),
+    "bert-huge-48": ("bert-huge-48", 512, None),
+    "vit-huge-32": ("vit-huge-32", 197, None),
+    "vit-huge-48": ("vit-huge-48", 197, None),
+    "t5-large-32": ("t5-large-32", 512, 512),
+    "t5-large-48": ("t5-large-48", 512, 512),
+    "t5-512/4-32": ("t5-large-32", 512, 4),
+    "t5-512/4-48": ("t5-large-48", 512, 4),
+    "bert-xhuge": ("bert-xhuge", 512, None),
+    "vit-xhuge": ("vit-xhuge", 197, None),
+    "gpt-1.3b": ("gpt-1.3b", 1024, None),
 }
 DEFAULT_MODELS = ("bert-huge-32", "vit-huge-32", "t5-large-32", "gpt-1.3b")
 
@@ -47,8 +54,9 @@ DEFAULT_MODELS = ("bert-huge-32", "vit-huge-32", "t5-large-32", "gpt-1.3b")
 # Every row searches the same global batch sizes, so a row whose strategies include another's
 # can only lose to it through the layer DP's heuristic steps (discretised memory, Algorithm 3's
 # largest-feasible forward budget), never through a different batch-size path.
-def _grid(num_gpus: int) -> list[int]:
-    return [num_gpus * k for k in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)]
+def _grid(num_gpus: int, max_batch: int | None = None) -> list[int]:
+    grid = [num_gpus * k for k in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)]
+    return [b for b in grid if max_batch is None or b <= max_batch]
 
 
 def _pp(degrees: list[int] | None, num_gpus: int) -> list[int] | None:
@@ -62,7 +70,7 @@ def _only(*paradigms: str, ckpt: bool = False) -> Callable[[LayerStrategy], bool
     return lambda s: set(s.order) <= set(paradigms) and (ckpt or not s.ckpt)
 
 
-# name -> (PP degrees, strategy filter, bi-objective)
+# name -> (PP degrees, strategy filter, bi-objective), in the paper's row order
 ROWS: dict[str, tuple] = {
     "DP": ([1], lambda s: s.order == ("dp",) and not s.ckpt, False),
     "TP": ([1], lambda s: s.order == ("tp",) and not s.ckpt, False),
@@ -72,6 +80,7 @@ ROWS: dict[str, tuple] = {
     "DP+TP": ([1], _only("dp", "tp"), False),
     "DP+PP": (None, _only("dp"), False),
     "Galvatron": (None, lambda s: not s.ckpt, False),
+    "Galvatron (1F1B+Bi-obj)": (None, lambda s: not s.ckpt, True),
     "Galvatron-Base": (None, None, False),
     "Galvatron-BMW": (None, None, True),
 }
@@ -80,40 +89,80 @@ CONTAINS = {
     "DP+TP": ("DP", "TP"),
     "DP+PP": ("DP", "PP"),
     "Galvatron": ("DP", "TP", "PP", "SDP", "3D (TP2 PP2 DP2)", "DP+TP", "DP+PP"),
+    "Galvatron (1F1B+Bi-obj)": ("Galvatron",),
     "Galvatron-Base": ("Galvatron",),
-    "Galvatron-BMW": ("Galvatron-Base",),
+    "Galvatron-BMW": ("Galvatron-Base", "Galvatron (1F1B+Bi-obj)"),
 }
 
+# (model, budget in GB, row) -> (samples/s, global batch), or None where nothing fits
+Results = dict[tuple[str, int, str], tuple[float, int] | None]
 
-def run(models: list[str], gpu_name: str, num_gpus: int, gpus_per_node: int, counts: int) -> None:
+
+def table_results(
+    models: Sequence[str],
+    gpu_name: str,
+    num_gpus: int,
+    gpus_per_node: int,
+    counts: int,
+    budgets_gb: Sequence[int] = BUDGETS_GB,
+    rows: Sequence[str] = tuple(ROWS),
+    max_batch: int | None = None,
+) -> Results:
+    """Every (model, budget, row) cell of a Table II-IV style table: the best throughput and
+    its global batch of that row's strategy space, searched over the batch grid (up to
+    `max_batch` samples), or None when nothing fits."""
     gpu = get_gpu(gpu_name)
-    results: dict[tuple[str, int, str], tuple[float, int] | None] = {}
-    started = time.perf_counter()
+    results: Results = {}
     for name in models:
-        seq, tgt = MODELS[name]
-        model = MODEL_PRESETS[name]
+        preset, seq, tgt = MODELS[name]
+        model = MODEL_PRESETS[preset]
         inputs = analytic_cost_inputs(
             model, gpu, num_gpus, gpus_per_node=gpus_per_node, seq_length=seq, tgt_seq_length=tgt
         )
-        for budget in BUDGETS_GB:
-            for row, (pp, keep, bi) in ROWS.items():
+        for budget in budgets_gb:
+            for row in rows:
+                pp, keep, bi = ROWS[row]
                 try:
                     r = search(
                         model, inputs, num_gpus, budget * GiB, pp_degrees=_pp(pp, num_gpus),
-                        strategy_filter=keep, bi_objective=bi, batch_sizes=_grid(num_gpus),
-                        microbatch_counts=counts,
+                        strategy_filter=keep, bi_objective=bi,
+                        batch_sizes=_grid(num_gpus, max_batch), microbatch_counts=counts,
                     )  # fmt: skip
                     results[(name, budget, row)] = (r.throughput, r.global_batch_size)
                 except PlanningError:
                     results[(name, budget, row)] = None
+    return results
+
+
+def ordering_violations(results: Results) -> list[str]:
+    """Cells where a row is slower than a row whose strategy space it contains (CONTAINS)."""
+    broken = []
+    cells = sorted({(name, budget) for name, budget, _ in results}, key=str)
+    for name, budget in cells:
+        for big, smalls in CONTAINS.items():
+            if (name, budget, big) not in results:
+                continue
+            top = results[(name, budget, big)]
+            for small in smalls:
+                low = results.get((name, budget, small))
+                if low is None:
+                    continue
+                if top is None or top[0] < low[0] * (1 - 1e-9):
+                    have = "OOM" if top is None else f"{top[0]:.2f}"
+                    broken.append(f"{name} {budget}G: {big} {have} < {small} {low[0]:.2f}")
+    return broken
+
+
+def run(models: list[str], gpu_name: str, num_gpus: int, gpus_per_node: int, counts: int) -> None:
+    started = time.perf_counter()
+    results = table_results(models, gpu_name, num_gpus, gpus_per_node, counts)
     spent = time.perf_counter() - started
     width = 18
     print(
-        f"Table II structure: {num_gpus} x {gpu.name}, {gpus_per_node} per node (analytic cost "
-        "model), max throughput "
-        "in samples/s (global batch)\n"
+        f"Table II structure: {num_gpus} x {get_gpu(gpu_name).name}, {gpus_per_node} per node "
+        "(analytic cost model), max throughput in samples/s (global batch)\n"
     )
-    print(f"{'memory':<8}{'strategy':<18}" + "".join(f"{m:>{width}}" for m in models))
+    print(f"{'memory':<8}{'strategy':<25}" + "".join(f"{m:>{width}}" for m in models))
     for budget in BUDGETS_GB:
         for i, row in enumerate(ROWS):
             cells = []
@@ -121,20 +170,9 @@ def run(models: list[str], gpu_name: str, num_gpus: int, gpus_per_node: int, cou
                 got = results[(name, budget, row)]
                 cells.append("OOM" if got is None else f"{got[0]:.2f} ({got[1]})")
             label = f"{budget}G" if i == 0 else ""
-            print(f"{label:<8}{row:<18}" + "".join(f"{c:>{width}}" for c in cells))
+            print(f"{label:<8}{row:<25}" + "".join(f"{c:>{width}}" for c in cells))
     print(f"\n{len(results)} searches in {spent:.1f} s")
-    broken = []
-    for name in models:
-        for budget in BUDGETS_GB:
-            for big, smalls in CONTAINS.items():
-                top = results[(name, budget, big)]
-                for small in smalls:
-                    low = results[(name, budget, small)]
-                    if low is None:
-                        continue
-                    if top is None or top[0] < low[0] * (1 - 1e-9):
-                        have = "OOM" if top is None else f"{top[0]:.2f}"
-                        broken.append(f"{name} {budget}G: {big} {have} < {small} {low[0]:.2f}")
+    broken = ordering_violations(results)
     if broken:
         print("ordering BMW >= Base >= limited spaces >= pure strategies does NOT hold at:")
         print("\n".join(f"  {b}" for b in broken))

@@ -47,6 +47,10 @@ GPU_PRESETS: dict[str, GpuSpec] = {
         _gpu("H100", 989, 80, 3350, 450, 50),
         # GeForce: bf16 with FP32 accumulate runs at half the FP16-accumulate rate; PCIe 4.0 x16.
         _gpu("RTX3080Ti", 68.2, 12, 912, 32, 12.5),
+        # Titan RTX (Turing): FP16 tensor cores with FP32 accumulate at full rate, no bf16 (we
+        # price it as 16-bit); PCIe 3.0 x16 inside a machine, 100 Gb InfiniBand between
+        # (Galvatron-BMW's low-performance cluster, seed galvatron_bmw.txt §VII-A, §VII-D).
+        _gpu("RTX-TITAN", 130, 24, 672, 16, 12.5),
         _gpu("RTX3090", 71, 24, 936, 32, 12.5),
         _gpu("RTX4090", 165.2, 24, 1008, 32, 12.5),
     )

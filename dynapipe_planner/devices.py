@@ -22,6 +22,7 @@ Validation names the offending item: the machine, the link or the matrix entry.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -344,3 +345,50 @@ def homogeneous_cluster(
             ],
         }
     )
+
+
+def emulated_cluster(
+    gpu: GpuSpec, slowdowns: Sequence[float], memory_limit_bytes: int | None = None
+) -> HeteroCluster:
+    """The cluster that `--device-speed` emulates on one host: device r is `gpu` with its
+    compute (peak FLOPS and memory bandwidth) `slowdowns[r]` times slower, consecutive devices of
+    one factor forming a machine, every link `gpu`'s intra-node one; each factor its own GPU
+    type (`"<gpu>/<f>x"`, the fastest keeping `gpu`'s name), so typed schemes
+    (`strategy.mixed`) tell them apart. `memory_limit_bytes` replaces each device's usable
+    memory (the planner's `--dynapipe-memory-limit`)."""
+    if not slowdowns:
+        raise PlanningError("an emulated cluster needs at least one device")
+    bad = [f"{k}:{f}" for k, f in enumerate(slowdowns) if not f >= 1.0]
+    if bad:
+        raise PlanningError(f"slowdown factors must be >= 1 (1: full speed), got {bad}")
+    runs: list[tuple[float, int]] = []
+    for factor in slowdowns:
+        if runs and runs[-1][0] == factor:
+            runs[-1] = (factor, runs[-1][1] + 1)
+        else:
+            runs.append((factor, 1))
+    cluster = cluster_from_dict(
+        {
+            "name": "emulated " + ",".join(f"{f:g}" for f in slowdowns),
+            "network": {
+                "bandwidth_gbs": gpu.intra_node_bandwidth / GB,
+                "latency_us": gpu.link_latency_s * 1e6,
+            },
+            "machines": [
+                {"name": f"ranks{k}", "gpu": gpu.name, "count": count}
+                for k, (_, count) in enumerate(runs)
+            ],
+        }
+    )
+    fastest = min(slowdowns)
+    machines = []
+    for machine, (factor, _) in zip(cluster.machines, runs, strict=True):
+        slower = replace(
+            machine.gpu,
+            name=gpu.name if factor == fastest else f"{gpu.name}/{factor:g}x",
+            peak_flops=machine.gpu.peak_flops / factor,
+            hbm_bandwidth=machine.gpu.hbm_bandwidth / factor,
+        )
+        limit = machine.memory_limit_bytes if memory_limit_bytes is None else memory_limit_bytes
+        machines.append(replace(machine, gpu=slower, memory_limit_bytes=limit))
+    return replace(cluster, machines=tuple(machines))

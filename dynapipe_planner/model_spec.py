@@ -144,6 +144,10 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         ModelSpec("vit-huge-48", "gpt", 48, 1280, 16, 5120, 1000, max_position_embeddings=197),
         ModelSpec("t5-large-32", "t5", 16, 1024, 16, 4096, 32128, max_position_embeddings=512),
         ModelSpec("t5-large-48", "t5", 24, 1024, 16, 4096, 32128, max_position_embeddings=512),
+        # BERT-xHuge and ViT-xHuge (Table I: 128 layers of width 2560, about 10B parameters);
+        # Table I gives no head count, ours is 32 (head size 80).
+        ModelSpec("bert-xhuge", "gpt", 128, 2560, 32, 10240, 30522, max_position_embeddings=512),
+        ModelSpec("vit-xhuge", "gpt", 128, 2560, 32, 10240, 1000, max_position_embeddings=197),
         # HexiScale's models (seed hexiscale.txt §5.1, §5.4): Llama-2 7B/13B share the shapes above;
         # Llama 30B is the LLaMA-1 shape (52 heads, so TP must divide 52).
         _llama("llama2-7b", 32, 4096, 32, 11008),

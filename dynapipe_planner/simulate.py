@@ -383,7 +383,7 @@ class _Executor:
         rank.peak = max(rank.peak, in_use)
         if not self.check_memory:
             return
-        limit = self.costs[rank.plan.replica].memory_limit
+        limit = float(self.costs[rank.plan.replica].stage_memory_limits()[rank.plan.stage])
         if in_use > limit:
             raise PlanCheckError(
                 f"{_at(rank.plan, rank.pc)}: needs {in_use:.0f} bytes ({in_use / 2**30:.2f} GiB: "

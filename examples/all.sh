@@ -13,7 +13,7 @@ cd "$ROOT"
 OUT="${OUT:-$ROOT/examples/out}"
 PYTHON="${PYTHON:-python3}"
 
-# In order: DynaPipe, then Hydraulis (Galvatron-BMW and HexiScale figures go after these).
+# In order: DynaPipe, Hydraulis, Galvatron-BMW, HexiScale, then beyond the seeds.
 DEFAULT_FIGURES=(
     examples/figures/dynapipe_fig4.py
     examples/figures/dynapipe_fig5.py
@@ -29,7 +29,20 @@ DEFAULT_FIGURES=(
     examples/figures/hydraulis_fig11.py
     examples/figures/hydraulis_fig12.py
     examples/figures/hydraulis_fig13.py
+    examples/figures/hydraulis_table1.py
     examples/figures/hydraulis_table2.py
+    examples/figures/galvatron_table2.py
+    examples/figures/galvatron_table3.py
+    examples/figures/galvatron_table4.py
+    examples/figures/galvatron_fig4.py
+    examples/figures/galvatron_fig5.py
+    examples/figures/hexiscale_fig1.py
+    examples/figures/hexiscale_fig4_5.py
+    examples/figures/hexiscale_table2.py
+    examples/figures/hexiscale_fig8.py
+    examples/figures/hexiscale_fig9.py
+    examples/figures/hexiscale_fig10.py
+    examples/figures/beyond_mixed_long_tail.py
 )
 if [[ -n "${FIGURES:-}" ]]; then
     read -r -a SCRIPTS <<< "$FIGURES"

@@ -136,6 +136,35 @@ def test_strategies_that_do_not_fill_the_job_are_dropped_with_a_line() -> None:
     assert "uses 3 of the job's 4 ranks" in dropped[1]
 
 
+def test_plans_of_a_strategy_have_the_layouts_its_groups_were_built_for() -> None:
+    """At 64K tokens TP2 holds longer sequences than TP1, so dispatch orders the TP2 pipeline
+    first; the plan must still lay the strategy out as `realisable` did (scheme order)."""
+    from dynapipe_planner.cluster import get_gpu
+    from dynapipe_planner.model_spec import MODEL_PRESETS
+    from dynapipe_planner.strategy.schemes import (
+        AnalyticSchemeModels,
+        profile_schemes,
+        scheme_tables,
+    )
+    from dynapipe_planner.strategy.selection import SelectionConfig, StrategySelector
+    from megatron.dynapipe.strategy_candidates import layout_key, strategy_layouts
+
+    spec = MODEL_PRESETS["gpt-1.3b"]
+    models = AnalyticSchemeModels(spec, get_gpu("A100-80GB"), 4, gpus_per_node=4)
+    tp1, tp2 = ParallelScheme(1, 1), ParallelScheme(2, 1)
+    profiles = profile_schemes([tp1, tp2], scheme_tables(models, 65536))
+    by_scheme = {p.scheme: p.max_len for p in profiles}
+    assert by_scheme[tp2] > by_scheme[tp1]
+    strategy = Strategy.of({tp1: 2, tp2: 1})
+    selector = StrategySelector(
+        profiles, [], models, 4, SelectionConfig(trials=3), fixed=[strategy]
+    )
+    choice = selector.select(np.full(8, 300))
+    assert choice.pipelines[0].scheme == tp2  # dispatch's order
+    plan = selector.to_plan(choice)
+    assert layout_key(plan.replicas) == layout_key(strategy_layouts(strategy, spec.num_layers))
+
+
 def test_device_speed() -> None:
     assert parse_device_speed("2:2,3:1.5", 4) == [1.0, 1.0, 2.0, 1.5]
     assert parse_device_speed("1,1,2,2", 4) == [1.0, 1.0, 2.0, 2.0]

@@ -90,7 +90,7 @@ def _reference_training(rank: int, world: int, weights: dict, iterations: int):
         ps.destroy()
 
 
-def _build(rank: int):
+def _build(rank: int, overlap: bool = False):
     """Every strategy's groups, this rank's stage model and executor of each, one optimiser."""
     from megatron.dynapipe import parallel_state as ps
     from megatron.dynapipe.executor import PlanExecutor
@@ -105,7 +105,9 @@ def _build(rank: int):
         models.append(model)
         configs.append(config)
         topologies.append(ps.topology())
-    optimizer = DisaggregatedOptimizer(models, topologies, lr=LR, eps=EPS)
+    optimizer = DisaggregatedOptimizer(
+        dict(enumerate(models)), topologies, lr=LR, eps=EPS, overlap=overlap
+    )
     executors = []
     for k in range(len(STRATEGIES)):
         ps.use_strategy(k)
@@ -118,7 +120,7 @@ def _build(rank: int):
     return optimizer, models, executors
 
 
-def _switching(rank: int, world: int, plans: list[ExecutionPlan], weights: dict):
+def _switching(rank: int, world: int, plans: list[ExecutionPlan], weights: dict, overlap: bool):
     """Train SCHEDULE from `weights`; returns per iteration (loss sum, tokens) of this rank and
     its master shards at the end."""
     from megatron.dynapipe import cpu_compat
@@ -128,7 +130,7 @@ def _switching(rank: int, world: int, plans: list[ExecutionPlan], weights: dict)
 
     cpu_compat.install()
     try:
-        optimizer, models, executors = _build(rank)
+        optimizer, models, executors = _build(rank, overlap)
         optimizer.load_full(weights)
         reports = []
         for k in SCHEDULE:
@@ -149,11 +151,14 @@ def _switching(rank: int, world: int, plans: list[ExecutionPlan], weights: dict)
         ps.destroy()
 
 
-def test_switching_strategies_equals_the_reference() -> None:
+@pytest.mark.parametrize("overlap", [False, True], ids=["blocking", "overlapped"])
+def test_switching_strategies_equals_the_reference(overlap: bool) -> None:
+    """Overlapped pull/push (weights awaited at each stage's first forward, gradients sent
+    right after its last backward) changes when messages travel, not what arrives."""
     weights = run_ranks(_reference, 1)[0][1]
     ref_losses, ref_final = run_ranks(_reference_training, 1, weights, len(SCHEDULE))[0]
     plans = [strategy_plan(layouts) for layouts in STRATEGIES]
-    results = run_ranks(_switching, 4, plans, weights, timeout_s=180)
+    results = run_ranks(_switching, 4, plans, weights, overlap, timeout_s=180)
 
     for i in range(len(SCHEDULE)):
         loss_sum = sum(r[0][i][0] for r in results)

@@ -1,4 +1,5 @@
-"""Heterogeneous training end to end on forked gloo ranks (fp32, no dropout).
+"""Heterogeneous training end to end on forked gloo ranks (fp32, no dropout but in the
+dropout-resume test).
 
 `--dynamic-strategies` on 4 ranks (candidates proposed at start-up; the tiny memory limit makes
 the selector switch between them) trains with the same losses as a single-process reference
@@ -123,6 +124,16 @@ def test_dynamic_strategies_equal_the_reference(reference, uninterrupted) -> Non
     assert losses[-1] < losses[0]
 
 
+def test_one_cached_stage_model_trains_like_all(reference) -> None:
+    """`--max-cached-strategies 1` rebuilds a stage model at every switch; the pulls refill
+    it, so the losses are the reference's, and `--overlap-pull-push` changes nothing either."""
+    weights, ref_losses = reference
+    argv = [*DYNAMIC, "--train-iters", str(ITERATIONS), "--max-cached-strategies", "1"]
+    losses, names = run_ranks(_train, 4, [*argv, "--overlap-pull-push"], weights)[0]
+    assert len(set(names)) >= 2, f"the selector never switched: {names}"
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+
+
 def test_static_hetero_plan_with_clipping_and_weight_decay_equals_the_reference(
     tmp_path: Path,
 ) -> None:
@@ -158,6 +169,27 @@ def test_resume_under_another_strategy_set(tmp_path: Path, reference, uninterrup
     losses, _ = uninterrupted
     np.testing.assert_allclose(saved, losses[:2], rtol=1e-5)
     np.testing.assert_allclose(resumed, losses[2:], rtol=1e-5)
+
+
+def test_resume_continues_the_dropout_streams(tmp_path: Path, reference) -> None:
+    """With dropout on, a run saved after 2 iterations and resumed by as many ranks under the
+    same layout continues with the uninterrupted run's third loss: every rank's default
+    generator and TP RNG tracker (the TP2 stage's attention dropout) come back."""
+    import json
+
+    weights, _ = reference
+    plan = tmp_path / "hetero.json"
+    plan.write_text(json.dumps(HETERO_PLAN))
+    argv = [*TINY, "--hetero-plan", str(plan), "--hidden-dropout", "0.1"]
+    argv += ["--attention-dropout", "0.1"]
+    whole, _ = run_ranks(_train, 4, [*argv, "--train-iters", "3"], weights, timeout_s=240)[0]
+    ckpt = tmp_path / "ckpt"
+    first = [*argv, "--train-iters", "2", "--save", str(ckpt)]
+    saved, _ = run_ranks(_train, 4, first, weights, timeout_s=240)[0]
+    resume = [*argv, "--train-iters", "3", "--load", str(ckpt)]
+    resumed, _ = run_ranks(_train, 4, resume, None, timeout_s=240)[0]
+    np.testing.assert_allclose(saved, whole[:2], rtol=1e-6)
+    np.testing.assert_allclose(resumed, whole[2:], rtol=1e-6)
 
 
 def test_pretrain_gpt_dynamic_strategies_under_torchrun() -> None:

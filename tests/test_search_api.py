@@ -10,7 +10,13 @@ import pytest
 from dynapipe_planner.cluster import GiB, get_gpu
 from dynapipe_planner.errors import PlanningError
 from dynapipe_planner.model_spec import MODEL_PRESETS
-from dynapipe_planner.search import analytic_cost_inputs, price_plan, search
+from dynapipe_planner.search import (
+    analytic_cost_inputs,
+    balance_partitions,
+    price_plan,
+    search,
+    strategy_space,
+)
 from dynapipe_planner.search.cli import search_main
 from dynapipe_planner.search.optimizer import _pipeline_searches
 from dynapipe_planner.search.plan_file import megatron_flags, runtime_flags, write_plan
@@ -265,3 +271,26 @@ def test_bi_objective_reaches_plans_the_memory_balanced_start_misses():
     start = ps.evaluate_initial(1, 16)
     adjusted, _ = ps.adjust([start], 1, 16, 48)
     assert adjusted.partition[-1] < 11 and adjusted.time < start.time
+
+
+def test_balance_partitions_bracket_memory_and_time():
+    """p_m and p_t of an encoder-decoder (T5-512/4: 4-token decoder layers are light): p_m
+    has the lower peak stage memory, p_t the lower slowest stage, each against the other and
+    against the even split, when both are priced by the estimator."""
+    model = MODEL_PRESETS["t5-large-32"]
+    inputs = analytic_cost_inputs(model, GPU, 4, seq_length=512, tgt_seq_length=4)
+    pure_pp = [s for s in strategy_space(4)[4] if not s.ckpt]
+    p_m, p_t = balance_partitions(inputs, pure_pp, 64, 8)
+    layers = len(model.layer_kinds())
+    assert sum(p_m) == sum(p_t) == layers and len(p_m) == len(p_t) == 4
+
+    def priced(partition):
+        return price_plan(inputs, pure_pp * layers, partition, 8, 64)
+
+    even = [layers // 4] * 4
+    assert max(priced(p_m).stage_memory_bytes) < max(priced(p_t).stage_memory_bytes)
+    assert max(priced(p_m).stage_memory_bytes) < max(priced(even).stage_memory_bytes)
+    assert max(priced(p_t).stage_time_s) < max(priced(p_m).stage_time_s)
+    assert max(priced(p_t).stage_time_s) <= max(priced(even).stage_time_s)
+    with pytest.raises(PlanningError, match="3 micro-batches do not split a global batch of 64"):
+        balance_partitions(inputs, pure_pp, 64, 3)

@@ -85,7 +85,7 @@ def test_the_chosen_strategy_is_one_heterogeneous_plan_the_simulator_accepts(set
     devices = [d for layout in plan.replicas for stage in layout.stages for d in stage.devices]
     assert sorted(devices) == list(range(choice.strategy.num_gpus))
     costs = []
-    for pipeline in choice.pipelines:
+    for pipeline in choice.in_plan_order:
         planner = selector.planner(pipeline.scheme)
         if pipeline.plan is None:
             costs.append(planner.cost_model.pipeline_costs("none", max_seqlen=128))

@@ -12,6 +12,7 @@ models" uses profiling instead; see `profiled.py`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -215,8 +216,10 @@ class AnalyticCostModel:
         max_samples: int = 1024,
         max_seqlen: int = 8192,
         max_tgt_seqlen: int = 0,
+        layer_counts: Sequence[int] | None = None,
     ) -> PipelineCosts:
-        """Tabulate every stage over a grid that covers the given micro-batch shapes."""
+        """Tabulate every stage over a grid that covers the given micro-batch shapes;
+        `layer_counts` splits the layers over the stages (default: as evenly as possible)."""
         if recompute not in RECOMPUTE_MODES:
             raise PlanningError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
         m = self.model
@@ -242,6 +245,7 @@ class AnalyticCostModel:
             lambda layout, _total: np.array([self._attention_coef(k, recompute) for k in layout]),
             recompute,
             self.dtype,
+            layer_counts,
         )
 
     def _attention_coef(self, stage_kinds: list[str], recompute: str) -> float:

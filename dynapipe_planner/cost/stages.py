@@ -7,11 +7,12 @@ over a stage's layers; transient memory does not (layers run one at a time), so 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from ..cluster import ClusterSpec
+from ..errors import PlanningError
 from ..model_spec import ModelSpec
 from .table import PipelineCosts, split_layers
 
@@ -19,11 +20,21 @@ from .table import PipelineCosts, split_layers
 Parts = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
-def stage_layout(model: ModelSpec, num_stages: int) -> list[list[str]]:
-    """Layer kinds ('encoder', 'decoder') of each stage, in pipeline order."""
+def stage_layout(
+    model: ModelSpec, num_stages: int, layer_counts: Sequence[int] | None = None
+) -> list[list[str]]:
+    """Layer kinds ('encoder', 'decoder') of each stage, in pipeline order: `layer_counts`
+    layers per stage (a HexiScale plan's uneven split), by default as even as possible."""
     kinds = model.layer_kinds()
+    if layer_counts is None:
+        layer_counts = split_layers(len(kinds), num_stages)
+    if len(layer_counts) != num_stages or sum(layer_counts) != len(kinds) or min(layer_counts) < 1:
+        raise PlanningError(
+            f"layer counts {list(layer_counts)} do not split the {len(kinds)} layers of "
+            f"{model.name} into {num_stages} non-empty stages"
+        )
     layout, start = [], 0
-    for n in split_layers(len(kinds), num_stages):
+    for n in layer_counts:
         layout.append(kinds[start : start + n])
         start += n
     return layout
@@ -38,12 +49,14 @@ def assemble_pipeline(
     attention_coef: Callable[[list[list[str]], np.ndarray], np.ndarray],
     recompute: str,
     dtype: str,
+    layer_counts: Sequence[int] | None = None,
 ) -> PipelineCosts:
     """`parts` maps 'encoder', 'decoder', 'embedding' and 'output' to their costs on `grids`;
     `stage_static(kinds, stage)` gives a stage's static bytes and `attention_coef(layout,
-    forward + backward)` each stage's attention coefficient."""
+    forward + backward)` each stage's attention coefficient; `layer_counts` as in
+    `stage_layout`."""
     c = cluster.num_stages
-    layout = stage_layout(model, c)
+    layout = stage_layout(model, c, layer_counts)
     shape = (c, *(len(g) for g in grids))
     fwd, bwd, act, tra = (np.zeros(shape) for _ in range(4))
     boundary, seen_decoder = [], False

@@ -120,7 +120,7 @@ class PipelineCosts:
     static: np.ndarray
     attention_coef: np.ndarray
     hidden_size: int
-    memory_limit: float
+    memory_limit: float | np.ndarray  # bytes per GPU, or per stage (`stage_memory_limits`)
     p2p_bandwidth: np.ndarray
     p2p_latency: float
     recompute: str = "none"
@@ -151,19 +151,25 @@ class PipelineCosts:
     def num_stages(self) -> int:
         return len(self.static)
 
+    def stage_memory_limits(self) -> np.ndarray:
+        """Bytes each stage's GPUs may use: one limit for all, or one per stage when the
+        stages sit on different GPU types (`hetero.pipeline_costs`)."""
+        return np.broadcast_to(np.asarray(self.memory_limit, dtype=np.float64), self.static.shape)
+
     @property
     def encoder_decoder(self) -> bool:
         return len(self.t_grid) > 1
 
     def available_memory(self) -> np.ndarray:
         """Bytes per stage left for activations after static memory; errors if none is left."""
-        avail = self.memory_limit - self.static
+        limit = self.stage_memory_limits()
+        avail = limit - self.static
         for stage, a in enumerate(avail):
             if a <= 0:
                 raise PlanningError(
                     f"stage {stage}: weights, gradients and optimiser state need "
                     f"{self.static[stage] / 2**30:.2f} GiB, more than the memory limit of "
-                    f"{self.memory_limit / 2**30:.2f} GiB; use more pipeline stages or TP"
+                    f"{limit[stage] / 2**30:.2f} GiB; use more pipeline stages or TP"
                 )
         return avail
 

@@ -21,7 +21,6 @@ same cost model (`hetero.cost`) so that only the plan differs.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -43,9 +42,8 @@ class BaselineResult:
     plan: HeteroPlan | None = None
 
 
-def symmetric_layouts(cost: HeteroCostModel) -> Iterator[tuple[int, int, int]]:
-    """Every (TP, PP, DP) that uses all devices, with a TP the model's heads allow and a DP that
-    divides the micro-batches."""
+def symmetric_layouts(cost: HeteroCostModel):
+    """Every (TP, PP, DP) that tiles the cluster and divides the job's micro-batches."""
     n, layers = cost.cluster.num_devices, cost.job.model.num_layers
     for tp in (1, 2, 4, 8, 16):
         if n % tp or not cost.valid_tp(tp):
@@ -66,8 +64,9 @@ def _megatron_stages(tp: int, pp: int, dp: int, replica: int) -> list[tuple[int,
 def symmetric_plan(
     cost: HeteroCostModel, tp: int, pp: int, dp: int, balance_layers: bool = False
 ) -> HeteroPlan | None:
-    """The layout as Megatron places it (see `megatron_symmetric`), layers split evenly or, with
-    `balance_layers`, as Galvatron would; None when no layer split fits in memory."""
+    """One symmetric TP x PP x DP layout in Megatron's rank order: layers split evenly, or
+    (`balance_layers`) by Galvatron-style heterogeneity-blind balancing; None when that
+    balancing finds no split within memory."""
     m = cost.job.num_micro_batches // dp
     pipes = []
     for r in range(dp):

@@ -461,6 +461,42 @@ class HeteroCostModel:
                     busy[int(d)] = busy.get(int(d), 0.0) + t
         return max(busy.values())
 
+    def hierarchical_sync_s(self, pipelines: list[HeteroPipeline]) -> float:
+        """A lower bound on the gradient sync of any pipelines, however many and however
+        unequal (per-iteration strategies change them, so `dp_sync_s`'s per-chunk groups of
+        one plan do not apply): each parameter's gradients are reduced inside every machine
+        that holds a copy first (taken as free), then by a ring over those k machines, which
+        puts 2 (k - 1) / k of its bytes on each one's network link; the busiest link, at the
+        best bandwidth it has to another machine, bounds the sync."""
+        if len(pipelines) < 2:
+            return 0.0
+        m = self.job.model
+        machine = self.cluster.device_machine
+        holders: list[tuple[set[int], float]] = []
+        for layer in range(m.num_layers):
+            where = {
+                int(machine[d])
+                for p in pipelines
+                for s in p.stages
+                if s.layers[0] <= layer < s.layers[1]
+                for d in s.devices
+            }
+            holders.append((where, m.layer_params("decoder")))
+        for ends, params in (
+            ([p.stages[0] for p in pipelines], m.embedding_params()),
+            ([p.stages[-1] for p in pipelines], m.vocab_size * m.hidden_size),
+        ):
+            holders.append(({int(machine[d]) for s in ends for d in s.devices}, params))
+        sent = np.zeros(len(self.cluster.machines))
+        for where, params in holders:
+            k = len(where)
+            for i in where:
+                sent[i] += 2.0 * (k - 1) / k * params * DTYPE_BYTES[self.job.dtype]
+        firsts = [mc.first_device for mc in self.cluster.machines]
+        between = self.cluster.bandwidth[np.ix_(firsts, firsts)].copy()
+        np.fill_diagonal(between, 0.0)
+        return float(np.max(sent / np.maximum(between.max(axis=1), 1e-30)))
+
     def plan_stage_costs(self, plan: HeteroPlan) -> list[list[StageCost]]:
         """Every pipeline's stage costs with the plan's network sharing: what both the
         closed form and the 1F1B replay read."""

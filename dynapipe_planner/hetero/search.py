@@ -55,6 +55,10 @@ class SearchConfig:
     k_scales: tuple[float, ...] = (1.0, 2.0, 3.0)
     ema_decay: float = 0.5
     seed: int = 0
+    # Device-graph partitioner of phase 1 and of phase 2 (i), called as
+    # `partition(weights, adjacency, k, maximize=, balance=, seed=)` -> labels; §4.2's
+    # multi-level partition unless an ablation swaps it (Fig. 8's random partition).
+    partition: Callable[..., np.ndarray] = partition_graph
 
 
 @dataclass
@@ -92,7 +96,7 @@ def _local_tp(cost: HeteroCostModel, group: tuple[int, ...], expected_m: float) 
 
 
 def _groups(
-    cost: HeteroCostModel, devices: list[int], k: int, seed: int, balance: float
+    cost: HeteroCostModel, devices: list[int], k: int, config: SearchConfig
 ) -> list[tuple[int, ...]]:
     """§4.3 (i): k high-bandwidth groups, each then split by machine."""
     c = cost.cluster
@@ -102,8 +106,12 @@ def _groups(
     if k == len(np.unique(machine)):
         # Machines are the high-bandwidth cliques the partition would return; skip it.
         return [tuple(int(d) for d in idx[machine == m]) for m in np.unique(machine)]
-    labels = partition_graph(
-        c.peak_flops[idx], c.bandwidth[np.ix_(idx, idx)], k, balance=balance, seed=seed
+    labels = config.partition(
+        c.peak_flops[idx],
+        c.bandwidth[np.ix_(idx, idx)],
+        k,
+        balance=config.balance,
+        seed=config.seed,
     )
     machine = c.device_machine[idx]
     out = []
@@ -125,7 +133,7 @@ def build_pipeline(
 ) -> _Pipeline | None:
     """Phase 2 for one pipeline's devices; None when no layout holds the model."""
     layers_total = cost.job.model.num_layers
-    groups = _groups(cost, devices, k, config.seed, config.balance)
+    groups = _groups(cost, devices, k, config)
     # The locally optimal TP per group (§4.3 ii), and every uniform TP as alternatives: the
     # local choice ignores what TP does to memory and to the stage count of the whole pipeline.
     choices = [[_local_tp(cost, g, expected_m) for g in groups]]
@@ -296,7 +304,7 @@ def hexiscale_search(
         if key in tried:
             return False
         tried.add(key)
-        labels = partition_graph(
+        labels = config.partition(
             flops, bandwidth, d, maximize=maximize, balance=config.balance, seed=seed
         )
         found = plan_for_partition(cost, labels, k_scale, config, cache)

@@ -25,6 +25,10 @@ Public API (stable)::
                    search result reprices to its throughput; another engine's plan can be
                    compared on equal terms).
 
+    balance_partitions(cost_inputs, strategies, global_batch_size, num_microbatches)
+        -> (p_m, p_t): the memory-balanced partition the bi-objective search starts from and
+        the time-balanced one it moves towards (§IV-B, Fig. 4), without a memory budget.
+
     analytic_cost_inputs(model, gpu: GpuSpec, num_gpus, *, gpus_per_node=8, seq_length=1024,
                          tgt_seq_length=None, overlap_slowdown=1.3, flash_attention=False,
                          reference_tokens=8192) -> CostInputs
@@ -63,7 +67,7 @@ Public API (stable)::
 """
 
 from .cost_inputs import CostInputs, LayerTypeCosts, analytic_cost_inputs, topology_bandwidths
-from .optimizer import PlanPrice, SearchResult, price_plan, search
+from .optimizer import PlanPrice, SearchResult, balance_partitions, price_plan, search
 from .space import LayerStrategy, decision_trees, strategy_space
 
 __all__ = [
@@ -73,6 +77,7 @@ __all__ = [
     "PlanPrice",
     "SearchResult",
     "analytic_cost_inputs",
+    "balance_partitions",
     "decision_trees",
     "price_plan",
     "search",

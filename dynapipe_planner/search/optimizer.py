@@ -729,3 +729,26 @@ def price_plan(
     total = float(pipeline_time(nosync, sync, m))
     per_stage = [float((m - 1) * a + b) for a, b in zip(nosync, sync, strict=True)]
     return PlanPrice(global_batch_size / total, total, per_stage, memory)
+
+
+def balance_partitions(
+    cost_inputs: CostInputs,
+    strategies: Sequence[LayerStrategy],
+    global_batch_size: int,
+    num_microbatches: int,
+) -> tuple[list[int], list[int]]:
+    """(p_m, p_t) of §IV-B for one PP degree, without a memory budget: the memory-balanced
+    partition Algorithm 2 starts from (PP_Partition_Init, the first of `initial_partitions`)
+    and the time-balanced partition of its plan (rule 3's reference), the layers free to take
+    any of `strategies` (all of one PP degree). Shows what the bi-objective search trades
+    between (Fig. 4)."""
+    m = num_microbatches
+    if m < 1 or global_batch_size % m:
+        raise PlanningError(f"{m} micro-batches do not split a global batch of {global_batch_size}")
+    mb = global_batch_size // m
+    ps = _PipelineSearch(cost_inputs, list(strategies), float(2**62), 256)
+    p_m = ps.initial_partitions(mb, m)[0]
+    ev = ps.evaluate(p_m, mb, m)
+    if ev is None:
+        raise PlanningError(f"no strategy runs micro-batches of {mb} on these inputs")
+    return p_m, ps.time_balanced(ev, mb, m)

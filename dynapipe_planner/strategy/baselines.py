@@ -54,11 +54,12 @@ def per_gpu(
     return busy
 
 
-def _fixed_rows(lengths: np.ndarray, row_len: int) -> list[list[int]]:
+def fixed_rows(lengths: np.ndarray, row_len: int) -> list[list[int]]:
+    """Sequences (truncated to `row_len`) packed first-fit decreasing into rows of `row_len`."""
     return first_fit_decreasing(np.minimum(lengths, row_len), row_len)
 
 
-def _rows_latency(
+def rows_latency(
     lengths: np.ndarray, rows: Sequence[Sequence[int]], row_len: int, planner
 ) -> float:
     """1F1B over fixed-length packed rows (one row per micro-batch, attention inside samples)."""
@@ -80,10 +81,10 @@ def megatron_iteration(
 ) -> IterationLatency:
     """Fixed-length packing to `context`, rows dealt out evenly (Megatron-LM's data-parallel
     split of a global batch), 1F1B with one row per micro-batch."""
-    rows = _fixed_rows(lengths, context)
+    rows = fixed_rows(lengths, context)
     count = num_gpus // scheme.num_gpus
     planner = planners.of(scheme, "packing")
-    per = [_rows_latency(lengths, rows[j::count], context, planner) for j in range(count)]
+    per = [rows_latency(lengths, rows[j::count], context, planner) for j in range(count)]
     return IterationLatency(max(per), tuple(per_gpu(per, [scheme] * count, num_gpus).tolist()))
 
 
@@ -91,7 +92,7 @@ def dp_balanced_iteration(
     lengths: np.ndarray, profile: SchemeProfile, num_gpus: int, context: int, planners
 ) -> IterationLatency:
     """The same rows, each to the pipeline with the least attention-aware work so far."""
-    rows = _fixed_rows(lengths, context)
+    rows = fixed_rows(lengths, context)
     times = profile.time(np.minimum(lengths, context).astype(np.float64))
     cost = [float(times[row].sum()) for row in rows]
     count = num_gpus // profile.scheme.num_gpus
@@ -101,7 +102,7 @@ def dp_balanced_iteration(
         load[j] += cost[r]
         share[j].append(rows[r])
     planner = planners.of(profile.scheme, "packing")
-    per = [_rows_latency(lengths, share[j], context, planner) for j in range(count)]
+    per = [rows_latency(lengths, share[j], context, planner) for j in range(count)]
     busy = per_gpu(per, [profile.scheme] * count, num_gpus)
     return IterationLatency(max(per), tuple(busy.tolist()))
 

@@ -36,17 +36,20 @@ LATENCY_MODES = ("fit", "table")
 
 @dataclass(frozen=True, order=True)
 class ParallelScheme:
-    """One pipeline's layout: `tp` GPUs per stage, `pp` stages."""
+    """One pipeline's layout: `tp` GPUs per stage, `pp` stages, on GPUs of type `gpu` ("": the
+    job's one GPU type; a type name on a mixed cluster, where the same layout on different
+    GPUs is a different scheme with its own profile, `strategy.mixed`)."""
 
     tp: int
     pp: int
+    gpu: str = ""
 
     @property
     def num_gpus(self) -> int:
         return self.tp * self.pp
 
     def __str__(self) -> str:
-        return f"TP{self.tp}PP{self.pp}"
+        return f"TP{self.tp}PP{self.pp}" + (f"@{self.gpu}" if self.gpu else "")
 
 
 def scheme_space(model: ModelSpec, num_gpus: int, *, max_tp: int = 8) -> list[ParallelScheme]:

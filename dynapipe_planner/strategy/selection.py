@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -113,6 +113,12 @@ class IterationChoice:
         """The iteration's propagation time: its slowest pipeline's planned makespan."""
         return max(p.latency for p in self.pipelines)
 
+    @property
+    def in_plan_order(self) -> list[PipelinePlan]:
+        """The pipelines in the strategy's own order (by scheme), the order of the plan's
+        replicas (`pipelines` is dispatch's: longest MaxLen first)."""
+        return sorted(self.pipelines, key=lambda pipeline: pipeline.scheme)
+
 
 class StrategySelector:
     """Chooses and plans the strategy of every iteration from proposed candidates."""
@@ -124,9 +130,14 @@ class StrategySelector:
         cost_model_of: Callable[[ParallelScheme], CostModel],
         num_gpus: int,
         config: SelectionConfig | None = None,
+        *,
+        fixed: Sequence[Strategy] = (),
+        placement: Callable[[Sequence[ParallelScheme]], list[ReplicaLayout]] | None = None,
     ) -> None:
-        if not proposals:
+        if not proposals and not fixed:
             raise PlanningError("no proposed strategies to select from")
+        self.fixed = tuple(fixed)
+        self.placement = placement  # where each chosen pipeline runs (default: contiguous)
         self.num_gpus = num_gpus
         self.profiles = {p.scheme: p for p in profiles}
         self.proposals = sorted(proposals, key=lambda p: p.max_len)
@@ -141,7 +152,10 @@ class StrategySelector:
         strategies proposed from the batch itself (`batch_proposals`), then the homogeneous
         strategy of every scheme that holds the batch: the relaxation prices GPU-seconds,
         not a long sequence's trip through a small pipeline, so one large scheme everywhere
-        can still win an iteration."""
+        can still win an iteration. A selector built with `fixed` strategies offers exactly
+        those (a mixed cluster's candidates: no proposal stands behind them)."""
+        if self.fixed:
+            return list(self.fixed)
         longest = int(np.max(lengths))
         first = next((k for k, p in enumerate(self.proposals) if p.max_len >= longest), None)
         if first is None:
@@ -269,15 +283,21 @@ class StrategySelector:
         return plan
 
     def to_plan(self, choice: IterationChoice) -> ExecutionPlan:
-        """The chosen pipelines side by side (`merge_pipeline_plans`): GPUs are given out in
-        pipeline order, stage by stage, TP groups contiguous; a pipeline that got no sequence
-        this iteration runs an empty program (it still joins the gradient sync)."""
+        """The chosen pipelines side by side (`merge_pipeline_plans`) in the strategy's own
+        order (by scheme, not dispatch's longest-MaxLen-first), so a strategy always gets the
+        same layouts, whatever the batch: the runtime built its groups for exactly those. GPUs
+        are given out by `placement` (a mixed cluster's: each pipeline on GPUs of its type) or
+        else in that order, stage by stage, TP groups contiguous; a pipeline that got no
+        sequence this iteration runs an empty program (it still joins the gradient sync)."""
+        ordered = choice.in_plan_order
         plans, layouts, first_device = [], [], 0
-        for i, pipeline in enumerate(choice.pipelines):
+        for i, pipeline in enumerate(ordered):
             planner = self.planner(pipeline.scheme)
             plans.append(pipeline.plan or idle_pipeline_plan(planner))
             layouts.append(pipeline_layout(i, pipeline.scheme, planner, first_device))
             first_device += pipeline.scheme.num_gpus
+        if self.placement is not None:
+            layouts = self.placement([p.scheme for p in ordered])
         return merge_pipeline_plans(plans, layouts)
 
     def _plan_pipelines(

@@ -41,7 +41,17 @@ def plot_scaling(run: Run, rows: Sequence[dict[str, Any]], x: str, xlabel: str) 
     return fig
 
 
+def oom_points(rows: Sequence[dict[str, Any]], x: str) -> str:
+    """Which points ran out of memory under which method (computed, for the notes)."""
+    found = []
+    for r in rows:
+        if r["oom"] and r["method"] != "baseline (c)":
+            found.append(f"{r['model']} / {r['gpus']} GPUs / {x} {r[x]}: {r['method']}")
+    return "; ".join(found) if found else "none"
+
+
 def summary(rows: Sequence[dict[str, Any]], x: str) -> str:
+    """DynaPipe over the baseline per point ("both OOM" where neither fits)."""
     lines = []
     for family in ("gpt", "t5"):
         for g in sorted({r["gpus"] for r in rows}):
@@ -50,7 +60,9 @@ def summary(rows: Sequence[dict[str, Any]], x: str) -> str:
             for value in sorted({r[x] for r in mine}):
                 at = {r["method"]: r for r in mine if r[x] == value}
                 dyn, base = at["dynapipe"], at["baseline"]
-                if dyn["oom"]:
+                if dyn["oom"] and base["oom"]:
+                    ratios.append(f"{value}: both OOM")
+                elif dyn["oom"]:
                     ratios.append(f"{value}: DynaPipe OOM")
                 elif base["oom"]:
                     ratios.append(f"{value}: baseline OOM")

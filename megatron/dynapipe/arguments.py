@@ -106,6 +106,22 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         "and each replica's batch_fraction; see megatron/dynapipe/hetero_plan_file.py)",
     )
     h.add_argument(
+        "--max-cached-strategies",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --dynamic-strategies, keep the stage models of the N most recently used "
+        "strategies and rebuild others when selected (0: keep every candidate's); the working "
+        "weights are pulled every iteration anyway",
+    )
+    h.add_argument(
+        "--overlap-pull-push",
+        action="store_true",
+        help="hide the disaggregated optimiser's weight pull and gradient push behind "
+        "propagation (Hydraulis subgraph scheduling): each stage waits for its weights at its "
+        "first forward and sends its gradients as soon as its last backward is done",
+    )
+    h.add_argument(
         "--device-speed",
         default=None,
         metavar="R0:F0,R1:F1,...",
@@ -196,6 +212,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             )
     elif args.strategy_candidates or args.strategy_window is not None:
         parser.error("--strategy-candidates and --strategy-window need --dynamic-strategies")
+    elif args.overlap_pull_push:
+        parser.error("--overlap-pull-push needs --dynamic-strategies or --hetero-plan")
+    if args.max_cached_strategies < 0:
+        parser.error(f"--max-cached-strategies must be >= 0, got {args.max_cached_strategies}")
     if args.batching is None:
         args.batching = "dynamic" if args.dynamic_micro_batching else "padding"
     if args.ffn_hidden_size is None:

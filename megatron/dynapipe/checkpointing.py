@@ -51,7 +51,7 @@ def save(
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "sampler": sampler.state_dict(),
-        "rng": {"torch": torch.get_rng_state()},
+        "rng": rng_state(),
     }
     save_atomically(payload, path)
     dist.barrier()
@@ -59,6 +59,31 @@ def save(
         mark_latest(directory, state.iteration)
     dist.barrier()
     return path
+
+
+def rng_state() -> dict:
+    """This rank's random streams: the default generator (dropout outside TP regions), the
+    device generator on a GPU, and megatron's TP RNG tracker (dropout inside TP regions)."""
+    from megatron.core import tensor_parallel
+
+    state = {
+        "torch": torch.get_rng_state(),
+        "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Resume the streams `rng_state` saved (after the model drew its initialisation)."""
+    from megatron.core import tensor_parallel
+
+    torch.set_rng_state(state["torch"])
+    if "tracker" in state:
+        tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def save_atomically(payload: dict, path: Path) -> None:
@@ -101,7 +126,7 @@ class Checkpoint(ReadCheckpoint):
         model.load_state_dict(self.payload["model"])
         optimizer.load_state_dict(self.payload["optimizer"])
         scheduler.load_state_dict(self.payload["scheduler"])
-        torch.set_rng_state(self.payload["rng"]["torch"])
+        set_rng_state(self.payload["rng"])
 
 
 def latest_iteration(directory: Path) -> int:

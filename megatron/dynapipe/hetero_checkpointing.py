@@ -5,6 +5,9 @@ from whatever strategy propagates, so a checkpoint need not know the strategy ei
 every parameter whole (by its name in the unpipelined model), with its AdamW states, gathered
 from the `DisaggregatedOptimizer`'s shards, plus the data sampler's position. A job resumes
 from it under any strategy set, static layout or rank count: each rank takes its own rows.
+Every rank's random streams (dropout) are saved too; a job of the same rank count resumes them
+(exactly the uninterrupted run when it also trains the same strategies), another rank count
+starts them from the seed, and says so.
 
 Layout: the homogeneous checkpoints' directory (`<dir>/iter_<NNNNNNN>/`, `<dir>/latest_
 iteration.txt`, see `checkpointing`), with one file `full_state.pt` written by rank 0 under a
@@ -26,7 +29,9 @@ from .checkpointing import (
     latest_iteration,
     load_payload,
     mark_latest,
+    rng_state,
     save_atomically,
+    set_rng_state,
 )
 from .strategy_switch import DisaggregatedOptimizer
 
@@ -49,6 +54,8 @@ def save(
     directory = Path(directory)
     path = _path(directory, state.iteration)
     full = optimizer.full_state_dict(dst=0)
+    streams = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(rng_state(), streams, dst=0)
     if dist.get_rank() == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
         payload = {
@@ -58,6 +65,7 @@ def save(
             "saved_by_world_size": dist.get_world_size(),
             "optimizer": full,
             "sampler": sampler.state_dict(),
+            "rng_by_rank": streams,
         }
         save_atomically(payload, path)
         mark_latest(directory, state.iteration)
@@ -68,12 +76,22 @@ def save(
 class FullCheckpoint(ReadCheckpoint):
     """A layout-independent checkpoint: full master weights and optimiser states."""
 
-    def restore(self, optimizer: DisaggregatedOptimizer) -> None:
-        """This rank's rows of the master weights and AdamW states."""
+    def restore(self, optimizer: DisaggregatedOptimizer) -> str | None:
+        """This rank's rows of the master weights and AdamW states, and its random streams
+        when the checkpoint was saved by as many ranks; otherwise returns why they restart."""
         try:
             optimizer.load_full_state_dict(self.payload["optimizer"])
         except (KeyError, RuntimeError) as err:
             raise CheckpointError(f"checkpoint {self.path} does not fit this model: {err}") from err
+        streams = self.payload.get("rng_by_rank")
+        if streams is None or len(streams) != dist.get_world_size():
+            saved = "no" if streams is None else len(streams)
+            return (
+                f"dropout random streams restart from --seed: {self.path} holds {saved} ranks' "
+                f"streams, this job has {dist.get_world_size()} ranks"
+            )
+        set_rng_state(streams[dist.get_rank()])
+        return None
 
 
 def read(directory: str | os.PathLike) -> FullCheckpoint:

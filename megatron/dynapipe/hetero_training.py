@@ -7,8 +7,9 @@ fixed partition over all ranks, so a switch moves no optimiser state. HexiScale 
 loop over the `DisaggregatedOptimizer` (a static layout is a set of one strategy):
 
 1. start-up: every candidate strategy's layouts (`strategy_candidates`, or the `--hetero-plan`
-   file), all their process groups in one order on every rank, each strategy's stage model on
-   this rank and its executor; master weights from strategy 0's fresh layers or a checkpoint;
+   file), all their process groups in one order on every rank, strategy 0's stage model (the
+   others are built on first use, `strategy_models`); master weights from strategy 0's fresh
+   layers or a checkpoint;
 2. per iteration: rank 0's planner (planning ahead in worker processes, `plan_source`) selects
    and plans a strategy for the global batch; every rank reads the strategy from the plan's
    layouts, switches to it (`parallel_state.use_strategy`), pulls its working weights, runs the
@@ -62,6 +63,7 @@ from .strategy_candidates import (
     propose_candidates,
     realisable,
 )
+from .strategy_models import StrategyModels
 from .strategy_switch import DisaggregatedOptimizer
 from .training import log_rank0, model_options
 
@@ -231,10 +233,12 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
     )
     liveness = Liveness(plans.store, rank, world, server_rank=PLANNING_RANK)
     with plans, liveness:
-        optimizer, models, executors, timer = _build(args, job)
+        optimizer, models = _build(args, job)
         state = TrainState()
         if checkpoint is not None:
-            checkpoint.restore(optimizer)
+            restarted = checkpoint.restore(optimizer)
+            if restarted:
+                log_rank0(rank, restarted)
             state = checkpoint.state
             log_rank0(rank, f"resumed from {args.load} at iteration {state.iteration}")
         elif initial_weights is not None:
@@ -250,23 +254,24 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
             plan, waited_s = plans.get(iteration, batch)
             k = job.candidates.index_of(plan)
             ps.use_strategy(k)
-            timer.clear()
+            stage = models.get(k)
             started = time.perf_counter()
             with liveness.step(iteration):
                 optimizer.pull(k)
-                timer["pull"] = time.perf_counter() - started
-                models[k].zero_grad(set_to_none=True)
+                stage.model.zero_grad(set_to_none=True)
                 batches = rank_microbatches(plan, ps.replica(), dataset)
-                result = executors[k].run(plan, batches, iteration=iteration)
+                result = stage.executor.run(plan, batches, iteration=iteration)
                 ran = time.perf_counter()
                 optimizer.set_lr(learning_rate(args, iteration))
                 grad_norm = optimizer.clip_grad_norm(args.clip_grad)
                 optimizer.step()
-                timer["optimizer"] = time.perf_counter() - ran
                 measured_s = time.perf_counter() - started
-                timer["propagation"] = measured_s - sum(
-                    timer[t] for t in ("pull", "push", "optimizer")
-                )
+                timer = {
+                    "pull": optimizer.times["pull"],
+                    "push": optimizer.times["push"],
+                    "optimizer": measured_s - (ran - started),
+                }
+                timer["propagation"] = measured_s - sum(timer.values())
                 loss, tokens, slowest = _global_report(result, timer)
             losses.append(loss)
             if strategies_out is not None:
@@ -285,52 +290,40 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
     return losses
 
 
-def _build(args, job: HeteroJob):
-    """Every strategy's stage model and executor on this rank, and the one optimiser."""
+def _build(args, job: HeteroJob) -> tuple[DisaggregatedOptimizer, StrategyModels]:
+    """The one optimiser (from strategy 0's stage model) and the cache of stage models."""
     options = model_options(args)
-    models, configs, topologies = [], [], []
-    for k in range(len(job.candidates.layouts)):
+
+    def build(k: int):
         ps.use_strategy(k)
-        config, model = build_stage_model(job.spec, args.seq_length, options)
-        models.append(model)
-        configs.append(config)
-        topologies.append(ps.topology())
+        return build_stage_model(job.spec, args.seq_length, options)
+
+    config, model = build(0)
     optimizer = DisaggregatedOptimizer(
-        models,
-        topologies,
+        {0: model},
+        ps.topologies(),
         lr=args.lr,
         betas=(args.adam_beta1, args.adam_beta2),
         eps=args.adam_eps,
         weight_decay=args.weight_decay,
         tied_embeddings=options.tie_embeddings,
+        overlap=args.overlap_pull_push,
     )
-    timer: dict[str, float] = {}
     slowdown = parse_device_speed(args.device_speed, dist.get_world_size())[dist.get_rank()]
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    executors = []
-    for k in range(len(models)):
-        ps.use_strategy(k)
-        configs[k].finalize_model_grads_func = _timed_push(optimizer, k, timer)
+
+    def make_executor(k: int, config, model) -> PlanExecutor:
+        config.finalize_model_grads_func = optimizer.finalize_func(k)
         executor = PlanExecutor.for_this_rank(
-            models[k], configs[k], device=device, timeout_s=args.dynapipe_timeout
+            model, config, device=device, timeout_s=args.dynapipe_timeout
         )
         executor.slowdown = slowdown
-        executors.append(executor)
-    return optimizer, models, executors, timer
+        return executor
 
-
-def _timed_push(optimizer: DisaggregatedOptimizer, strategy: int, timer: dict[str, float]):
-    """The push as the executor's finalize step, timed without its wait for the slowest
-    pipeline (that wait is propagation: the iteration's critical path)."""
-    push = optimizer.finalize_func(strategy)
-
-    def finalize(*args, **kwargs) -> None:
-        started = time.perf_counter()
-        push(*args, **kwargs)
-        timer["push"] = time.perf_counter() - started - optimizer.last_push_wait_s
-
-    return finalize
+    models = StrategyModels(optimizer, build, make_executor, args.max_cached_strategies)
+    models.add(0, config, model)
+    return optimizer, models
 
 
 def _global_report(result, timer: dict[str, float]) -> tuple[float, int, dict[str, float]]:

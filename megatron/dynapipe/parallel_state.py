@@ -237,6 +237,11 @@ def topology() -> HeteroTopology:
     return _hetero().topology
 
 
+def topologies() -> list[HeteroTopology]:
+    """Every strategy's layouts, in `initialize_strategies` order."""
+    return [strategy.topology for strategy in _strategies]
+
+
 def hetero_groups() -> HeteroGroups:
     """The asymmetric job's process groups (heterogeneous jobs only)."""
     return _hetero().groups

@@ -18,19 +18,29 @@ same rank); push sends each piece of gradient from one holder per stage (every T
 TP leader for an unsharded parameter; both tied-embedding copies) to its owner, which sums the
 pieces, the sync of `grad_sync` and the reduce-scatter of §5.2 in one step. All pieces between
 two ranks travel as one message per direction, posted non-blocking on both sides before any
-wait, so an exchange cannot deadlock.
+wait, so an exchange cannot deadlock. Pull/push run on their own process group, so their
+messages never match the executor's stage-to-stage transfers between the same two ranks.
+
+With `overlap=True` (`--overlap-pull-push`) pull/push hide behind propagation, as Hydraulis'
+subgraph scheduling does (§5.3, Fig. 8, Table 1 "w/ Overlap") at the granularity this runtime
+has, the stage: `pull` only posts the messages, and a rank waits for its working weights at its
+stage's first forward, so later stages receive theirs while earlier stages already compute (the
+pipeline fill); the owners' gradient receives are posted at the same time, and a rank sends its
+gradients as soon as its own last backward is done, so the pushes of the stages and pipelines
+that finish early travel while the slowest still computes. Without overlap every rank waits for
+its weights before the iteration starts and for every pipeline before any gradient moves.
 
 The owners divide the summed gradients by the global batch's real tokens (counted once per
 pipeline, as `grad_sync` does), so every strategy computes the gradient of the same mean loss.
 
-Not yet here: pull/push overlapped with the first/last micro-batches (§5.3's subgraph
-placement), bf16 working weights from fp32 masters is only a cast in `pull`.
+Not yet here: finer overlap than the stage (layer by layer inside the first forward and the
+last backward); bf16 working weights from fp32 masters is only a cast in `pull`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -124,14 +134,17 @@ class DisaggregatedOptimizer:
     """This rank's share of the fp32 master weights and Adam states, fixed for the whole job,
     and the pull/push links to every strategy's working weights.
 
-    `models[k]` is this rank's stage model of strategy k (built while `use_strategy(k)` was in
-    force); `topologies[k]` its layout. Construct it on every rank together: it gathers the
+    `topologies[k]` is strategy k's layout; `models` maps strategies to this rank's stage model
+    of each (built while `use_strategy(k)` was in force). The models given at construction
+    must hold the whole model between them over all ranks (one strategy's do); more can be
+    `attach`ed later and `detach`ed to free them: the working weights are refilled by every pull,
+    so a stage model is only a buffer. Construct it on every rank together: it gathers the
     parameter catalogue from all ranks.
     """
 
     def __init__(
         self,
-        models: Sequence[torch.nn.Module],
+        models: Mapping[int, torch.nn.Module],
         topologies: Sequence[HeteroTopology],
         *,
         lr: float,
@@ -139,22 +152,24 @@ class DisaggregatedOptimizer:
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         tied_embeddings: bool = True,
+        overlap: bool = False,
     ) -> None:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.models, self.topologies = list(models), list(topologies)
+        self.topologies = list(topologies)
         self.tied = tied_embeddings
-        self.last_push_wait_s = 0.0  # of the last push: waiting for the slowest pipeline
+        self.overlap = overlap
+        # Seconds of the current iteration this rank spent on pull and push (posting, local
+        # copies and the waits it could not hide), and waiting in push for the slowest pipeline.
+        self.times = {"pull": 0.0, "push": 0.0, "push_wait": 0.0}
+        self._pulling: _Posted | None = None  # a posted pull not yet waited for
+        self._receipts: _Posted | None = None  # gradient receives posted ahead of the push
+        self._group = dist.new_group(list(range(self.world)))  # pull/push traffic only
+        self.local_params: dict[int, dict[str, torch.nn.Parameter]] = {}
+        self._hooks: dict[int, object] = {}
         local: dict[str, ParamInfo] = {}
-        self.local_params: list[dict[str, torch.nn.Parameter]] = []
-        for model, topology in zip(self.models, self.topologies, strict=True):
-            place = topology.place(self.rank)
+        for k, model in models.items():
+            place = self.topologies[k].place(self.rank)
             local.update(local_catalogue(model, place.layers[0], place.tp, self.tied))
-            self.local_params.append(
-                {
-                    logical_name(n, place.layers[0], self.tied): p
-                    for n, p in unwrap(model).named_parameters()
-                }
-            )
         gathered: list[dict[str, ParamInfo]] = [{} for _ in range(self.world)]
         dist.all_gather_object(gathered, local)
         self.catalogue = self._merge(gathered)
@@ -180,6 +195,42 @@ class DisaggregatedOptimizer:
             eps=eps,
             weight_decay=weight_decay,
         )
+        for k, model in models.items():
+            self.attach(k, model)
+
+    def attach(self, strategy: int, model: torch.nn.Module) -> None:
+        """Make `model` (this rank's stage of strategy `strategy`) the one its pulls fill and
+        its pushes read; it must agree with the catalogue (same parameters, shapes, TP dims)."""
+        place = self.topologies[strategy].place(self.rank)
+        for name, info in local_catalogue(model, place.layers[0], place.tp, self.tied).items():
+            if self.catalogue.get(name) != info:
+                raise ValueError(
+                    f"strategy {strategy}'s stage model on rank {self.rank} has parameter "
+                    f"{name} as {info}, the job's catalogue as {self.catalogue.get(name)}"
+                )
+        self.detach(strategy)
+        self.local_params[strategy] = {
+            logical_name(n, place.layers[0], self.tied): p
+            for n, p in unwrap(model).named_parameters()
+        }
+        if self.overlap:  # the stage waits for its working weights at its first forward
+            self._hooks[strategy] = model.register_forward_pre_hook(lambda *_: self._finish_pull())
+
+    def detach(self, strategy: int) -> None:
+        """Forget strategy `strategy`'s stage model (no-op when none is attached)."""
+        self._finish_pull()
+        self.local_params.pop(strategy, None)
+        hook = self._hooks.pop(strategy, None)
+        if hook is not None:
+            hook.remove()
+
+    def _params(self, strategy: int) -> dict[str, torch.nn.Parameter]:
+        try:
+            return self.local_params[strategy]
+        except KeyError:
+            raise KeyError(
+                f"strategy {strategy} has no stage model attached on rank {self.rank}"
+            ) from None
 
     @staticmethod
     def _merge(gathered: list[dict[str, ParamInfo]]) -> dict[str, ParamInfo]:
@@ -207,15 +258,15 @@ class DisaggregatedOptimizer:
     def load_from(self, strategy: int) -> None:
         """Set the master weights from strategy `strategy`'s models (the first stage holding
         each parameter): how a job starts from freshly initialised layers."""
+        self._finish_pull()
         sources = [p for p in self.links[strategy] if p.source]
-        params = self.local_params[strategy]
-        with torch.no_grad():
-            self._exchange(
-                sources,
-                send=lambda p: self._holder_slice(params[p.name], p),
-                recv=lambda p, t: self._owner_slice(p).copy_(t),
-                sender=lambda p: p.holder,
-            )
+        params = self._params(strategy)
+        self._start(
+            sources,
+            send=lambda p: self._holder_slice(params[p.name], p),
+            recv=lambda p, t: self._owner_slice(p).copy_(t),
+            sender=lambda p: p.holder,
+        ).wait()
 
     def full_state_dict(self, dst: int = 0) -> dict[str, dict[str, torch.Tensor]] | None:
         """Every parameter's full fp32 master weight and AdamW states, gathered on rank `dst`
@@ -271,40 +322,80 @@ class DisaggregatedOptimizer:
     # ---- pull, push, step -------------------------------------------------------------
 
     def pull(self, strategy: int) -> None:
-        """Fill strategy `strategy`'s working weights on every rank from the owners."""
-        params = self.local_params[strategy]
-        with torch.no_grad():
-            self._exchange(
-                self.links[strategy],
-                send=lambda p: self._owner_slice(p),
-                recv=lambda p, t: self._holder_slice(params[p.name], p).copy_(t),
-                sender=lambda p: p.owner,
+        """Fill strategy `strategy`'s working weights on every rank from the owners; with
+        overlap, post the messages (and the owners' gradient receives of the coming push) and
+        return: the stage's first forward, or at the latest the push, waits for them."""
+        self._finish_pull()
+        started = time.perf_counter()
+        params = self._params(strategy)
+        posted = self._start(
+            self.links[strategy],
+            send=lambda p: self._owner_slice(p),
+            recv=lambda p, t: self._holder_slice(params[p.name], p).copy_(t),
+            sender=lambda p: p.owner,
+        )
+        self.times = {"pull": time.perf_counter() - started, "push": 0.0, "push_wait": 0.0}
+        self._pulling = posted
+        if self.overlap:
+            self._receipts = self._post_receives(
+                self._routes(self._contributions(strategy), sender=lambda p: p.holder)[2],
+                recv=lambda p, t: self._owner_slice(p, grad=True).add_(t),
             )
+        else:
+            self._finish_pull()
 
     def push(self, strategy: int, num_tokens: torch.Tensor | None) -> None:
         """Send strategy `strategy`'s gradients to their owners, summed over holders and
         divided by the global batch's real tokens (`num_tokens`: this rank's count, from the
         last stages' TP leaders)."""
+        self._finish_pull()  # a stage that ran no forward this iteration
+        started = time.perf_counter()
+        for master in self.master.values():
+            master.grad = torch.zeros_like(master)
+        params = self._params(strategy)
+        send = lambda p: self._holder_slice(_grad(params[p.name]), p)  # noqa: E731
+        recv = lambda p, t: self._owner_slice(p, grad=True).add_(t)  # noqa: E731
+        pieces = self._contributions(strategy)
+        receipts, self._receipts = self._receipts, None
+        if receipts is None:  # no overlap: every pipeline done before any gradient moves
+            total = self._global_tokens(strategy, num_tokens)
+            self._start(pieces, send=send, recv=recv, sender=lambda p: p.holder).wait()
+        else:  # receives were posted at the pull: send now, while slower stages still compute
+            local, outgoing, _ = self._routes(pieces, sender=lambda p: p.holder)
+            for piece in local:
+                recv(piece, send(piece))
+            sends = self._post_sends(outgoing, send)
+            total = self._global_tokens(strategy, num_tokens)
+            receipts.wait()
+            sends.wait()
+        for master in self.master.values():
+            master.grad.div_(total)
+        self.times["push"] = time.perf_counter() - started - self.times["push_wait"]
+
+    def _contributions(self, strategy: int) -> list[Piece]:
+        return [p for p in self.links[strategy] if p.contributes]
+
+    def _global_tokens(self, strategy: int, num_tokens: torch.Tensor | None) -> float:
+        """The global batch's real tokens (a collective: also where every rank waits for the
+        slowest pipeline, timed as `times["push_wait"]`)."""
         place = self.topologies[strategy].place(self.rank)
         total = torch.zeros((), dtype=torch.float64)
         if place.is_last and place.tp_rank == 0 and num_tokens is not None:
             total += num_tokens.detach().cpu().to(torch.float64)
         started = time.perf_counter()
-        dist.all_reduce(total)  # also where every rank waits for the slowest pipeline
-        self.last_push_wait_s = time.perf_counter() - started
+        dist.all_reduce(total)
+        self.times["push_wait"] = time.perf_counter() - started
         if float(total) <= 0:
             raise ValueError("the global batch has no real tokens; nothing to normalise by")
-        for master in self.master.values():
-            master.grad = torch.zeros_like(master)
-        params = self.local_params[strategy]
-        self._exchange(
-            [p for p in self.links[strategy] if p.contributes],
-            send=lambda p: self._holder_slice(_grad(params[p.name]), p),
-            recv=lambda p, t: self._owner_slice(p, grad=True).add_(t),
-            sender=lambda p: p.holder,
-        )
-        for master in self.master.values():
-            master.grad.div_(float(total))
+        return float(total)
+
+    def _finish_pull(self) -> None:
+        """Wait for a posted pull (no-op when none is in flight); counted as pull time."""
+        posted, self._pulling = self._pulling, None
+        if posted is not None:
+            started = time.perf_counter()
+            posted.wait()
+            self.times["pull"] += time.perf_counter() - started
 
     def step(self) -> None:
         """One Adam step of the owned shards."""
@@ -347,44 +438,69 @@ class DisaggregatedOptimizer:
         dim = self.catalogue[piece.name].dim
         return tensor.narrow(dim, piece.lo - piece.holder_lo, piece.hi - piece.lo)
 
-    def _exchange(
-        self,
-        pieces: list[Piece],
-        *,
-        send: Callable[[Piece], torch.Tensor],
-        recv: Callable[[Piece, torch.Tensor], object],
-        sender: Callable[[Piece], int],
-    ) -> None:
-        """Move every piece from `sender(piece)` to the other end (holder or owner): one
-        message per pair of ranks and direction, all posted before any wait."""
+    def _routes(
+        self, pieces: list[Piece], sender: Callable[[Piece], int]
+    ) -> tuple[list[Piece], dict[int, list[Piece]], dict[int, list[Piece]]]:
+        """Split the pieces moving from `sender(piece)` to the other end (holder or owner)
+        into this rank's local ones, what it sends (by destination) and receives (by source)."""
+        local: list[Piece] = []
         outgoing: dict[int, list[Piece]] = {}
         incoming: dict[int, list[Piece]] = {}
         for piece in pieces:
             src = sender(piece)
             dst = piece.owner if src == piece.holder else piece.holder
             if src == self.rank and dst == self.rank:
-                recv(piece, send(piece).clone())
+                local.append(piece)
             elif src == self.rank:
                 outgoing.setdefault(dst, []).append(piece)
             elif dst == self.rank:
                 incoming.setdefault(src, []).append(piece)
+        return local, outgoing, incoming
+
+    def _start(
+        self,
+        pieces: list[Piece],
+        *,
+        send: Callable[[Piece], torch.Tensor],
+        recv: Callable[[Piece, torch.Tensor], object],
+        sender: Callable[[Piece], int],
+    ) -> _Posted:
+        """Copy this rank's local pieces and post every message of the exchange: one per pair
+        of ranks and direction, receives before sends; `wait()` completes it."""
+        local, outgoing, incoming = self._routes(pieces, sender)
+        with torch.no_grad():
+            for piece in local:
+                recv(piece, send(piece).clone())
+        receives = self._post_receives(incoming, recv)
+        sends = self._post_sends(outgoing, send)
+        return _Posted(sends.requests + receives.requests, receives.unpack)
+
+    def _post_receives(
+        self, incoming: dict[int, list[Piece]], recv: Callable[[Piece, torch.Tensor], object]
+    ) -> _Posted:
         buffers, requests = {}, []
         for src, group in sorted(incoming.items()):
-            size = sum(self._numel(p) for p in group)
-            buffers[src] = torch.empty(size, dtype=torch.float32)
-            requests.append(dist.irecv(buffers[src], src))
+            buffers[src] = torch.empty(sum(self._numel(p) for p in group), dtype=torch.float32)
+            requests.append(dist.irecv(buffers[src], src, group=self._group))
+
+        def unpack() -> None:
+            for src, group in incoming.items():
+                offset = 0
+                for piece in group:
+                    n = self._numel(piece)
+                    recv(piece, buffers[src][offset : offset + n].view(self._piece_shape(piece)))
+                    offset += n
+
+        return _Posted(requests, unpack)
+
+    def _post_sends(
+        self, outgoing: dict[int, list[Piece]], send: Callable[[Piece], torch.Tensor]
+    ) -> _Posted:
+        requests = []
         for dst, group in sorted(outgoing.items()):
-            flat = torch.cat([send(p).float().reshape(-1) for p in group])
-            requests.append(dist.isend(flat, dst))
-        for request in requests:
-            request.wait()
-        for src, group in incoming.items():
-            offset = 0
-            for piece in group:
-                n = self._numel(piece)
-                shape = self._piece_shape(piece)
-                recv(piece, buffers[src][offset : offset + n].view(shape))
-                offset += n
+            flat = torch.cat([send(p).detach().float().reshape(-1) for p in group])
+            requests.append(dist.isend(flat, dst, group=self._group))
+        return _Posted(requests)
 
     def _piece_shape(self, piece: Piece) -> tuple[int, ...]:
         info = self.catalogue[piece.name]
@@ -397,6 +513,21 @@ class DisaggregatedOptimizer:
         for size in self._piece_shape(piece):
             n *= size
         return n
+
+
+class _Posted:
+    """The messages of one exchange in flight; `wait` completes them and then unpacks what
+    arrived (without autograd: the receivers are parameters and their gradients)."""
+
+    def __init__(self, requests: list, unpack: Callable[[], None] | None = None) -> None:
+        self.requests, self.unpack = requests, unpack
+
+    def wait(self) -> None:
+        for request in self.requests:
+            request.wait()
+        if self.unpack is not None:
+            with torch.no_grad():
+                self.unpack()
 
 
 def _grad(param: torch.nn.Parameter) -> torch.Tensor:
