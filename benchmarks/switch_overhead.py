@@ -30,26 +30,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-HETERO = re.compile(
-    r"iteration (?P<it>\d+)/\d+ \| strategy (?P<strategy>.+?) \| lm loss (?P<loss>[\d.]+) \| "
-    r"tokens/s (?P<tps>[\d,]+) \| .*?iteration (?P<ms>[\d,]+) ms \(pull (?P<pull>[\d,]+), "
-    r"propagation (?P<prop>[\d,]+), push (?P<push>[\d,]+), optimizer (?P<opt>[\d,]+) ms"
-)
-HOMOGENEOUS = re.compile(
-    r"iteration (?P<it>\d+)/\d+ \| lm loss (?P<loss>[\d.]+) \| tokens/s (?P<tps>[\d,]+) \| "
-    r".*?\| iteration (?P<ms>[\d,]+) ms"
-)
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.torchrun_runs import ROOT, alternating, run
+
 TWO_PIPELINES = {
     "replicas": [
         {
@@ -70,12 +60,6 @@ TWO_PIPELINES = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _common(args: argparse.Namespace) -> list[str]:
     return [
         "--num-layers", "4", "--hidden-size", str(args.hidden_size),
@@ -87,30 +71,6 @@ def _common(args: argparse.Namespace) -> list[str]:
         "--lr-decay-style", "constant", "--device-speed", args.device_speed,
         "--train-iters", str(args.warmup_iters + args.measured_iters),
     ]  # fmt: skip
-
-
-def run(label: str, extra: list[str], args: argparse.Namespace) -> list[dict[str, str]]:
-    """One torchrun; its log lines after the warm-up."""
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
-        "--master-port", str(_free_port()), str(ROOT / "pretrain_gpt.py"),
-        *_common(args), *extra,
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    started = time.perf_counter()
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"{label} failed:\n{' '.join(cmd)}\n{out.stderr[-4000:]}")
-    split = "--hetero-plan" in extra or "--dynamic-strategies" in extra
-    pattern = HETERO if split else HOMOGENEOUS
-    rows = [m.groupdict() for m in map(pattern.search, out.stdout.splitlines()) if m]
-    if len(rows) != args.warmup_iters + args.measured_iters:
-        raise SystemExit(f"{label}: expected one line per iteration, got:\n{out.stdout}")
-    for row in rows:
-        row["first_loss"] = rows[0]["loss"]
-    load = os.getloadavg()[0]
-    print(f"  ran {label} ({time.perf_counter() - started:,.0f} s, load {load:.1f})", flush=True)
-    return rows[args.warmup_iters :]
 
 
 def summary(label: str, kept: list[dict[str, str]]) -> dict[str, object]:
@@ -166,9 +126,10 @@ def measure(args: argparse.Namespace) -> list[dict[str, object]]:
             ("dynamic heterogeneous, overlapped", ["--dynamic-strategies", "--overlap-pull-push"]),
         ]
         kept: dict[str, list[dict[str, str]]] = {label: [] for label, _ in configs}
-        for round_ in range(args.rounds):  # alternate the order: load drifts on a shared box
-            for label, extra in configs if round_ % 2 == 0 else configs[::-1]:
-                kept[label] += run(label, extra, args)
+        for _, (label, extra) in alternating(configs, args.rounds):
+            kept[label] += run(
+                label, 4, [*_common(args), *extra], args.warmup_iters, args.measured_iters
+            )
     return [summary(label, kept[label]) for label, _ in configs]
 
 

@@ -20,6 +20,7 @@ from .baselines import galvatron_symmetric, homogeneous_reference, megatron_symm
 from .cost import HeteroCostModel, TrainingJob
 from .milp import MAX_DEVICES, milp_reference
 from .plan_file import plan_table, save_plan
+from .rank_binding import bind_ranks
 from .search import SearchConfig, hexiscale_search
 from .simulate import simulate_plan
 
@@ -42,6 +43,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tau", type=int, default=2, help="stage-order branching (§4.3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", help="write the plan JSON here")
+    p.add_argument(
+        "--bind-ranks",
+        action="store_true",
+        help="write the plan with devices renumbered as launcher ranks (each pipeline's stages "
+        "on increasing ranks, as `pretrain_gpt.py --hetero-plan` needs) and print which "
+        "cluster device each rank stands for",
+    )
     p.add_argument("--baselines", action="store_true", help="compare with §5's baselines")
     p.add_argument(
         "--exact", action="store_true", help=f"also solve exactly (<= {MAX_DEVICES} GPUs)"
@@ -94,6 +102,16 @@ def hetero_main(argv: Sequence[str] | None = None) -> int:
             say("exact reference (CP-SAT) ...")
             _, exact = milp_reference(cost)
             print(f"exact: MFU {exact.mfu:.1%}; hexiscale is {exact.mfu - est.mfu:+.2%} below it")
+        if args.bind_ranks:
+            binding = bind_ranks(plan)
+            plan = binding.plan
+            print(
+                "\nranks: "
+                + ", ".join(
+                    f"{r}=device {d} ({cluster.machine_of(d).name})"
+                    for r, d in enumerate(binding.device_of_rank)
+                )
+            )
         if args.output:
             save_plan(plan, args.output)
             say(f"plan written to {os.path.abspath(args.output)}")

@@ -16,7 +16,8 @@ A `dynapipe-hetero --output` plan (`"format": "hexiscale-plan"`) is read too: it
 stages as they are, each pipeline's share its `batch_size` over the sum of them. Its device ids
 are taken as global ranks, so a plan whose stage order puts a later stage on a lower device
 than an earlier one is refused (megatron-core numbers stages by rank order) with the replica
-and stage named.
+and stage named; `dynapipe-hetero --bind-ranks` (`hetero.rank_binding`) writes such a plan
+renumbered so that it runs.
 Everything is checked before any process group exists, and each error names the item
 (`replicas[1].stages[0].tp`), so a wrong file fails on every rank with the same message.
 """

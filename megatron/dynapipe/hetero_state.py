@@ -119,7 +119,7 @@ class HeteroTopology:
                         raise LayoutMismatch(
                             f"replica {k} stage {j} runs on rank {ranks[j]}, not above rank "
                             f"{ranks[j - 1]} of stage {j - 1}: a pipeline's stages must run on "
-                            "increasing ranks (renumber the devices of the plan)"
+                            "increasing ranks (renumber the plan: dynapipe-hetero --bind-ranks)"
                         )
             if num_layers is not None and end != num_layers:
                 raise LayoutMismatch(

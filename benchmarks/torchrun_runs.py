@@ -1,0 +1,105 @@
+"""Launching the real training program from a benchmark and reading back its per-iteration
+log lines, shared by the benchmarks that measure `torchrun ... pretrain_gpt.py` on this
+machine's CPUs (`switch_overhead.py`, `hetero_cpu.py`).
+
+Each run is one `torchrun` with `OMP_NUM_THREADS=1` per rank (the machine is shared); its
+stdout holds one line per iteration, in the homogeneous form (`iteration 3/8 | lm loss ... |
+tokens/s ... | ... | iteration 412 ms ...`) or the heterogeneous one, which names the strategy
+and splits the time into pull, propagation, push and optimiser. Configurations are run in
+alternating order between rounds (`alternating`) because load drifts on a shared machine.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+ROOT = Path(__file__).resolve().parents[1]
+HETERO = re.compile(
+    r"iteration (?P<it>\d+)/\d+ \| strategy (?P<strategy>.+?) \| lm loss (?P<loss>[\d.]+) \| "
+    r"tokens/s (?P<tps>[\d,]+) \| .*?iteration (?P<ms>[\d,]+) ms \(pull (?P<pull>[\d,]+), "
+    r"propagation (?P<prop>[\d,]+), push (?P<push>[\d,]+), optimizer (?P<opt>[\d,]+) ms"
+)
+HOMOGENEOUS = re.compile(
+    r"iteration (?P<it>\d+)/\d+ \| lm loss (?P<loss>[\d.]+) \| tokens/s (?P<tps>[\d,]+) \| "
+    r".*?\| iteration (?P<ms>[\d,]+) ms"
+)
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def iteration_rows(stdout: str) -> list[dict[str, str]]:
+    """The fields of every per-iteration line, heterogeneous or homogeneous."""
+    rows = []
+    for line in stdout.splitlines():
+        match = HETERO.search(line) or HOMOGENEOUS.search(line)
+        if match:
+            rows.append(match.groupdict())
+    return rows
+
+
+class RunTimedOut(RuntimeError):
+    """A run that did not finish within its time limit (its processes are killed)."""
+
+
+def run(
+    label: str,
+    nproc: int,
+    argv: Sequence[str],
+    warmup_iters: int,
+    measured_iters: int,
+    timeout_s: float | None = None,
+) -> list[dict[str, str]]:
+    """One `torchrun --nproc-per-node nproc pretrain_gpt.py argv` (which must train
+    warmup_iters + measured_iters iterations); its log lines after the warm-up, each with the
+    run's first loss as `first_loss`. A failed run or a missing line ends the benchmark with
+    the command and the output; a run past `timeout_s` is killed with all its ranks and raises
+    `RunTimedOut`."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+        "--master-port", str(free_port()), str(ROOT / "pretrain_gpt.py"), *argv,
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    started = time.perf_counter()
+    # A session of its own, so that a timeout kills the ranks too, not only torchrun.
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        print(f"  {label}: killed after {timeout_s:,.0f} s", flush=True)
+        raise RunTimedOut(f"{label} did not finish within {timeout_s:,.0f} s") from None
+    if proc.returncode != 0:
+        raise SystemExit(f"{label} failed:\n{' '.join(cmd)}\n{stderr[-4000:]}")
+    rows = iteration_rows(stdout)
+    if len(rows) != warmup_iters + measured_iters:
+        raise SystemExit(f"{label}: expected one line per iteration, got:\n{stdout}")
+    for row in rows:
+        row["first_loss"] = rows[0]["loss"]
+    load = os.getloadavg()[0]
+    print(f"  ran {label} ({time.perf_counter() - started:,.0f} s, load {load:.1f})", flush=True)
+    return rows[warmup_iters:]
+
+
+def alternating(configs: Sequence[T], rounds: int) -> Iterator[tuple[int, T]]:
+    """(round, config) for every round, forward in even rounds and backward in odd ones."""
+    for round_ in range(rounds):
+        for config in configs if round_ % 2 == 0 else configs[::-1]:
+            yield round_, config
