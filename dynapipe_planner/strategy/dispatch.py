@@ -50,7 +50,7 @@ def _pipelines(strategy: Strategy, profiles: list[SchemeProfile]) -> list[Scheme
     missing = [str(s) for s, _ in strategy.pipelines if s not in by_scheme]
     if missing:
         raise PlanningError(f"strategy {strategy} uses unprofiled schemes {missing}")
-    expanded = [by_scheme[s] for s, d in strategy.pipelines for _ in range(d)]
+    expanded = [by_scheme[s] for s in strategy.schemes]
     return sorted(expanded, key=lambda p: (-p.max_len, p.scheme))
 
 

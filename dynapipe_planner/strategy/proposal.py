@@ -58,6 +58,12 @@ class Strategy:
     def num_pipelines(self) -> int:
         return sum(d for _, d in self.pipelines)
 
+    @property
+    def schemes(self) -> list[ParallelScheme]:
+        """One scheme per pipeline, in the strategy's own (scheme) order: how plans and the
+        runtime's groups lay the pipelines out."""
+        return [s for s, d in self.pipelines for _ in range(d)]
+
     def __str__(self) -> str:
         return " + ".join(f"{d}x{s}" for s, d in sorted(self.pipelines, reverse=True))
 

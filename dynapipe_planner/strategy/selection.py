@@ -290,14 +290,13 @@ class StrategySelector:
         else in that order, stage by stage, TP groups contiguous; a pipeline that got no
         sequence this iteration runs an empty program (it still joins the gradient sync)."""
         ordered = choice.in_plan_order
-        plans, layouts, first_device = [], [], 0
-        for i, pipeline in enumerate(ordered):
-            planner = self.planner(pipeline.scheme)
-            plans.append(pipeline.plan or idle_pipeline_plan(planner))
-            layouts.append(pipeline_layout(i, pipeline.scheme, planner, first_device))
-            first_device += pipeline.scheme.num_gpus
+        schemes = [p.scheme for p in ordered]
+        planners = [self.planner(s) for s in schemes]
+        plans = [p.plan or idle_pipeline_plan(q) for p, q in zip(ordered, planners, strict=True)]
         if self.placement is not None:
-            layouts = self.placement([p.scheme for p in ordered])
+            layouts = self.placement(schemes)
+        else:
+            layouts = contiguous_layouts(schemes, len(planners[0].cost_model.model.layer_kinds()))
         return merge_pipeline_plans(plans, layouts)
 
     def _plan_pipelines(
@@ -445,21 +444,24 @@ def packed_groups(lengths: np.ndarray, packing: Packing) -> list[Group]:
     return groups
 
 
-def pipeline_layout(
-    index: int, scheme: ParallelScheme, planner: IterationPlanner, first_device: int
-) -> ReplicaLayout:
-    """Devices and layers of each stage of one pipeline, layers split as its cost model did."""
-    counts = split_layers(len(planner.cost_model.model.layer_kinds()), scheme.pp)
-    bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
-    stages = [
-        StageLayout(
-            list(range(first_device + j * scheme.tp, first_device + (j + 1) * scheme.tp)),
-            scheme.tp,
-            (bounds[j], bounds[j + 1]),
-        )
-        for j in range(scheme.pp)
-    ]
-    return ReplicaLayout(index, scheme.pp, stages)
+def contiguous_layouts(schemes: Sequence[ParallelScheme], num_layers: int) -> list[ReplicaLayout]:
+    """Pipelines of `schemes` (in order) on consecutive devices, stage by stage, TP groups
+    contiguous, layers split as the planner core's cost model splits them; the one layout
+    rule of a strategy's plans and of the groups the runtime builds for it."""
+    layouts, first = [], 0
+    for index, scheme in enumerate(schemes):
+        bounds = np.concatenate([[0], np.cumsum(split_layers(num_layers, scheme.pp))]).tolist()
+        stages = [
+            StageLayout(
+                list(range(first + j * scheme.tp, first + (j + 1) * scheme.tp)),
+                scheme.tp,
+                (int(bounds[j]), int(bounds[j + 1])),
+            )
+            for j in range(scheme.pp)
+        ]
+        layouts.append(ReplicaLayout(index, scheme.pp, stages))
+        first += scheme.num_gpus
+    return layouts
 
 
 def idle_pipeline_plan(planner: IterationPlanner) -> ExecutionPlan:

@@ -68,7 +68,7 @@ from .strategy_candidates import (
 )
 from .strategy_models import StrategyModels
 from .strategy_switch import DisaggregatedOptimizer
-from .training import log_rank0, model_options
+from .training import log_rank0, model_options, model_spec
 
 TIMES = ("pull", "propagation", "push", "optimizer")
 
@@ -94,7 +94,7 @@ def describe(layouts: list[ReplicaLayout]) -> str:
 def hetero_job(args: argparse.Namespace, vocab_size: int, lengths: np.ndarray, world: int):
     """The candidate strategies (or the static layout), the model spec with a vocabulary every
     strategy's TP degrees divide, and the planner recipe."""
-    base = _spec(args, padded_vocab_size(vocab_size, 1))
+    base = model_spec(args, padded_vocab_size(vocab_size, 1))
     memory = int(args.dynapipe_memory_limit * GiB) if args.dynapipe_memory_limit else 0
     dtype = dtype_name(args)
     dropped: list[str] = []
@@ -190,19 +190,6 @@ def _gpu(args: argparse.Namespace) -> GpuSpec:
 
 def _profile_recompute(args: argparse.Namespace) -> str:
     return "none" if args.dynapipe_recompute == "auto" else args.dynapipe_recompute
-
-
-def _spec(args: argparse.Namespace, vocab: int) -> ModelSpec:
-    return ModelSpec(
-        "pretrain_gpt",
-        "gpt",
-        args.num_layers,
-        args.hidden_size,
-        args.num_attention_heads,
-        args.ffn_hidden_size,
-        vocab,
-        max_position_embeddings=args.max_position_embeddings,
-    )
 
 
 def learning_rate(args: argparse.Namespace, step: int) -> float:

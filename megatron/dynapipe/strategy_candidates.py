@@ -22,9 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dynapipe_planner.cost import split_layers
 from dynapipe_planner.model_spec import ModelSpec
-from dynapipe_planner.plan import ExecutionPlan, ReplicaLayout, StageLayout
+from dynapipe_planner.plan import ExecutionPlan, ReplicaLayout
 from dynapipe_planner.strategy.mixed import (
     PlacedSchemeModels,
     group_candidates,
@@ -45,6 +44,7 @@ from dynapipe_planner.strategy.schemes import (
     scheme_space,
     scheme_tables,
 )
+from dynapipe_planner.strategy.selection import contiguous_layouts
 
 LayoutKey = tuple[tuple[tuple[tuple[int, ...], int, tuple[int, int]], ...], ...]
 
@@ -181,27 +181,13 @@ def mixed_candidates(
             )
     if not kept:
         raise CandidateError(f"no mixed-speed candidate uses all the job's {models.num_gpus} ranks")
-    layouts = [models.layouts([s for s, n in k.pipelines for _ in range(n)]) for k in kept]
+    layouts = [models.layouts(k.schemes) for k in kept]
     return profiles, CandidateSet([str(k) for k in kept], layouts, kept)
 
 
 def strategy_layouts(strategy: Strategy, num_layers: int) -> list[ReplicaLayout]:
     """The layouts `StrategySelector.to_plan` gives a strategy's plans."""
-    layouts, first = [], 0
-    for scheme, count in strategy.pipelines:
-        for _ in range(count):
-            bounds = np.concatenate([[0], np.cumsum(split_layers(num_layers, scheme.pp))])
-            stages = [
-                StageLayout(
-                    list(range(first + j * scheme.tp, first + (j + 1) * scheme.tp)),
-                    scheme.tp,
-                    (int(bounds[j]), int(bounds[j + 1])),
-                )
-                for j in range(scheme.pp)
-            ]
-            layouts.append(ReplicaLayout(len(layouts), scheme.pp, stages))
-            first += scheme.num_gpus
-    return layouts
+    return contiguous_layouts(strategy.schemes, num_layers)
 
 
 def layout_key(layouts: Sequence[ReplicaLayout]) -> LayoutKey:

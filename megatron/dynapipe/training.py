@@ -119,16 +119,7 @@ def _world_size() -> int:
 def _train(args: argparse.Namespace, tp: int, probe: IterationProbe | None) -> list[float]:
     rank = dist.get_rank()
     dataset = build_dataset(args.data_path, max_seqlen=args.seq_length, seed=args.seed)
-    spec = ModelSpec(
-        "pretrain_gpt",
-        "gpt",
-        args.num_layers,
-        args.hidden_size,
-        args.num_attention_heads,
-        args.ffn_hidden_size,
-        padded_vocab_size(dataset.vocab_size, tp),
-        max_position_embeddings=args.max_position_embeddings,
-    )
+    spec = model_spec(args, padded_vocab_size(dataset.vocab_size, tp))
     sampler = GlobalBatchSampler(dataset.lengths(), args.tokens_per_global_batch, args.seed)
     checkpoint = checkpointing.read(args.load) if args.load else None
     if checkpoint is not None:
@@ -195,6 +186,20 @@ def _train(args: argparse.Namespace, tp: int, probe: IterationProbe | None) -> l
                 with liveness.step(iteration):
                     checkpointing.save(args.save, state, model, optimizer, scheduler, sampler)
     return losses
+
+
+def model_spec(args: argparse.Namespace, vocab_size: int) -> ModelSpec:
+    """The GPT the Megatron flags describe, with an already padded vocabulary."""
+    return ModelSpec(
+        "pretrain_gpt",
+        "gpt",
+        args.num_layers,
+        args.hidden_size,
+        args.num_attention_heads,
+        args.ffn_hidden_size,
+        vocab_size,
+        max_position_embeddings=args.max_position_embeddings,
+    )
 
 
 def model_options(args: argparse.Namespace) -> ModelOptions:
