@@ -1,7 +1,7 @@
 """Where a HexiScale plan's iteration goes (seed hexiscale.txt App. A Eq. 7-10), in MFU points.
 
 Each device's share of one iteration is split into: model FLOPs at its peak (the MFU),
-recomputation (the extra forward of full recompute), kernel inefficiency (the analytic model's
+recomputation (what the stage's mode computes twice), kernel inefficiency (the analytic model's
 time over FLOPs / peak), TP communication (Eq. 3), p2p sends (Eq. 5), steady-state waiting for
 the pipeline's slowest stage, fill / drain bubbles (Eq. 9's first sum), waiting for a slower
 pipeline (Eq. 10's max) and DP sync (Eq. 7). Terms are weighted by the device's peak FLOPS,
@@ -9,7 +9,8 @@ so they sum to 100 points of the cluster's peak.
 
 Rows: our plan and the equal-FLOPS A800 reference for settings 1-2 (Llama-2 7B) and 3
 (Llama 30B) at the benchmark's batches; the same search with memory x100 (how much depth
-memory forces); the same search with App. A's network as written (`share_links=False`); and
+memory forces); with recomputation chosen per stage (ours and the A800 reference); the same
+search with App. A's network as written (`share_links=False`); and
 the paper's Table 2 plan for setting 3 built by hand and priced by our model both ways.
 
     python benchmarks/hexiscale_breakdown.py
@@ -42,6 +43,9 @@ def breakdown(cost: HeteroCostModel, plan: HeteroPlan) -> dict[str, float]:
     job, m, c = cost.job, cost.job.model, cost.cluster
     h, a, f, s = m.hidden_size, m.attention_width, m.ffn_hidden_size, job.seqlen
     layer_flops = 3.0 * s * (2 * (4 * h * a + 2 * h * f) + 4 * s * a) * job.micro_batch_size
+    # What each mode computes again in the backward pass: the whole forward, or (selective)
+    # the attention scores and their product with the values.
+    recomputed = {"full": layer_flops / 3, "selective": 4.0 * s * s * a * job.micro_batch_size}
     out_flops = 3.0 * s * 2 * h * m.vocab_size * job.micro_batch_size
     acc = dict.fromkeys(TERMS, 0.0)
     slowest = max(est.pipeline_s)
@@ -49,13 +53,13 @@ def breakdown(cost: HeteroCostModel, plan: HeteroPlan) -> dict[str, float]:
         busy = [x.busy_s for x in costs]
         mb = p.micro_batches
         for j, (st, x) in enumerate(zip(p.stages, costs, strict=True)):
-            tp_s = st.num_layers * cost.tp_comm_s(st.devices)
+            tp_s = st.num_layers * cost.tp_comm_s(st.devices, x.recompute)
             compute = x.forward_s + x.backward_s - tp_s
             flops = st.num_layers * layer_flops + (out_flops if j == len(p.stages) - 1 else 0)
             for d in st.devices:
                 peak = float(c.peak_flops[d])
                 useful = mb * flops / st.tp / peak
-                recompute = mb * st.num_layers * layer_flops / 3 / st.tp / peak
+                recompute = mb * st.num_layers * recomputed.get(x.recompute, 0.0) / st.tp / peak
                 terms = {
                     "mfu": useful,
                     "recompute": recompute,
@@ -152,7 +156,8 @@ def metis_table5(cost: HeteroCostModel) -> str:
     for j, (m, n) in enumerate(zip(machines, layers, strict=True)):
         replica = HeteroCostModel(c, replace(job, micro_batch_size=8 // m.count * 1 or 1))
         first, last = j == 0, j == len(machines) - 1
-        _, _, capacity = replica.stage_terms((m.first_device,), first, last, 8 - j, m.count)
+        options = replica.stage_options((m.first_device,), first, last, 8 - j, m.count)
+        capacity = max(o.capacity for o in options)
         if n > capacity:
             over.append(f"{m.name}: {n} layers > {capacity}")
     search = metis_style(cost)
@@ -184,6 +189,10 @@ def main() -> None:
             if share:
                 free = more_memory(cost)
                 row("ours, memory x100", free, hexiscale_search(free, config).plan)
+                auto = HeteroCostModel(cluster, replace(cost.job, recompute="auto"))
+                row("ours, recompute per stage", auto, hexiscale_search(auto, config).plan)
+                homo_auto = equal_flops_a800(auto)
+                row("homogeneous, per stage", homo_auto, hexiscale_search(homo_auto, config).plan)
             if "setting3" in file:
                 for b in (batch, 1024):
                     job = TrainingJob(MODEL_PRESETS[model], global_batch=b)
@@ -192,7 +201,7 @@ def main() -> None:
                     print(f"{'':<30} Metis, App. C: {metis_table5(priced)}")
     print(
         "\nterms in MFU points of the cluster's peak (sum 100): mfu = model FLOPs at peak; "
-        "recompute = full recompute's extra forward; ineff = analytic kernel time over FLOPs / "
+        "recompute = what recomputation computes twice; ineff = analytic kernel time over FLOPs / "
         "peak; tp = Eq. 3; p2p = Eq. 5 sends; steady = 1F1B waiting on the slowest stage; "
         "bubble = fill and drain; straggle = waiting on a slower pipeline; dp = Eq. 7 sync"
     )

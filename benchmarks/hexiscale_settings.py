@@ -76,12 +76,16 @@ class BestOverBatches:
 
 
 def job_cost(
-    cluster: HeteroCluster, model: str, batch: int, share_links: bool = True
+    cluster: HeteroCluster,
+    model: str,
+    batch: int,
+    share_links: bool = True,
+    recompute: str = "full",
 ) -> HeteroCostModel:
-    """The one cost model every system of a row is priced by (micro-batch 1, full recompute)."""
-    return HeteroCostModel(
-        cluster, TrainingJob(MODEL_PRESETS[model], global_batch=batch), share_links=share_links
-    )
+    """The one cost model every system of a row is priced by (micro-batch 1; full recompute as
+    App. A assumes, or "auto": each stage its fastest mode that fits)."""
+    job = TrainingJob(MODEL_PRESETS[model], global_batch=batch, recompute=recompute)
+    return HeteroCostModel(cluster, job, share_links=share_links)
 
 
 def price_system(system: str, cost: HeteroCostModel, config: SearchConfig) -> BaselineResult:
@@ -111,13 +115,14 @@ def max_mfu_over_batches(
     config: SearchConfig | None = None,
     systems: Sequence[str] = SYSTEMS,
     share_links: bool = True,
+    recompute: str = "full",
 ) -> dict[str, BestOverBatches]:
     """Every system's maximum MFU over the same global batches, each batch priced by the same
     cost model for every system (§5.1 reports maximum MFU and gives no batch)."""
     config = config or SearchConfig()
     found: dict[str, dict[int, BaselineResult]] = {s: {} for s in systems}
     for batch in batches:
-        cost = job_cost(cluster, model, batch, share_links)
+        cost = job_cost(cluster, model, batch, share_links, recompute)
         for s in systems:
             found[s][batch] = price_system(s, cost, config)
     out = {}
@@ -260,34 +265,47 @@ def verdicts(results: list[tuple[str, dict]]) -> None:
     )
 
 
-def sensitivity(budget: float, batches: Sequence[int], cases) -> None:
-    """The network choice the paper leaves open that moves the gaps most (see
-    `benchmarks/hexiscale_breakdown.py` for the per-term split): whether transfers that leave a
-    machine at once share its link (ours, the headline) or each device pair has the whole link
-    (App. A Eq. 4-5 literally, `share_links=False`). Same batches, maximum MFU as above."""
-    print(
-        "\nsensitivity: App. A's network as written (every device pair has the whole link), "
-        "maximum MFU over the same batches; headline = shared links"
-    )
+VARIANTS = {
+    "network": (
+        "sensitivity: App. A's network as written (every device pair has the whole link), "
+        "full recomputation; headline = shared links",
+        {"share_links": False},
+    ),
+    "recompute": (
+        "beyond App. A: recomputation chosen per stage (the fastest of none / selective / full "
+        "whose memory holds the stage's layers, for every system), shared links",
+        {"recompute": "auto"},
+    ),
+}
+
+
+def variant(name: str, budget: float, batches: Sequence[int], cases) -> None:
+    """The headline's maximum MFUs under one change of the cost model (`VARIANTS`): the
+    network choice the paper leaves open that moves the gaps most (whether transfers leaving a
+    machine at once share its link, or each device pair has the whole link as App. A Eq. 4-5
+    literally say; `benchmarks/hexiscale_breakdown.py` splits the terms), or recomputation
+    chosen per stage instead of App. A's full recomputation everywhere."""
+    title, change = VARIANTS[name]
+    print(f"\n{title}; maximum MFU over the same batches")
     header = (
         f"{'cluster':<11} {'model':<11} {'ours':>10} {'homo':>10} {'gap':>6} {'rel':>6} "
-        f"{'metis':>10} {'x metis':>7}  our DP / depths"
+        f"{'metis':>10} {'x metis':>7} {'megatron':>10} {'galv.':>10}  our DP / depths"
     )
     print(header)
     print("-" * len(header))
-    systems = ("ours", "homogeneous", "metis")
     for label, file, model in cases:
         cluster = load_cluster(CLUSTERS / file)
         config = SearchConfig(time_budget_s=budget)
-        res = max_mfu_over_batches(cluster, model, batches, config, systems, share_links=False)
-        ours, homo, metis = (res[s] for s in systems)
+        res = max_mfu_over_batches(cluster, model, batches, config, SYSTEMS, **change)
+        ours, homo, metis = res["ours"], res["homogeneous"], res["metis"]
         plan = ours.best.plan
         depths = sorted({len(p.stages) for p in plan.pipelines}) if plan else []
         print(
             f"{label:<11} {model:<11} {_cell(ours)} {_cell(homo)} "
             f"{points_gap(ours.best.mfu, homo.best.mfu):+5.1f}p "
             f"{rel_gap(ours.best.mfu, homo.best.mfu):6.1%} {_cell(metis)} "
-            f"{ratio(ours.best.mfu, metis.best.mfu):6.2f}x  "
+            f"{ratio(ours.best.mfu, metis.best.mfu):6.2f}x "
+            f"{_cell(res['megatron'])} {_cell(res['galvatron'])}  "
             f"DP={len(plan.pipelines) if plan else 0} depth {depths}"
         )
         sys.stdout.flush()
@@ -359,7 +377,9 @@ def main() -> None:
     results = compare(args.budget, args.batches, cases)
     by_batch_table(results, args.batches)
     verdicts(results)
-    sensitivity(args.budget, args.batches, [c for c in cases if "App" not in c[0]])
+    paper_cases = [c for c in cases if "App" not in c[0]]
+    for name in VARIANTS:
+        variant(name, args.budget, args.batches, paper_cases)
     if not args.quick:
         scaling(max(args.budget, 60.0), args.sizes, "llama2-70b", 4)
     load = os.getloadavg()

@@ -119,12 +119,14 @@ def test_plans_valid_and_estimate_equals_simulation(name: str, model: str, batch
 
 def test_estimate_equals_replay_on_known_pipelines() -> None:
     # Equal stages: 1F1B takes exactly m + p - 1 stage slots, which is Eq. 9.
-    equal = [StageCost(1.0, 2.0, 0.1, 0.1, 0, 1)] * 4
-    assert pipeline_time(equal, 8) == pytest.approx(11 * 3.2)
-    assert one_f_one_b(equal, 8) == pytest.approx(pipeline_time(equal, 8))
+    equal = [StageCost(1.0, 2.0, 0.1, 0.1, 0, 1, "full")] * 4
+    assert pipeline_time([s.busy_s for s in equal], 8) == pytest.approx(11 * 3.2)
+    assert one_f_one_b(equal, 8) == pytest.approx(pipeline_time([s.busy_s for s in equal], 8))
     # A slow last stage sets the pace of both.
-    slow = [*equal[:3], StageCost(2.0, 4.0, 0.0, 0.1, 0, 1)]
-    assert one_f_one_b(slow, 16) == pytest.approx(pipeline_time(slow, 16), rel=0.02)
+    slow = [*equal[:3], StageCost(2.0, 4.0, 0.0, 0.1, 0, 1, "full")]
+    assert one_f_one_b(slow, 16) == pytest.approx(
+        pipeline_time([s.busy_s for s in slow], 16), rel=0.02
+    )
 
 
 def test_shared_network_link_slows_parallel_transfers() -> None:

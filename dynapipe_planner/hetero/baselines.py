@@ -27,7 +27,7 @@ import numpy as np
 
 from ..cost.table import split_layers
 from ..devices import Machine, homogeneous_cluster
-from .cost import Estimate, HeteroCostModel, StageCost, pipeline_time
+from .cost import Estimate, HeteroCostModel, StageOption, fastest_holding, pipeline_time
 from .layer_assign import StageShape, assign_layers, stage_shapes
 from .layout import HeteroPipeline, HeteroPlan, HeteroStage
 from .search import SearchConfig, hexiscale_search
@@ -72,10 +72,10 @@ def symmetric_plan(
     for r in range(dp):
         stages = _megatron_stages(tp, pp, dp, r)
         if balance_layers:
-            # Heterogeneity-blind times (one profiled GPU type), true memory capacities.
+            # Heterogeneity-blind times (one profiled GPU type), true memory capacities:
+            # every stage's times over its own last mode's layer time.
             shapes = [
-                StageShape(s.devices, 1.0, s.fixed_s / s.per_layer_s, s.capacity)
-                for s in stage_shapes(cost, stages, dp)
+                StageShape(s.devices, _blind(s.options)) for s in stage_shapes(cost, stages, dp)
             ]
             counts = assign_layers(shapes, cost.job.model.num_layers)
             if counts is None:
@@ -94,6 +94,15 @@ def symmetric_plan(
         )
     return HeteroPlan(
         pipes, cost.job.micro_batch_size, cost.job.seqlen, cost.job.model.name, cost.cluster.name
+    )
+
+
+def _blind(options: tuple[StageOption, ...]) -> tuple[StageOption, ...]:
+    """Times in units of the stage's own layer time (its last mode's), as if every GPU were
+    the same type; capacities kept."""
+    unit = options[-1].per_layer_s
+    return tuple(
+        replace(o, per_layer_s=o.per_layer_s / unit, fixed_s=o.fixed_s / unit) for o in options
     )
 
 
@@ -178,7 +187,7 @@ def _metis_price(
         stages.append(tuple(range(m.first_device, m.first_device + t)))
     shapes = []
     for j, (cm, devs) in enumerate(zip(stage_models, stages, strict=True)):
-        per_layer, extra, capacity = cm.stage_terms(devs, j == 0, j == depth - 1, depth - j, dps[j])
+        options = cm.stage_options(devs, j == 0, j == depth - 1, depth - j, dps[j])
         sends = 0.0
         # The micro-batch moves between machines as one transfer per replica of the narrower
         # side, all sharing the machines' network link.
@@ -188,17 +197,14 @@ def _metis_price(
         if j > 0:
             narrow = j if dps[j] <= dps[j - 1] else j - 1
             sends += stage_models[narrow].hop_s(stages[j - 1], devs, float(dps[narrow])) / 2
-        shapes.append((per_layer, extra + sends, capacity))
-    counts = layers or assign_layers(
-        [StageShape(s, a, b, c) for s, (a, b, c) in zip(stages, shapes, strict=True)],
-        job.model.num_layers,
-    )
+        shapes.append(StageShape.sending(devs, options, sends))
+    counts = layers or assign_layers(shapes, job.model.num_layers)
     if counts is None:
         return None
-    busy = [b + n * a for (a, b, _), n in zip(shapes, counts, strict=True)]
-    pipe = pipeline_time(
-        [StageCost(x, 0.0, 0.0, 0.0, 0.0, 1.0) for x in busy], job.global_batch // micro
-    )
+    # As the cost model prices a stage (a published plan's stage may not fit its memory).
+    modes = [fastest_holding(s.options, n) for s, n in zip(shapes, counts, strict=True)]
+    busy = [o.fixed_s + n * o.per_layer_s for o, n in zip(modes, counts, strict=True)]
+    pipe = pipeline_time(busy, job.global_batch // micro)
     # In-stage DP sync of each stage's gradients inside its machine (App. A Eq. 4), slowest.
     sync = 0.0
     grad_bytes = 2.0

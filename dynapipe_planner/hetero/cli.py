@@ -17,7 +17,7 @@ from ..devices import load_cluster
 from ..errors import PlanningError
 from ..model_spec import MODEL_PRESETS, load_model_spec
 from .baselines import galvatron_symmetric, homogeneous_reference, megatron_symmetric, metis_style
-from .cost import HeteroCostModel, TrainingJob
+from .cost import RECOMPUTE_CHOICES, HeteroCostModel, TrainingJob
 from .milp import MAX_DEVICES, milp_reference
 from .plan_file import plan_table, save_plan
 from .rank_binding import bind_ranks
@@ -32,7 +32,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seqlen", type=int, default=4096)
     p.add_argument("--global-batch", type=int, default=128, help="samples per iteration")
     p.add_argument("--micro-batch-size", type=int, default=1)
-    p.add_argument("--recompute", choices=("none", "selective", "full"), default="full")
+    p.add_argument(
+        "--recompute",
+        choices=RECOMPUTE_CHOICES,
+        default="full",
+        help="activation recomputation on every stage (full: App. A's assumption), or auto: "
+        "each stage the fastest mode whose memory holds its layers (an estimate: the runtime's "
+        "--dynapipe-recompute auto picks one mode per iteration's plan, not per stage)",
+    )
     p.add_argument(
         "--no-shard-optimizer",
         action="store_true",

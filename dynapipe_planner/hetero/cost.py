@@ -33,6 +33,12 @@ keeps one micro-batch's layer input (B_mb S H B_type) where 1F1B keeps up to dep
 at stage j. Together these are why the paper's Table 2 plan (18 Llama 30B layers on a TP=4
 stage of 24 GB 4090s, first of four stages) needs 25.2 GiB here, of 21.6 GiB usable.
 
+Recomputation: App. A assumes full recomputation on every stage (the default here). With
+`TrainingJob(recompute="auto")` each stage runs the fastest mode (none, selective, full) whose
+memory holds its layers, as Galvatron-BMW (seed galvatron_bmw.txt §III-B) chooses checkpointing per
+layer and as the runtime's `--dynapipe-recompute auto` chooses it per iteration: 1F1B's later
+stages keep fewer micro-batches in flight and often need none.
+
 `estimate` is the closed form the search ranks plans by; `hetero.simulate` replays the same
 per-stage times event by event. Both read the stage times from `plan_stage_costs` below.
 """
@@ -58,6 +64,8 @@ from .layout import HeteroPipeline, HeteroPlan, HeteroStage
 # TP all-reduces per layer and micro-batch, each counted as two ring phases (App. A Eq. 3: 12
 # with recomputation: 2 forward, 2 backward, 2 in the recomputed forward).
 _TP_STEPS = {"none": 8, "selective": 8, "full": 12}
+# What `TrainingJob.recompute` accepts: one mode for every stage, or "auto" (each stage its own).
+RECOMPUTE_CHOICES = (*RECOMPUTE_MODES, "auto")
 
 
 @dataclass(frozen=True)
@@ -75,8 +83,10 @@ class TrainingJob:
     dtype: str = "bf16"
 
     def __post_init__(self) -> None:
-        if self.recompute not in RECOMPUTE_MODES:
-            raise PlanningError(f"recompute must be one of {RECOMPUTE_MODES}")
+        if self.recompute not in RECOMPUTE_CHOICES:
+            raise PlanningError(
+                f"recompute must be one of {RECOMPUTE_CHOICES}, got {self.recompute!r}"
+            )
         for f in ("seqlen", "global_batch", "micro_batch_size"):
             if getattr(self, f) < 1:
                 raise PlanningError(f"job: {f} must be >= 1, got {getattr(self, f)}")
@@ -99,10 +109,23 @@ class TrainingJob:
 
 
 @dataclass(frozen=True)
+class StageOption:
+    """A stage under one recomputation mode, per micro-batch: seconds per transformer layer,
+    seconds that do not depend on its layer count (embedding / output layer, and the sends once
+    layer assignment adds them), and the most layers its memory holds."""
+
+    mode: str
+    per_layer_s: float
+    fixed_s: float
+    capacity: int
+
+
+@dataclass(frozen=True)
 class StageCost:
     """One stage of one pipeline, per micro-batch: forward and backward compute (TP
     communication included), the sends this stage makes (activations to the next stage, half
-    of Eq. 5's hop; gradients to the previous stage, half of that link's hop), and memory."""
+    of Eq. 5's hop; gradients to the previous stage, half of that link's hop), memory, and the
+    recomputation mode it runs."""
 
     forward_s: float
     backward_s: float
@@ -110,6 +133,7 @@ class StageCost:
     send_backward_s: float
     memory_bytes: float
     memory_limit_bytes: float
+    recompute: str
 
     @property
     def busy_s(self) -> float:
@@ -138,14 +162,23 @@ class Estimate:
             "mfu": self.mfu,
             "fits_memory": self.fits,
             "peak_memory_bytes": [[s.memory_bytes for s in p] for p in self.stages],
+            "recompute": [[s.recompute for s in p] for p in self.stages],
         }
 
 
-def pipeline_time(stages: list[StageCost], micro_batches: int) -> float:
-    """App. A Eq. 9: one micro-batch through every stage, then `m - 1` more at the pace of the
-    slowest stage."""
-    busy = [s.busy_s for s in stages]
+def pipeline_time(busy: list[float], micro_batches: int) -> float:
+    """App. A Eq. 9 over the stages' busy times per micro-batch: one micro-batch through every
+    stage, then `m - 1` more at the pace of the slowest stage."""
     return sum(busy) + (micro_batches - 1) * max(busy)
+
+
+def fastest_holding(options: tuple[StageOption, ...], layers: int) -> StageOption:
+    """The fastest option whose memory holds `layers`; when none does, the one holding most
+    (so that an over-full stage is reported under its most frugal mode)."""
+    fits = [o for o in options if o.capacity >= layers]
+    if not fits:
+        return max(options, key=lambda o: o.capacity)
+    return min(fits, key=lambda o: o.fixed_s + layers * o.per_layer_s)
 
 
 class HeteroCostModel:
@@ -167,6 +200,12 @@ class HeteroCostModel:
         self._memo: dict[tuple, Any] = {}
 
     # ---- building blocks ------------------------------------------------------------------
+    @cached_property
+    def recompute_modes(self) -> tuple[str, ...]:
+        """Modes a stage may run, fastest first: the job's one, or all of them for "auto"."""
+        mode = self.job.recompute
+        return RECOMPUTE_MODES if mode == "auto" else (mode,)
+
     def valid_tp(self, tp: int) -> bool:
         m = self.job.model
         return m.num_heads % tp == 0 and m.ffn_hidden_size % tp == 0
@@ -195,12 +234,15 @@ class HeteroCostModel:
             )
         return self._analytic[key]
 
-    def part(self, gpu: GpuSpec, tp: int, part: str) -> tuple[float, float, float, float]:
-        """(forward s, backward s, stored bytes, transient bytes) of one micro-batch."""
-        key = (gpu, tp, part)
+    def part(
+        self, gpu: GpuSpec, tp: int, part: str, mode: str
+    ) -> tuple[float, float, float, float]:
+        """(forward s, backward s, stored bytes, transient bytes) of one micro-batch under
+        recomputation `mode` (which only the transformer layers depend on)."""
+        key = (gpu, tp, part, mode)
         if key not in self._layer:
             self._layer[key] = self._model(gpu, tp).part_costs(
-                part, self.job.micro_batch_size, self.job.seqlen, self.job.recompute
+                part, self.job.micro_batch_size, self.job.seqlen, mode
             )
         return self._layer[key]
 
@@ -209,18 +251,19 @@ class HeteroCostModel:
         j = self.job
         return j.micro_batch_size * j.seqlen * j.model.hidden_size * DTYPE_BYTES[j.dtype]
 
-    def tp_comm_s(self, devices: tuple[int, ...]) -> float:
+    def tp_comm_s(self, devices: tuple[int, ...], mode: str) -> float:
         """App. A Eq. 3: per layer and micro-batch, the slowest member's exchanges."""
         if len(devices) < 2:
             return 0.0
-        if devices not in self._tp:
+        key = (devices, mode)
+        if key not in self._tp:
             idx = np.array(devices)
             bw = self.cluster.bandwidth[np.ix_(idx, idx)]
             lat = self.cluster.latency[np.ix_(idx, idx)]
             per_peer = lat + self._activation_bytes / (len(devices) * bw)
             np.fill_diagonal(per_peer, 0.0)
-            self._tp[devices] = _TP_STEPS[self.job.recompute] * float(per_peer.sum(1).max())
-        return self._tp[devices]
+            self._tp[key] = _TP_STEPS[mode] * float(per_peer.sum(1).max())
+        return self._tp[key]
 
     def hop_s(
         self, sender: tuple[int, ...], receiver: tuple[int, ...], flows: float = 1.0
@@ -279,27 +322,27 @@ class HeteroCostModel:
         pair = self.leader_machines(a, b)
         return flows.get(pair, 1.0) if pair is not None else 1.0
 
-    def layer_time_s(self, devices: tuple[int, ...]) -> float:
+    def layer_time_s(self, devices: tuple[int, ...], mode: str) -> float:
         """Forward + backward of one transformer layer and micro-batch on this TP group."""
-        key = ("layer", devices)
+        key = ("layer", devices, mode)
         if key not in self._memo:
-            f, b, _, _ = self.part(self._gpu(devices), len(devices), "decoder")
-            self._memo[key] = f + b + self.tp_comm_s(devices)
+            f, b, _, _ = self.part(self._gpu(devices), len(devices), "decoder", mode)
+            self._memo[key] = f + b + self.tp_comm_s(devices, mode)
         return self._memo[key]
 
     def extra_time_s(self, devices: tuple[int, ...], first: bool, last: bool) -> float:
         """Embedding on the first stage, output layer and loss on the last."""
         gpu, tp, t = self._gpu(devices), len(devices), 0.0
         if first:
-            f, b, _, _ = self.part(gpu, tp, "embedding")
+            f, b, _, _ = self.part(gpu, tp, "embedding", "none")
             t += f + b
         if last:
-            f, b, _, _ = self.part(gpu, tp, "output")
+            f, b, _, _ = self.part(gpu, tp, "output", "none")
             t += f + b
         return t
 
-    def _forward_share(self, devices: tuple[int, ...]) -> float:
-        f, b, _, _ = self.part(self._gpu(devices), len(devices), "decoder")
+    def _forward_share(self, devices: tuple[int, ...], mode: str) -> float:
+        f, b, _, _ = self.part(self._gpu(devices), len(devices), "decoder", mode)
         return f / (f + b)
 
     # ---- memory -----------------------------------------------------------------------------
@@ -313,10 +356,12 @@ class HeteroCostModel:
         optimizer = 12.0 / (num_pipelines if self.job.shard_optimizer else 1)
         return 2 + 4 + optimizer
 
-    def layer_memory(self, devices: tuple[int, ...], in_flight: int, num_pipelines: int) -> float:
+    def layer_memory(
+        self, devices: tuple[int, ...], in_flight: int, num_pipelines: int, mode: str
+    ) -> float:
         """Bytes one transformer layer adds to each device of the stage."""
         m, tp = self.job.model, len(devices)
-        _, _, stored, _ = self.part(self._gpu(devices), tp, "decoder")
+        _, _, stored, _ = self.part(self._gpu(devices), tp, "decoder", mode)
         static = m.layer_params("decoder") / tp * self._bytes_per_param(num_pipelines)
         return static + in_flight * stored
 
@@ -327,44 +372,46 @@ class HeteroCostModel:
         last: bool,
         in_flight: int,
         num_pipelines: int,
+        mode: str,
     ) -> float:
         """Bytes a stage holds however many layers it has: the largest transient workspace,
         and the embedding / output layer with their activations on the first / last stage."""
         m, tp, gpu = self.job.model, len(devices), self._gpu(devices)
         per_param = self._bytes_per_param(num_pipelines)
-        _, _, _, transient = self.part(gpu, tp, "decoder")
+        _, _, _, transient = self.part(gpu, tp, "decoder", mode)
         total = transient
         if first:
-            _, _, stored, _ = self.part(gpu, tp, "embedding")
+            _, _, stored, _ = self.part(gpu, tp, "embedding", "none")
             total += m.embedding_params() / tp * per_param + in_flight * stored
         if last:
-            _, _, stored, out_transient = self.part(gpu, tp, "output")
+            _, _, stored, out_transient = self.part(gpu, tp, "output", "none")
             total += m.vocab_size * m.hidden_size / tp * per_param + in_flight * stored
             total += out_transient
         return total
 
-    def stage_terms(
+    def stage_options(
         self,
         devices: tuple[int, ...],
         first: bool,
         last: bool,
         in_flight: int,
         num_pipelines: int,
-    ) -> tuple[float, float, int]:
-        """(seconds per layer, seconds of embedding/output, most layers memory holds) of a
-        stage per micro-batch; what layer assignment balances (memoised: searches ask often)."""
-        key = ("terms", devices, first, last, in_flight, num_pipelines)
+    ) -> tuple[StageOption, ...]:
+        """The stage under each recomputation mode it may run (fastest first), per
+        micro-batch: what layer assignment balances (memoised: searches ask often)."""
+        key = ("options", devices, first, last, in_flight, num_pipelines)
         if key not in self._memo:
-            room = self.memory_limit(devices) - self.fixed_memory(
-                devices, first, last, in_flight, num_pipelines
-            )
-            per_layer = self.layer_memory(devices, in_flight, num_pipelines)
-            capacity = max(0, math.floor(room / per_layer)) if room > 0 else 0
-            self._memo[key] = (
-                self.layer_time_s(devices),
-                self.extra_time_s(devices, first, last),
-                capacity,
-            )
+            extra = self.extra_time_s(devices, first, last)
+            limit = self.memory_limit(devices)
+            options = []
+            for mode in self.recompute_modes:
+                room = limit - self.fixed_memory(
+                    devices, first, last, in_flight, num_pipelines, mode
+                )
+                per_layer = self.layer_memory(devices, in_flight, num_pipelines, mode)
+                capacity = max(0, math.floor(room / per_layer)) if room > 0 else 0
+                options.append(StageOption(mode, self.layer_time_s(devices, mode), extra, capacity))
+            self._memo[key] = tuple(options)
         return self._memo[key]  # type: ignore[return-value]
 
     # ---- stages, pipelines, plans -----------------------------------------------------------
@@ -381,10 +428,13 @@ class HeteroCostModel:
         out = []
         for j, s in enumerate(stages):
             first, last = j == 0, j == depth - 1
-            busy = s.num_layers * self.layer_time_s(s.devices) + self.extra_time_s(
+            in_flight = min(depth - j, pipeline.micro_batches)
+            options = self.stage_options(s.devices, first, last, in_flight, num_pipelines)
+            mode = fastest_holding(options, s.num_layers).mode
+            busy = s.num_layers * self.layer_time_s(s.devices, mode) + self.extra_time_s(
                 s.devices, first, last
             )
-            share = self._forward_share(s.devices)
+            share = self._forward_share(s.devices, mode)
             if last:
                 hop_next = 0.0
             else:
@@ -395,10 +445,9 @@ class HeteroCostModel:
             else:
                 prv = stages[j - 1].devices
                 hop_prev = self.hop_s(prv, s.devices, self._flows(prv, s.devices, flows))
-            in_flight = min(depth - j, pipeline.micro_batches)
             mem = s.num_layers * self.layer_memory(
-                s.devices, in_flight, num_pipelines
-            ) + self.fixed_memory(s.devices, first, last, in_flight, num_pipelines)
+                s.devices, in_flight, num_pipelines, mode
+            ) + self.fixed_memory(s.devices, first, last, in_flight, num_pipelines, mode)
             out.append(
                 StageCost(
                     busy * share,
@@ -407,6 +456,7 @@ class HeteroCostModel:
                     hop_prev / 2,
                     mem,
                     self.memory_limit(s.devices),
+                    mode,
                 )
             )
         return out
@@ -508,7 +558,8 @@ class HeteroCostModel:
         """Eq. 10: the slowest pipeline plus DP sync; MFU over the whole cluster's peak."""
         stages = self.plan_stage_costs(plan)
         times = [
-            pipeline_time(s, p.micro_batches) for s, p in zip(stages, plan.pipelines, strict=True)
+            pipeline_time([x.busy_s for x in s], p.micro_batches)
+            for s, p in zip(stages, plan.pipelines, strict=True)
         ]
         dp = self.dp_sync_s(plan)
         iteration = max(times) + dp

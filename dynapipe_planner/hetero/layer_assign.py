@@ -4,7 +4,8 @@ pipeline "can be assigned with a different batch size").
 
 Layers: minimise the slowest stage's time per micro-batch (what 1F1B's steady state runs at,
 App. A Eq. 9) subject to each stage's memory, by bisection on that time; then hand back the
-layers the bisection over-assigned, from the slowest stages first.
+layers the bisection over-assigned, from the slowest stages first. A stage that may choose its
+recomputation mode (`TrainingJob(recompute="auto")`) runs the fastest one that holds its layers.
 
 Micro-batches: each pipeline's time is fill + (m - 1) x bottleneck (Eq. 9), increasing in m, so
 giving every next micro-batch to the pipeline that would finish it earliest minimises the
@@ -14,21 +15,39 @@ slowest pipeline: the pipelines finish together as far as whole micro-batches al
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .cost import HeteroCostModel
+from .cost import HeteroCostModel, StageOption, fastest_holding
 
 
 @dataclass(frozen=True)
 class StageShape:
-    """What layer assignment needs to know of a stage, per micro-batch."""
+    """What layer assignment needs to know of a stage, per micro-batch: its options, one per
+    recomputation mode it may run (`fixed_s` includes the stage's sends)."""
 
     devices: tuple[int, ...]
-    per_layer_s: float
-    fixed_s: float  # embedding / output layer and the stage's sends
-    capacity: int  # most layers its memory holds
+    options: tuple[StageOption, ...]
+
+    @classmethod
+    def sending(
+        cls, devices: tuple[int, ...], options: tuple[StageOption, ...], sends_s: float
+    ) -> StageShape:
+        """The stage's options (`HeteroCostModel.stage_options`) plus its sends per
+        micro-batch, which no mode changes."""
+        return cls(devices, tuple(replace(o, fixed_s=o.fixed_s + sends_s) for o in options))
+
+    @property
+    def capacity(self) -> int:
+        """Most layers memory holds under any mode."""
+        return max(o.capacity for o in self.options)
+
+    def time_s(self, layers: int) -> float:
+        """Busy time with `layers` layers in the fastest mode that holds them."""
+        o = fastest_holding(self.options, layers)
+        return o.fixed_s + layers * o.per_layer_s if o.capacity >= layers else math.inf
 
 
 def stage_shapes(
@@ -55,31 +74,37 @@ def stage_shapes(
             sends += hop(devs, stages[j + 1]) / 2
         if not first:
             sends += hop(stages[j - 1], devs) / 2
-        per_layer_s, extra_s, capacity = cost.stage_terms(
-            devs, first, last, depth - j, num_pipelines
-        )
-        out.append(StageShape(devs, per_layer_s, extra_s + sends, capacity))
+        options = cost.stage_options(devs, first, last, depth - j, num_pipelines)
+        out.append(StageShape.sending(devs, options, sends))
     return out
 
 
 def assign_layers(shapes: list[StageShape], num_layers: int) -> list[int] | None:
-    """Layers per stage (each at least one) minimising the slowest stage; None if memory
-    cannot hold the model on these stages."""
+    """Layers per stage (each at least one) minimising the slowest stage, each stage in its
+    fastest mode that holds its layers; None if memory cannot hold the model on these stages.
+
+    Exact: a stage's most layers within a time limit is the best over its modes, so the
+    smallest limit under which the stages hold `num_layers` is found by bisection; handing
+    back layers never slows a stage (its time is monotone in its layers)."""
     if len(shapes) > num_layers or any(s.capacity < 1 for s in shapes):
         return None
     if sum(s.capacity for s in shapes) < num_layers:
         return None
 
-    fixed = np.array([s.fixed_s for s in shapes])
-    per_layer = np.array([s.per_layer_s for s in shapes])
-    cap = np.array([s.capacity for s in shapes])
+    k = max(len(s.options) for s in shapes)
+    fixed = np.full((k, len(shapes)), np.inf)
+    per_layer = np.ones((k, len(shapes)))
+    cap = np.zeros((k, len(shapes)), dtype=int)
+    for j, s in enumerate(shapes):
+        for i, o in enumerate(s.options):
+            fixed[i, j], per_layer[i, j], cap[i, j] = o.fixed_s, o.per_layer_s, o.capacity
 
     def counts(limit: float) -> list[int]:
         n = np.floor((limit - fixed) / per_layer + 1e-9)
-        return np.clip(n, 0, cap).astype(int).tolist()
+        return np.clip(n, 0, cap).max(axis=0).astype(int).tolist()
 
-    lo = max(s.fixed_s + s.per_layer_s for s in shapes)
-    hi = max(s.fixed_s + s.per_layer_s * min(s.capacity, num_layers) for s in shapes)
+    lo = max(s.time_s(1) for s in shapes)
+    hi = max(s.time_s(min(s.capacity, num_layers)) for s in shapes)
     if sum(counts(lo)) < num_layers:
         for _ in range(60):
             mid = (lo + hi) / 2
@@ -96,7 +121,10 @@ def assign_layers(shapes: list[StageShape], num_layers: int) -> list[int] | None
     while sum(n) > num_layers:
         j = max(
             (j for j in range(len(n)) if n[j] > 1),
-            key=lambda j: (shapes[j].fixed_s + n[j] * shapes[j].per_layer_s, shapes[j].per_layer_s),
+            key=lambda j: (
+                shapes[j].time_s(n[j]),
+                fastest_holding(shapes[j].options, n[j]).per_layer_s,
+            ),
         )
         n[j] -= 1
     return n
@@ -104,7 +132,7 @@ def assign_layers(shapes: list[StageShape], num_layers: int) -> list[int] | None
 
 def pipeline_profile(shapes: list[StageShape], layers: list[int]) -> tuple[float, float]:
     """(fill, bottleneck) of Eq. 9: time = fill + (m - 1) x bottleneck."""
-    busy = [s.fixed_s + n * s.per_layer_s for s, n in zip(shapes, layers, strict=True)]
+    busy = [s.time_s(n) for s, n in zip(shapes, layers, strict=True)]
     return sum(busy), max(busy)
 
 

@@ -103,8 +103,11 @@ def load_plan(path: str | Path) -> HeteroPlan:
 
 
 def plan_table(plan: HeteroPlan, gpu_of: Any = None) -> str:
-    """One row per stage: pipeline, stage, devices, GPU type, TP, layers, micro-batches."""
-    rows = [("pipeline", "stage", "devices", "gpu", "tp", "layers", "micro-batches", "batch")]
+    """One row per stage: pipeline, stage, devices, GPU type, TP, layers, recomputation (as
+    the plan's estimate priced it), micro-batches."""
+    modes = plan.stats.get("recompute")
+    header = ("pipeline", "stage", "devices", "gpu", "tp", "layers", "recompute", "micro-batches")
+    rows = [(*header, "batch")]
     for i, p in enumerate(plan.pipelines):
         for j, s in enumerate(p.stages):
             devs = s.devices
@@ -117,6 +120,7 @@ def plan_table(plan: HeteroPlan, gpu_of: Any = None) -> str:
                     gpu_of(devs[0]) if gpu_of else "",
                     str(s.tp),
                     f"{s.layers[0]}-{s.layers[1] - 1} ({s.num_layers})",
+                    modes[i][j] if modes else "",
                     str(p.micro_batches) if j == 0 else "",
                     str(p.micro_batches * plan.micro_batch_size) if j == 0 else "",
                 )

@@ -89,7 +89,8 @@ def _local_tp(cost: HeteroCostModel, group: tuple[int, ...], expected_m: float) 
     best, best_t = math.inf, 1
     for t in _tp_degrees(cost, n):
         stages = n // t
-        per_layer = cost.layer_time_s(group[:t]) / stages * (1 + (stages - 1) / expected_m)
+        layer_s = cost.layer_time_s(group[:t], cost.recompute_modes[-1])
+        per_layer = layer_s / stages * (1 + (stages - 1) / expected_m)
         if per_layer < best:
             best, best_t = per_layer, t
     return best_t

@@ -82,7 +82,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     best_megatron = min((r for r in rows[:-1]), key=lambda r: r["iteration_s"])
     # §3.1's two communication estimates, from the same cost model: TP per layer over all 24
     # micro-batches for plan 2's groups (Ethernet-crossing and NVLink), DP sync of plan 3.
-    tp_layer = [cost.tp_comm_s(s.devices) * 24 for s in plans[1][1].pipelines[0].stages]
+    tp_layer = [
+        cost.tp_comm_s(s.devices, cost.job.recompute) * 24 for s in plans[1][1].pipelines[0].stages
+    ]
     mine = rows[-1]
     write_outputs(
         run,
