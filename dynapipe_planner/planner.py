@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .comm import plan_communication
-from .cost.table import PipelineCosts
+from .cost.table import PipelineCosts, mix_stages
 from .errors import PlanningError
 from .microbatch.baselines import (
     Group,
@@ -45,7 +45,8 @@ BATCHING = ("dynamic", "packing", "padding", "token-budget")
 # costs full schedule searches over hundreds of micro-batches (planning time is the budget).
 REBALANCE_MAX_MICROBATCHES = 64
 SCHEDULES = ("adaptive", "1f1b")
-RECOMPUTE = ("auto", "none", "selective", "full")
+STAGE_RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("auto", *STAGE_RECOMPUTE)
 
 
 class CostModel(Protocol):
@@ -65,6 +66,9 @@ class PlannerConfig:
     batching: str = "dynamic"
     schedule: str = "adaptive"
     recompute: str = "auto"
+    # Fixed modes per stage (a HexiScale plan's, `hetero.cost` recompute="auto"); when given
+    # they replace `recompute` and every plan runs stage j in mode stage_recompute[j].
+    stage_recompute: tuple[str, ...] = ()
     order: str = "sort"
     dtype: str = "bf16"
     num_replicas: int = 1
@@ -88,6 +92,11 @@ class PlannerConfig:
         ):
             if value not in allowed:
                 raise PlanningError(f"{name} must be one of {allowed}, got {value!r}")
+        for j, mode in enumerate(self.stage_recompute):
+            if mode not in STAGE_RECOMPUTE:
+                raise PlanningError(
+                    f"stage_recompute[{j}] must be one of {STAGE_RECOMPUTE}, got {mode!r}"
+                )
 
 
 @dataclass
@@ -115,23 +124,34 @@ class IterationPlanner:
     """Turns each global batch's sample lengths into an `ExecutionPlan`."""
 
     def __init__(self, cost_model: CostModel, num_stages: int, config: PlannerConfig) -> None:
+        if config.stage_recompute and len(config.stage_recompute) != num_stages:
+            raise PlanningError(
+                f"stage_recompute lists {len(config.stage_recompute)} modes for {num_stages} stages"
+            )
         self.cost_model = cost_model
         self.num_stages = num_stages
         self.config = config
         self._tables: dict[tuple, PipelineCosts] = {}
 
-    def costs(self, recompute: str, lengths: np.ndarray, longest: int = 0) -> PipelineCosts:
+    def costs(
+        self, recompute: str | Sequence[str], lengths: np.ndarray, longest: int = 0
+    ) -> PipelineCosts:
         """Cost tables whose grid covers this batch (and rows of `longest` tokens, for packed
-        micro-batches longer than any sample), cached by power-of-two bounds."""
+        micro-batches longer than any sample), cached by power-of-two bounds; `recompute` is
+        one mode or one per stage (`mix_stages`)."""
         src = lengths if lengths.ndim == 1 else lengths[:, 0]
         hints = {
             "max_samples": _pow2(len(lengths)),
             "max_seqlen": _pow2(max(int(src.max()), longest)),
             "max_tgt_seqlen": _pow2(int(lengths[:, 1].max())) if lengths.ndim == 2 else 0,
         }
-        key = (recompute, *hints.values())
+        mode = recompute if isinstance(recompute, str) else tuple(recompute)
+        key = (mode, *hints.values())
         if key not in self._tables:
-            self._tables[key] = self.cost_model.pipeline_costs(recompute, **hints)
+            if isinstance(mode, str):
+                self._tables[key] = self.cost_model.pipeline_costs(mode, **hints)
+            else:
+                self._tables[key] = mix_stages([self.costs(m, lengths, longest) for m in mode])
         return self._tables[key]
 
     def costs_of(self, plan: ExecutionPlan, lengths: np.ndarray) -> PipelineCosts:
@@ -190,8 +210,14 @@ class IterationPlanner:
             best = rebalanced
         return best
 
-    def _recompute_modes(self) -> list[str]:
+    def _recompute_modes(self) -> list[str | tuple[str, ...]]:
         available = self.cost_model.recompute_modes()
+        fixed = self.config.stage_recompute
+        if fixed:
+            missing = sorted(set(fixed) - set(available))
+            if missing:
+                raise PlanningError(f"cost model has no tables for recompute={missing}")
+            return [fixed]
         wanted = available if self.config.recompute == "auto" else [self.config.recompute]
         missing = [m for m in wanted if m not in available]
         if missing or not wanted:
@@ -412,7 +438,9 @@ class IterationPlanner:
             "peak_memory_bytes": [int(x) for x in cand.peak_memory],
             "bubble_fraction": cand.bubble,
             "num_microbatches": len(cand.groups),
-            "recompute": costs.recompute,
+            "recompute": costs.recompute
+            if isinstance(costs.recompute, str)
+            else list(costs.recompute),
             "batching": cand.label,
             "schedule": cfg.schedule,
             "dp_passes": cand.dp_passes,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -86,7 +86,9 @@ class StaticHeteroPlanner:
 class StaticHeteroRecipe:
     """Builds a `StaticHeteroPlanner` in each planning worker: every pipeline priced by the
     analytic model of `gpu` with its own depth and (smallest) TP degree; `config` is the
-    planner core's configuration (one replica)."""
+    planner core's configuration (one replica). `stage_recompute[j]`, when given, fixes
+    pipeline j's recomputation mode per stage (a HexiScale plan's choice) instead of
+    `config.recompute`."""
 
     spec: ModelSpec
     gpu: str
@@ -94,10 +96,14 @@ class StaticHeteroRecipe:
     fractions: tuple[float, ...]
     config: PlannerConfig
     memory_limit_bytes: int = 0
+    stage_recompute: tuple[tuple[str, ...], ...] = ()
 
     def build(self) -> StaticHeteroPlanner:
         planners = []
-        for layout in self.layouts:
+        for j, layout in enumerate(self.layouts):
+            config = self.config
+            if self.stage_recompute:
+                config = replace(config, stage_recompute=self.stage_recompute[j])
             # A stage-wise TP degree is the runtime's; the cost model prices one TP per
             # pipeline, the smallest (the slowest stage bounds the pipeline).
             cluster = ClusterSpec(
@@ -108,8 +114,6 @@ class StaticHeteroRecipe:
                 memory_limit_bytes=self.memory_limit_bytes,
             )
             planners.append(
-                IterationPlanner(
-                    AnalyticCostModel(self.spec, cluster), layout.num_stages, self.config
-                )
+                IterationPlanner(AnalyticCostModel(self.spec, cluster), layout.num_stages, config)
             )
         return StaticHeteroPlanner(self.layouts, self.fractions, planners)

@@ -49,10 +49,51 @@ def _plan() -> dict:
 
 
 def test_a_good_plan_gives_layouts_and_fractions() -> None:
-    layouts, fractions = parse_hetero_plan(_plan(), SPEC, 4)
+    layouts, fractions, recompute = parse_hetero_plan(_plan(), SPEC, 4)
     assert [r.num_stages for r in layouts] == [2, 1]
     assert layouts[0].stages[0].devices == [0, 1] and layouts[0].stages[1].layers == (2, 4)
     assert fractions == [0.5, 0.5]
+    assert recompute == ()  # the file names no modes: the planner chooses
+
+
+def test_stage_recompute_modes_all_or_none() -> None:
+    plan = _plan()
+    for mode, stage in zip(("full", "none", "selective"), _stages(plan), strict=True):
+        stage["recompute"] = mode
+    assert parse_hetero_plan(plan, SPEC, 4).recompute == (("full", "none"), ("selective",))
+    del plan["replicas"][1]["stages"][0]["recompute"]
+    with pytest.raises(HeteroPlanError, match=r"replicas\[1\]\.stages\[0\] names no recompute"):
+        parse_hetero_plan(plan, SPEC, 4)
+    plan["replicas"][1]["stages"][0]["recompute"] = "some"
+    with pytest.raises(HeteroPlanError, match=r"replicas\[1\]\.stages\[0\]\.recompute must be"):
+        parse_hetero_plan(plan, SPEC, 4)
+
+
+def test_a_static_layout_plans_and_runs_the_files_stage_modes() -> None:
+    """The modes a `--hetero-plan` file names reach every pipeline's plans, and each rank
+    reads its own stage's mode from the merged plan (`recompute.stage_mode`)."""
+    from dynapipe_planner.planner import PlannerConfig
+    from dynapipe_planner.static_hetero import StaticHeteroRecipe
+    from megatron.dynapipe.recompute import stage_mode
+
+    plan = _plan()
+    for mode, stage in zip(("full", "none", "selective"), _stages(plan), strict=True):
+        stage["recompute"] = mode
+    layouts, fractions, modes = parse_hetero_plan(plan, SPEC, 4)
+    recipe = StaticHeteroRecipe(
+        SPEC, "A100-80GB", tuple(layouts), tuple(fractions), PlannerConfig(), 0, modes
+    )
+    merged = recipe.build().plan(np.array([100, 30, 64, 12, 90, 7]))
+    ranks = {(r.replica, r.stage) for r in merged.ranks}
+    assert {k: stage_mode(merged.stats, *k) for k in sorted(ranks)} == {
+        (0, 0): "full",
+        (0, 1): "none",
+        (1, 0): "selective",
+    }
+
+
+def _stages(plan: dict) -> list[dict]:
+    return [st for rep in plan["replicas"] for st in rep["stages"]]
 
 
 def _broken(path: tuple, value: object) -> dict:
@@ -245,8 +286,18 @@ def test_a_hexiscale_plan_file_is_read(tmp_path: Path) -> None:
     }
     path = tmp_path / "hexi.json"
     path.write_text(json.dumps(good))
-    layouts, fractions = load_hetero_plan(path, SPEC, 4)
+    layouts, fractions, recompute = load_hetero_plan(path, SPEC, 4)
     assert fractions == [0.75, 0.25] and layouts[1].stages[1].devices == [3]
+    assert recompute == ()
+    # The HexiScale planner's per-stage modes (stats.recompute) come along, checked.
+    good["stats"] = {"recompute": [["full", "none"], ["full", "none"]]}
+    path.write_text(json.dumps(good))
+    assert load_hetero_plan(path, SPEC, 4).recompute == (("full", "none"), ("full", "none"))
+    good["stats"] = {"recompute": [["full", "none"], ["full"]]}
+    path.write_text(json.dumps(good))
+    with pytest.raises(HeteroPlanError, match=r"stats\.recompute\[1\] must list one mode per"):
+        load_hetero_plan(path, SPEC, 4)
+    del good["stats"]
     good["replicas"][0]["stages"][1]["devices"] = [0]
     good["replicas"][0]["stages"][0]["devices"] = [2]
     path.write_text(json.dumps(good))

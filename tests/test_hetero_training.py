@@ -165,6 +165,26 @@ def test_static_hetero_plan_with_clipping_and_weight_decay_equals_the_reference(
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
 
 
+def test_stage_recompute_modes_of_a_plan_file_train_like_the_reference(
+    tmp_path: Path, reference
+) -> None:
+    """Per-stage recomputation named in the `--hetero-plan` file (full on the TP2 stage, none
+    after it, selective on the single-stage pipeline) changes memory and time, not the math."""
+    import json
+
+    modes = [["full", "none"], ["selective"]]
+    plan = json.loads(json.dumps(HETERO_PLAN))
+    for rep, mine in zip(plan["replicas"], modes, strict=True):
+        for stage, mode in zip(rep["stages"], mine, strict=True):
+            stage["recompute"] = mode
+    path = tmp_path / "modes.json"
+    path.write_text(json.dumps(plan))
+    weights, ref_losses = reference
+    argv = [*TINY, "--train-iters", str(ITERATIONS), "--hetero-plan", str(path)]
+    losses, _ = run_ranks(_train, 4, argv, weights, timeout_s=240)[0]
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+
+
 def test_resume_under_another_strategy_set(tmp_path: Path, reference, uninterrupted) -> None:
     import json
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from dynapipe_planner.cluster import ClusterSpec, GiB, get_gpu
 from dynapipe_planner.cost import AnalyticCostModel
+from dynapipe_planner.cost.table import mix_stages
 from dynapipe_planner.errors import PlanningError
 from dynapipe_planner.microbatch.baselines import Group
 from dynapipe_planner.microbatch.ordering import order_samples
@@ -133,6 +134,52 @@ def test_recompute_auto_picks_recomputation_when_nothing_fits_without_it():
         make_planner(MODEL_PRESETS["gpt-1.3b"], 2, 1, 16, recompute="none").plan(lengths)
     plan = planner.plan(lengths)
     assert plan.stats["recompute"] in ("selective", "full")
+
+
+STAGE_MODES = [("full", "full"), ("full", "none"), ("none", "none")]
+
+
+def test_stage_recompute_fixes_each_stages_mode():
+    """A HexiScale plan's per-stage modes: stage j is priced (time and memory, `mix_stages`)
+    and simulated under its own mode, and the plan names the modes per stage."""
+    lengths = np.random.default_rng(5).integers(200, 2048, 24)
+    model = MODEL_PRESETS["gpt-1.3b"]
+    plans = {modes: make_planner(model, 2, 1, 40, stage_recompute=modes) for modes in STAGE_MODES}
+    predicted = {}
+    for modes, planner in plans.items():
+        plan = planner.plan(lengths)
+        assert plan.stats["recompute"] == list(modes)
+        check_plan(planner, plan, lengths)
+        costs = planner.costs_of(plan, lengths)
+        for j, mode in enumerate(modes):
+            alone = planner.costs(mode, lengths, max(m.seqlen for m in plan.microbatches))
+            np.testing.assert_array_equal(costs.forward[j], alone.forward[j])
+            np.testing.assert_array_equal(costs.activation[j], alone.activation[j])
+        predicted[modes] = plan.stats["predicted_iteration_s"]
+    # Recomputing on fewer stages is never slower.
+    assert predicted[("full", "none")] <= predicted[("full", "full")]
+    assert predicted[("none", "none")] <= predicted[("full", "none")]
+    # One long sample at 32 GiB: the last stage (with the output layer) must recompute, the
+    # first need not; no single mode is both feasible and as fast.
+    long = np.array([4096, 100, 200])
+    with pytest.raises(PlanningError):
+        make_planner(model, 2, 1, 32, stage_recompute=("none", "none")).plan(long)
+    mixed = make_planner(model, 2, 1, 32, stage_recompute=("none", "full")).plan(long)
+    full = make_planner(model, 2, 1, 32, recompute="full").plan(long)
+    assert mixed.stats["predicted_iteration_s"] < 0.95 * full.stats["predicted_iteration_s"]
+    with pytest.raises(PlanningError, match="lists 1 modes for 2 stages"):
+        make_planner(model, 2, 1, 40, stage_recompute=("full",))
+    with pytest.raises(PlanningError, match=r"stage_recompute\[1\] must be one of"):
+        make_planner(model, 2, 1, 40, stage_recompute=("full", "half"))
+
+
+def test_mix_stages_rejects_tables_of_other_grids():
+    model = MODEL_PRESETS["gpt-350m"]
+    planner = make_planner(model, 2, 1, 40)
+    short = planner.costs("none", np.array([100]))
+    long = planner.costs("full", np.array([4000]))
+    with pytest.raises(PlanningError, match="stage 1: its table has another shape or grid"):
+        mix_stages([short, long])
 
 
 def test_deterministic():

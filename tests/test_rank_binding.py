@@ -67,7 +67,7 @@ def test_every_device_once_stage_order_kept_and_runtime_accepts(plan: HeteroPlan
     assert bound.stats["device_of_rank"] == list(binding.device_of_rank)
     assert bound.stats["estimate_s"] == 1.0
     # The runtime's reader takes the bound plan as it is.
-    layouts, fractions = parse_hetero_plan(plan_to_dict(bound), SPEC, binding.world_size)
+    layouts, fractions, _ = parse_hetero_plan(plan_to_dict(bound), SPEC, binding.world_size)
     assert [len(lay.stages) for lay in layouts] == [len(p.stages) for p in plan.pipelines]
     sizes = [p.micro_batches for p in plan.pipelines]
     assert fractions == pytest.approx([s / sum(sizes) for s in sizes])

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -98,7 +98,8 @@ class StageCosts:
 
 @dataclass
 class PipelineCosts:
-    """Per-stage cost tables of one pipeline (one TP degree, one recompute mode).
+    """Per-stage cost tables of one pipeline (one TP degree; one recompute mode, or one per
+    stage after `mix_stages`).
 
     forward/backward are seconds, activation is the bytes a micro-batch keeps from its forward
     to its backward pass, transient the extra bytes at the peak of either pass; all of shape
@@ -123,7 +124,7 @@ class PipelineCosts:
     memory_limit: float | np.ndarray  # bytes per GPU, or per stage (`stage_memory_limits`)
     p2p_bandwidth: np.ndarray
     p2p_latency: float
-    recompute: str = "none"
+    recompute: str | tuple[str, ...] = "none"
     dtype: str = "bf16"
     boundary_seq: tuple[str, ...] = ()
 
@@ -264,6 +265,33 @@ class PipelineCosts:
     def p2p_time(self, stage: int, shape: list[int]) -> float:
         nbytes = math.prod(shape) * DTYPE_BYTES[self.dtype]
         return self.p2p_latency + nbytes / float(self.p2p_bandwidth[stage])
+
+
+def mix_stages(tables: list[PipelineCosts]) -> PipelineCosts:
+    """Stage j's rows taken from `tables[j]` (one pipeline's tables under different recompute
+    modes, on one grid): the pipeline whose stages recompute differently, as a HexiScale plan
+    chooses per stage (`hetero.cost`, `recompute="auto"`); `recompute` lists each stage's mode."""
+    first = tables[0]
+    if len(tables) != first.num_stages:
+        raise PlanningError(f"{len(tables)} tables for {first.num_stages} stages")
+    for j, t in enumerate(tables):
+        if t.num_stages != first.num_stages or any(
+            not np.array_equal(getattr(t, g), getattr(first, g))
+            for g in ("b_grid", "s_grid", "t_grid")
+        ):
+            raise PlanningError(f"stage {j}: its table has another shape or grid than stage 0's")
+
+    def rows(name: str) -> np.ndarray:
+        return np.stack([getattr(t, name)[j] for j, t in enumerate(tables)])
+
+    return replace(
+        first,
+        **{
+            n: rows(n)
+            for n in ("forward", "backward", "activation", "transient", "static", "attention_coef")
+        },
+        recompute=tuple(str(t.recompute) for t in tables),
+    )
 
 
 def split_layers(num_layers: int, num_stages: int) -> list[int]:

@@ -37,8 +37,8 @@ def _parser() -> argparse.ArgumentParser:
         choices=RECOMPUTE_CHOICES,
         default="full",
         help="activation recomputation on every stage (full: App. A's assumption), or auto: "
-        "each stage the fastest mode whose memory holds its layers (an estimate: the runtime's "
-        "--dynapipe-recompute auto picks one mode per iteration's plan, not per stage)",
+        "each stage the fastest mode whose memory holds its layers (the plan file lists the "
+        "modes; pretrain_gpt.py --hetero-plan runs each stage in its mode)",
     )
     p.add_argument(
         "--no-shard-optimizer",

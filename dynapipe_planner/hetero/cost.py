@@ -35,9 +35,9 @@ stage of 24 GB 4090s, first of four stages) needs 25.2 GiB here, of 21.6 GiB usa
 
 Recomputation: App. A assumes full recomputation on every stage (the default here). With
 `TrainingJob(recompute="auto")` each stage runs the fastest mode (none, selective, full) whose
-memory holds its layers, as Galvatron-BMW (seed galvatron_bmw.txt §III-B) chooses checkpointing per
-layer and as the runtime's `--dynapipe-recompute auto` chooses it per iteration: 1F1B's later
-stages keep fewer micro-batches in flight and often need none.
+memory holds its layers, as Galvatron-BMW (seed galvatron_bmw.txt §III-B) chooses checkpointing
+per layer: 1F1B's later stages keep fewer micro-batches in flight and often need none. The plan
+lists the modes (`stats["recompute"]`) and the runtime runs each stage in its own.
 
 `estimate` is the closed form the search ranks plans by; `hetero.simulate` replays the same
 per-stage times event by event. Both read the stage times from `plan_stage_costs` below.

@@ -52,7 +52,8 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         choices=RECOMPUTE,
         default="auto",
         help="activation recomputation; auto: per iteration, the cheapest mode whose plan fits "
-        "in memory (Megatron's --recompute-granularity, chosen by the planner)",
+        "in memory (Megatron's --recompute-granularity, chosen by the planner), or each "
+        "stage's own mode where a --hetero-plan file names them",
     )
     g.add_argument(
         "--dynapipe-memory-limit",

@@ -4,10 +4,10 @@ This is DynaPipe's instruction-driven executor (seed `dynapipe.txt` §3): the pl
 micro-batches, their order on every stage and where each transfer is posted; the executor does
 exactly that and nothing else, so a plan the simulator proved deadlock-free runs as proven.
 
-Before running, the model is switched to the recomputation mode the plan chose
-(`stats["recompute"]`, §7 "Dynamic recomputation"). `LoadBatch` needs no action: as in
-megatron-core, `forward_step_func` takes the micro-batch from its iterator. `FreeBuffer` drops
-the activations a micro-batch held for its backward.
+Before running, the model is switched to the recomputation mode the plan chose for this
+rank's stage (`recompute.stage_mode`, §7 "Dynamic recomputation"). `LoadBatch` needs no
+action: as in megatron-core, `forward_step_func` takes the micro-batch from its iterator.
+`FreeBuffer` drops the activations a micro-batch held for its backward.
 
 It stands where `megatron.core.pipeline_parallel.get_forward_backward_func()` stood: it calls the
 same `forward_step_func(data_iterator, model) -> (output, loss_func)` on every stage, and at the
@@ -42,7 +42,7 @@ from . import parallel_state as ps
 from .device_speed import paced
 from .memory import release_megatron_workspace
 from .p2p import PLAN_DTYPES, LeaderPeerToPeer, PeerToPeer, Transfer
-from .recompute import RECOMPUTE_MODES, apply_recompute
+from .recompute import RECOMPUTE_MODES, apply_recompute, stage_mode
 
 ForwardStepFunc = Callable[[Iterator[Any], torch.nn.Module], tuple[torch.Tensor, Callable]]
 
@@ -192,9 +192,15 @@ class PlanExecutor:
             verify_plan(plan)
         except ValueError as err:
             raise PlanRejected(f"plan rejected before running: {err}") from err
-        recompute = plan.stats.get("recompute")
+        try:
+            recompute = stage_mode(plan.stats, self.replica, self.stage)
+        except (ValueError, IndexError, AttributeError) as err:
+            raise PlanRejected(f"plan's recompute modes: {err}") from err
         if recompute is not None and recompute not in RECOMPUTE_MODES:
-            raise PlanRejected(f"plan asks for recompute={recompute!r}; modes: {RECOMPUTE_MODES}")
+            raise PlanRejected(
+                f"plan asks stage {self.stage} of replica {self.replica} for recompute="
+                f"{recompute!r}; modes: {RECOMPUTE_MODES}"
+            )
         wanted = self.config.pipeline_dtype
         for ins in plan.rank_plan(self.replica, self.stage).instructions:
             if ins.dtype and PLAN_DTYPES[ins.dtype] != wanted:
@@ -233,11 +239,12 @@ class PlanExecutor:
         `batches` maps this replica's micro-batch ids to what `forward_step_func` consumes.
         Gradients accumulate in the model (zero them before); the optimiser step is the
         caller's, as with megatron-core's schedules. The model recomputes activations as the
-        plan's `stats["recompute"]` says (a plan without it leaves the model's setting alone).
+        plan says for this rank's stage (a plan that names no mode leaves the model's setting).
         """
         self.check(plan)
-        if "recompute" in plan.stats:
-            apply_recompute(self.model, self.config, plan.stats["recompute"])
+        recompute = stage_mode(plan.stats, self.replica, self.stage)
+        if recompute is not None:
+            apply_recompute(self.model, self.config, recompute)
         states: dict[int, _MicroBatchState] = {}
         reports: list[dict[str, torch.Tensor]] = []
         tokens = torch.zeros((), dtype=torch.int64)

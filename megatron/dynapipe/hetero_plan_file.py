@@ -12,8 +12,12 @@ layout (device indices are global ranks; `layers` is [first, end) of the transfo
         {"stages": [{"devices": [3], "tp": 1, "layers": [0, 4]}], "batch_fraction": 0.5}]}
 
 `batch_fraction` is the pipeline's share of each global batch's tokens; the shares sum to 1.
-A `dynapipe-hetero --output` plan (`"format": "hexiscale-plan"`) is read too: its replicas'
-stages as they are, each pipeline's share its `batch_size` over the sum of them. Its device ids
+A stage may name its activation recomputation, `"recompute": "none" | "selective" | "full"`
+(all stages or none): the planner then keeps it fixed for that stage instead of choosing one
+mode per pipeline and iteration. A `dynapipe-hetero --output` plan (`"format":
+"hexiscale-plan"`) is read too: its replicas' stages as they are, each pipeline's share its
+`batch_size` over the sum of them, each stage's mode from its `stats.recompute` (the modes the
+HexiScale planner priced, e.g. per stage under `--recompute auto`). Its device ids
 are taken as global ranks, so a plan whose stage order puts a later stage on a lower device
 than an earlier one is refused (megatron-core numbers stages by rank order) with the replica
 and stage named; `dynapipe-hetero --bind-ranks` (`hetero.rank_binding`) writes such a plan
@@ -26,17 +30,28 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 from dynapipe_planner.model_spec import ModelSpec
 from dynapipe_planner.plan import ReplicaLayout, StageLayout
 
 from .hetero_state import HeteroTopology, LayoutMismatch
+from .recompute import RECOMPUTE_MODES
 
 HEXISCALE_FORMAT = "hexiscale-plan"  # dynapipe_planner.hetero.plan_file.FORMAT
 
 
 class HeteroPlanError(ValueError):
     """The `--hetero-plan` file is malformed or does not fit the model or the job."""
+
+
+class HeteroPlanFile(NamedTuple):
+    """What a `--hetero-plan` file fixes: each pipeline's layout and share of the batch, and
+    (when the file names them) each stage's recomputation mode, per pipeline."""
+
+    layouts: list[ReplicaLayout]
+    fractions: list[float]
+    recompute: tuple[tuple[str, ...], ...]
 
 
 def _int(value: object, where: str) -> int:
@@ -53,15 +68,15 @@ def _list(value: object, where: str) -> list:
 
 def parse_hetero_plan(
     data: object, spec: ModelSpec, world_size: int, *, source: str = "hetero plan"
-) -> tuple[list[ReplicaLayout], list[float]]:
-    """Layouts and batch fractions of a parsed `--hetero-plan` document, checked against the
-    model (`spec`: TP divides the heads and FFN width, every pipeline holds all its layers)
-    and the job (`world_size`: every rank in exactly one stage)."""
+) -> HeteroPlanFile:
+    """Layouts, batch fractions and stage modes of a parsed `--hetero-plan` document, checked
+    against the model (`spec`: TP divides the heads and FFN width, every pipeline holds all its
+    layers) and the job (`world_size`: every rank in exactly one stage)."""
     if not isinstance(data, dict) or "replicas" not in data:
         raise HeteroPlanError(f'{source}: expected an object with a "replicas" list')
     if data.get("format") == HEXISCALE_FORMAT:
         data = _from_hexiscale(data, source)
-    layouts, fractions = [], []
+    layouts, fractions, modes = [], [], []
     for k, rep in enumerate(_list(data["replicas"], f"{source}: replicas")):
         where = f"{source}: replicas[{k}]"
         if not isinstance(rep, dict):
@@ -77,7 +92,7 @@ def parse_hetero_plan(
             at = f"{where}.stages[{j}]"
             if not isinstance(stage, dict):
                 raise HeteroPlanError(f"{at} must be an object, got {stage!r}")
-            unknown = sorted(set(stage) - {"devices", "tp", "layers"})
+            unknown = sorted(set(stage) - {"devices", "tp", "layers", "recompute"})
             if unknown:
                 raise HeteroPlanError(f"{at} has unknown field(s) {unknown}")
             devices = [
@@ -102,6 +117,12 @@ def parse_hetero_plan(
                     f"{spec.num_layers} layers"
                 )
             stages.append(StageLayout(devices, tp, (first, end)))
+            mode = stage.get("recompute")
+            if mode is not None and mode not in RECOMPUTE_MODES:
+                raise HeteroPlanError(
+                    f"{at}.recompute must be one of {RECOMPUTE_MODES}, got {mode!r}"
+                )
+            modes.append((at, k, mode))
         if stages[-1].layers[1] != spec.num_layers:
             raise HeteroPlanError(
                 f"{where}.stages[{len(stages) - 1}].layers ends at {stages[-1].layers[1]}; the "
@@ -109,6 +130,15 @@ def parse_hetero_plan(
             )
         layouts.append(ReplicaLayout(k, len(stages), stages))
         fractions.append(float(fraction))
+    named = [at for at, _, mode in modes if mode is not None]
+    if named and len(named) != len(modes):
+        missing = next(at for at, _, mode in modes if mode is None)
+        raise HeteroPlanError(
+            f"{missing} names no recompute mode while {named[0]} does: name all or none"
+        )
+    per_pipeline = tuple(
+        tuple(mode for _, owner, mode in modes if owner == k) for k in range(len(layouts))
+    )
     if abs(sum(fractions) - 1.0) > 1e-6:
         raise HeteroPlanError(
             f"{source}: the replicas' batch_fraction values sum to {sum(fractions):.6g}, not 1"
@@ -117,29 +147,43 @@ def parse_hetero_plan(
         HeteroTopology.from_layouts(layouts, world_size)
     except LayoutMismatch as err:
         raise HeteroPlanError(f"{source}: {err}") from err
-    return layouts, fractions
+    return HeteroPlanFile(layouts, fractions, per_pipeline if named else ())
 
 
 def _from_hexiscale(data: dict, source: str) -> dict:
-    """A `dynapipe-hetero` plan as this file's layout: stages kept, batch sizes as shares."""
+    """A `dynapipe-hetero` plan as this file's layout: stages kept (with the modes of its
+    `stats.recompute`), batch sizes as shares."""
     replicas = _list(data["replicas"], f"{source}: replicas")
+    modes = data.get("stats", {}).get("recompute")
     sizes = []
     for k, rep in enumerate(replicas):
         size = rep.get("batch_size") if isinstance(rep, dict) else None
         if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
             raise HeteroPlanError(f"{source}: replicas[{k}].batch_size must be > 0, got {size!r}")
         sizes.append(size)
-    return {
-        "replicas": [
-            {"stages": rep.get("stages"), "batch_fraction": size / sum(sizes)}
-            for rep, size in zip(replicas, sizes, strict=True)
-        ]
-    }
+    out = []
+    for k, (rep, size) in enumerate(zip(replicas, sizes, strict=True)):
+        stages = rep.get("stages")
+        if modes is not None:
+            mine = modes[k] if isinstance(modes, list) and k < len(modes) else None
+            if (
+                not isinstance(mine, list)
+                or not isinstance(stages, list)
+                or len(mine) != len(stages)
+            ):
+                raise HeteroPlanError(
+                    f"{source}: stats.recompute[{k}] must list one mode per stage of "
+                    f"replicas[{k}], got {mine!r}"
+                )
+            stages = [
+                {**st, "recompute": m} if isinstance(st, dict) else st
+                for st, m in zip(stages, mine, strict=True)
+            ]
+        out.append({"stages": stages, "batch_fraction": size / sum(sizes)})
+    return {"replicas": out}
 
 
-def load_hetero_plan(
-    path: str | Path, spec: ModelSpec, world_size: int
-) -> tuple[list[ReplicaLayout], list[float]]:
+def load_hetero_plan(path: str | Path, spec: ModelSpec, world_size: int) -> HeteroPlanFile:
     """`parse_hetero_plan` of the JSON file at `path` (errors name the file)."""
     path = Path(path)
     try:

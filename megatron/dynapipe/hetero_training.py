@@ -101,7 +101,8 @@ def hetero_job(args: argparse.Namespace, vocab_size: int, lengths: np.ndarray, w
     speeds = parse_device_speed(args.device_speed, world)
     mixed = args.dynamic_strategies and not args.strategy_candidates and len(set(speeds)) > 1
     if args.hetero_plan:
-        layouts, fractions = load_hetero_plan(args.hetero_plan, base, world)
+        plan_file = load_hetero_plan(args.hetero_plan, base, world)
+        layouts, fractions = plan_file.layouts, plan_file.fractions
         candidates = CandidateSet([f"hetero-plan {describe(layouts)}"], [layouts], [None])
     elif mixed:  # the selector knows each rank's speed: schemes typed by speed class
         cluster = emulated_cluster(_gpu(args), speeds, memory or None)
@@ -149,8 +150,10 @@ def hetero_job(args: argparse.Namespace, vocab_size: int, lengths: np.ndarray, w
             micro_batch_size=args.micro_batch_size if args.batching != "dynamic" else 0,
             dp_time_budget_s=0.0,  # plans must not depend on a busy CPU
         )
+        # The file's per-stage modes apply unless a mode was asked for explicitly.
+        stage_modes = plan_file.recompute if args.dynapipe_recompute == "auto" else ()
         recipe = StaticHeteroRecipe(
-            spec, args.dynapipe_gpu, tuple(layouts), tuple(fractions), config, memory
+            spec, args.dynapipe_gpu, tuple(layouts), tuple(fractions), config, memory, stage_modes
         )
     else:
         selection = SelectionConfig(
@@ -361,6 +364,12 @@ def _global_report(result, timer: dict[str, float]) -> tuple[float, int, dict[st
     return float(totals[0]) / max(tokens, 1), tokens, slowest
 
 
+def _recompute_modes(stats: dict) -> str:
+    """Each pipeline's recomputation, its stages' modes joined by "/" where they differ."""
+    modes = [p.get("recompute", "?") for p in stats.get("pipelines", [stats])]
+    return " + ".join(m if isinstance(m, str) else "/".join(m) for m in modes)
+
+
 def _line(args, state, strategy, stats, loss, tokens, measured_s, slowest) -> str:
     width = len(str(args.train_iters))
     split = ", ".join(f"{t} {slowest[t] * 1e3:,.0f}" for t in TIMES)
@@ -368,6 +377,7 @@ def _line(args, state, strategy, stats, loss, tokens, measured_s, slowest) -> st
         f"iteration {state.iteration:>{width}}/{args.train_iters} | strategy {strategy} | "
         f"lm loss {loss:.4f} | tokens/s {tokens / measured_s:,.0f} | "
         f"micro-batches {stats.get('num_microbatches', 0)} | "
+        f"recompute {_recompute_modes(stats)} | "
         f"iteration {measured_s * 1e3:,.0f} ms ({split} ms, slowest rank) | "
         f"predicted {stats.get('predicted_iteration_s', 0.0) * 1e3:,.1f} ms | "
         f"planning {stats.get('planning_time_s', 0.0) * 1e3:,.1f} ms"

@@ -8,6 +8,10 @@ before the plan runs. The planner's modes are megatron-core's: "selective" recom
 attention in the backward pass, "full" keeps only each transformer layer's input and recomputes
 the whole layer (uniform method, one layer per unit), "none" keeps every activation.
 
+A stage runs the mode the plan names for it (`stage_mode`): the plan's one mode, its own entry
+when the plan lists one mode per stage (a HexiScale plan's per-stage choice, `hetero.cost`
+recompute="auto"), and in a merged heterogeneous plan its pipeline's (`stats["pipelines"]`).
+
 megatron-core reads full recomputation from the `TransformerConfig` at every forward pass, but
 decides selective recomputation once, when the attention modules are built
 (`checkpoint_core_attention`); so both the config and those module flags are set.
@@ -18,6 +22,19 @@ from __future__ import annotations
 import torch
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+def stage_mode(stats: dict, replica: int, stage: int) -> str | None:
+    """The recomputation mode of stage `stage` of pipeline `replica` under a plan with these
+    `stats`; None when the plan names none (the model keeps its setting)."""
+    mode = stats.get("recompute")
+    if mode is None and "pipelines" in stats:
+        mode = stats["pipelines"][replica].get("recompute")
+    if isinstance(mode, list):
+        if not 0 <= stage < len(mode):
+            raise ValueError(f"the plan lists {len(mode)} recompute modes, none for stage {stage}")
+        mode = mode[stage]
+    return mode
 
 
 def apply_recompute(model: torch.nn.Module, config, mode: str) -> None:
