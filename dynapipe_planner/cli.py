@@ -25,6 +25,7 @@ from .cost import (
     ProfiledCostModel,
     cost_model_from_description,
 )
+from .cost.table import mix_stages
 from .data import PRESETS, global_batches, load_lengths, sample_lengths, truncate
 from .errors import PlanningError
 from .model_spec import MODEL_PRESETS, load_model_spec
@@ -247,14 +248,20 @@ def _plan_costs(plan: ExecutionPlan, source: str) -> PipelineCosts | list[Pipeli
     ]
 
 
-def _tables(description: dict, recompute: str, microbatches: list[MicroBatch]) -> PipelineCosts:
-    """Cost tables whose grid covers the given micro-batches (a replica may have none)."""
-    return cost_model_from_description(description).pipeline_costs(
-        recompute,
-        max_samples=max((len(m.samples) for m in microbatches), default=1),
-        max_seqlen=max((m.seqlen for m in microbatches), default=1),
-        max_tgt_seqlen=max((m.tgt_seqlen for m in microbatches), default=0),
-    )
+def _tables(
+    description: dict, recompute: str | list[str], microbatches: list[MicroBatch]
+) -> PipelineCosts:
+    """Cost tables whose grid covers the given micro-batches (a replica may have none), under
+    the plan's one recompute mode or its mode per stage."""
+    model = cost_model_from_description(description)
+    hints = {
+        "max_samples": max((len(m.samples) for m in microbatches), default=1),
+        "max_seqlen": max((m.seqlen for m in microbatches), default=1),
+        "max_tgt_seqlen": max((m.tgt_seqlen for m in microbatches), default=0),
+    }
+    if isinstance(recompute, str):
+        return model.pipeline_costs(recompute, **hints)
+    return mix_stages([model.pipeline_costs(m, **hints) for m in recompute])
 
 
 def simulate_main(argv: Sequence[str] | None = None) -> int:

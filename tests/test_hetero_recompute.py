@@ -9,6 +9,7 @@ import math
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dynapipe_planner.devices import cluster_from_dict, load_cluster
@@ -198,3 +199,30 @@ def test_cli_auto_prints_each_stages_mode(capsys) -> None:
     rows = [line.split() for line in out.splitlines()[1:] if line.strip()]
     modes = {w for row in rows for w in row if w in ("none", "selective", "full")}
     assert modes, out
+
+
+def test_dynapipe_simulate_prices_each_stages_mode(tmp_path: Path, capsys) -> None:
+    """A static layout's plan with modes per stage (as `--hetero-plan` runs it) is simulated
+    under those modes by `dynapipe-simulate`, matching the planner's prediction."""
+    import json
+
+    from dynapipe_planner.cli import simulate_main
+    from dynapipe_planner.model_spec import ModelSpec
+    from dynapipe_planner.plan import ReplicaLayout, StageLayout
+    from dynapipe_planner.planner import PlannerConfig
+    from dynapipe_planner.static_hetero import StaticHeteroRecipe
+
+    spec = ModelSpec("tiny", "gpt", 4, 32, 4, 128, 256, max_position_embeddings=128)
+    layouts = (
+        ReplicaLayout(0, 2, [StageLayout([0], 1, (0, 2)), StageLayout([1], 1, (2, 4))]),
+        ReplicaLayout(1, 1, [StageLayout([2], 1, (0, 4))]),
+    )
+    modes = (("full", "none"), ("selective",))
+    recipe = StaticHeteroRecipe(spec, "A100-80GB", layouts, (0.6, 0.4), PlannerConfig(), 0, modes)
+    plan = recipe.build().plan(np.array([100, 30, 64, 12, 90, 7, 128, 50]))
+    assert [p["recompute"] for p in plan.stats["pipelines"]] == [list(m) for m in modes]
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    assert simulate_main([str(path)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["makespan_s"] == pytest.approx(plan.stats["predicted_iteration_s"], rel=1e-6)
