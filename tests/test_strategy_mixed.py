@@ -132,6 +132,38 @@ def test_candidates_fill_each_gpu_type_with_one_scheme(mixed):
             assert len(mine) == 1 and mine[0][1] == count // mine[0][0].num_gpus
 
 
+def test_gpus_a_scheme_leaves_over_go_to_the_cheapest_that_fits():
+    """Three A100s and three 3080 Tis: a 2-GPU scheme's filling leaves one GPU of its type,
+    which a 1-GPU scheme takes where one fits in memory (the A100s); on the 3080 Tis no 1-GPU
+    scheme holds gpt-1.3b, so that GPU idles."""
+    odd = cluster_from_dict(
+        {
+            "name": "odd-mixed",
+            "network": {"bandwidth_gbs": 1.25, "latency_us": 30},
+            "machines": [
+                {"name": "a100", "gpu": "A100-80GB", "count": 3, "intra_bandwidth_gbs": 300},
+                {"name": "rtx", "gpu": "RTX3080Ti", "count": 3, "intra_bandwidth_gbs": 32},
+            ],
+        }
+    )
+    models = PlacedSchemeModels(odd, GPT, odd.num_devices)
+    profiles = profile_schemes(typed_scheme_space(GPT, odd), scheme_tables(models, CONTEXT))
+    fits = {p.scheme for p in profiles}
+    data = np.full(64, 1024)
+    candidates = group_candidates(profiles, odd, data, keep=4)
+    a100_fillings = {
+        tuple((s, d) for s, d in c.pipelines if s.gpu == "A100-80GB") for c in candidates
+    }
+    assert any(len(f) == 2 for f in a100_fillings), a100_fillings  # a 2-GPU scheme, topped up
+    for filling in a100_fillings:
+        assert sum(s.num_gpus * d for s, d in filling) == 3, filling
+    one_gpu_rtx = [s for s in fits if s.gpu == "RTX3080Ti" and s.num_gpus == 1]
+    assert not one_gpu_rtx
+    for c in candidates:
+        rtx = sum(s.num_gpus * d for s, d in c.pipelines if s.gpu == "RTX3080Ti")
+        assert rtx <= 3
+
+
 def test_choice_is_the_best_candidate_and_respects_memory(mixed):
     models, profiles, data, candidates = mixed
     by_scheme = {p.scheme: p for p in profiles}

@@ -14,7 +14,8 @@ which is exact for all its pipelines when each type's machines hold whole pipeli
 
 Candidates (`group_candidates`): a pipeline never spans GPU types (mixing types in a TP group
 or across stages paces them to the slowest), so each type's GPUs are filled with pipelines of
-one scheme of that type; a strategy picks one filling per type. Each type keeps the `keep`
+one scheme of that type (GPUs its size leaves over go to the cheapest smaller schemes that fit
+them); a strategy picks one filling per type. Each type keeps the `keep`
 fillings that process the dataset's tokens they can hold in the fewest GPU-seconds (§7's
 ranking by GPU-seconds, per type) and the cheapest one that holds the longest sequence; the
 candidates are every combination of those. `mixed_selector` prices every candidate each
@@ -129,8 +130,9 @@ def group_candidates(
     step: int = 128,
 ) -> list[Strategy]:
     """Every combination of one filling per GPU type (module docstring): the `keep` cheapest
-    per token and the cheapest that holds the longest of `lengths`; a type none of whose
-    schemes fits in memory stays idle."""
+    per token and the cheapest that holds the longest of `lengths`, each topped up with the
+    cheapest schemes that fit the GPUs it leaves over; a type none of whose schemes fits in
+    memory stays idle."""
     groups = gpu_groups(cluster)
     lengths = np.asarray(lengths, dtype=np.int64)
     longest = int(lengths.max())
@@ -153,12 +155,25 @@ def group_candidates(
         holder = next((s for _, s in ranked if by_scheme[s].max_len >= longest), None)
         if holder is not None and holder not in chosen:
             chosen.append(holder)
-        fillings = [Strategy.of({s: len(devices) // s.num_gpus}) for s in chosen]
+        fillings = [_fill(s, len(devices), [t for _, t in ranked]) for s in chosen]
         per_type.append(fillings or [Strategy(())])
     return [
         Strategy(tuple(sorted(pair for part in combo for pair in part.pipelines)))
         for combo in itertools.product(*per_type)
     ]
+
+
+def _fill(first: ParallelScheme, gpus: int, cheapest: list[ParallelScheme]) -> Strategy:
+    """`first`'s pipelines over a type's `gpus`; the GPUs they leave over (its size does not
+    divide them) go in turn to the cheapest schemes that fit, so only GPUs no scheme fits idle."""
+    counts: dict[ParallelScheme, int] = {}
+    left = gpus
+    for scheme in (first, *cheapest):
+        k = left // scheme.num_gpus
+        if k:
+            counts[scheme] = counts.get(scheme, 0) + k
+            left -= k * scheme.num_gpus
+    return Strategy.of(counts)
 
 
 def mixed_selector(
