@@ -34,16 +34,24 @@ from dynapipe_planner.strategy.selection import SelectionConfig, packed_groups
 
 GPT = MODEL_PRESETS["gpt-1.3b"]
 CONTEXT = 8192
-CLUSTER = cluster_from_dict(
-    {
-        "name": "tiny-mixed",
-        "network": {"bandwidth_gbs": 1.25, "latency_us": 30},
-        "machines": [
-            {"name": "a100", "gpu": "A100-80GB", "count": 2, "intra_bandwidth_gbs": 300},
-            {"name": "rtx", "gpu": "RTX3080Ti", "count": 4, "intra_bandwidth_gbs": 32},
-        ],
-    }
-)
+A100, RTX = ("a100", "A100-80GB", 300), ("rtx", "RTX3080Ti", 32)  # machine, GPU, intra GB/s
+
+
+def cluster_of(name: str, *machines: tuple[tuple[str, str, int], int]):
+    """A cluster of machines ((name, GPU type, intra-machine GB/s), GPU count) on 1.25 GB/s."""
+    return cluster_from_dict(
+        {
+            "name": name,
+            "network": {"bandwidth_gbs": 1.25, "latency_us": 30},
+            "machines": [
+                {"name": m, "gpu": gpu, "count": count, "intra_bandwidth_gbs": bw}
+                for (m, gpu, bw), count in machines
+            ],
+        }
+    )
+
+
+CLUSTER = cluster_of("tiny-mixed", (A100, 2), (RTX, 4))
 
 
 def pipeline(*stages: tuple[tuple[int, ...], int]) -> HeteroPipeline:
@@ -136,16 +144,7 @@ def test_gpus_a_scheme_leaves_over_go_to_the_cheapest_that_fits():
     """Three A100s and three 3080 Tis: a 2-GPU scheme's filling leaves one GPU of its type,
     which a 1-GPU scheme takes where one fits in memory (the A100s); on the 3080 Tis no 1-GPU
     scheme holds gpt-1.3b, so that GPU idles."""
-    odd = cluster_from_dict(
-        {
-            "name": "odd-mixed",
-            "network": {"bandwidth_gbs": 1.25, "latency_us": 30},
-            "machines": [
-                {"name": "a100", "gpu": "A100-80GB", "count": 3, "intra_bandwidth_gbs": 300},
-                {"name": "rtx", "gpu": "RTX3080Ti", "count": 3, "intra_bandwidth_gbs": 32},
-            ],
-        }
-    )
+    odd = cluster_of("odd-mixed", (A100, 3), (RTX, 3))
     models = PlacedSchemeModels(odd, GPT, odd.num_devices)
     profiles = profile_schemes(typed_scheme_space(GPT, odd), scheme_tables(models, CONTEXT))
     fits = {p.scheme for p in profiles}
@@ -208,16 +207,7 @@ def test_plans_run_each_pipeline_on_gpus_of_its_type():
     most once, all layers in each pipeline. Here the RTX machine comes first in the cluster
     while the plan lists the A100 pipeline first (scheme order), so GPUs dealt out in that
     order would put the A100 pipeline on RTX GPUs."""
-    cluster = cluster_from_dict(
-        {
-            "name": "rtx-first",
-            "network": {"bandwidth_gbs": 1.25, "latency_us": 30},
-            "machines": [
-                {"name": "rtx", "gpu": "RTX3080Ti", "count": 4, "intra_bandwidth_gbs": 32},
-                {"name": "a100", "gpu": "A100-80GB", "count": 2, "intra_bandwidth_gbs": 300},
-            ],
-        }
-    )
+    cluster = cluster_of("rtx-first", (RTX, 4), (A100, 2))
     models = PlacedSchemeModels(cluster, GPT, cluster.num_devices)
     rtx, a100 = ParallelScheme(1, 2, "RTX3080Ti"), ParallelScheme(1, 2, "A100-80GB")
     profiles = profile_schemes([rtx, a100], scheme_tables(models, CONTEXT))
