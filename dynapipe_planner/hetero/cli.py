@@ -35,10 +35,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--recompute",
         choices=RECOMPUTE_CHOICES,
-        default="full",
-        help="activation recomputation on every stage (full: App. A's assumption), or auto: "
-        "each stage the fastest mode whose memory holds its layers (the plan file lists the "
-        "modes; pretrain_gpt.py --hetero-plan runs each stage in its mode)",
+        default="auto",
+        help="activation recomputation: auto (default): each stage the fastest mode whose "
+        "memory holds its layers (the plan file lists the modes; pretrain_gpt.py --hetero-plan "
+        "runs each stage in its mode); or one mode on every stage (full: App. A's assumption)",
     )
     p.add_argument(
         "--no-shard-optimizer",
