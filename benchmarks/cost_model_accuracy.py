@@ -49,7 +49,11 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.torchrun_runs import ROOT, free_port
+
 WORLD = 2
 
 
@@ -204,7 +208,7 @@ def _train(args: argparse.Namespace, out: Path, mode: str) -> list[list[dict]]:
     print(f"training pass measuring {mode} ({_load()})", flush=True)
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
-        "--master-port", str(_free_port()), __file__, *_model_flags(args),
+        "--master-port", str(free_port()), __file__, *_model_flags(args),
         "--tokens-per-global-batch", str(args.tokens_per_global_batch),
         "--iterations", str(args.iterations), "--memory-limit", str(args.memory_limit),
         "--data-path", args.data_path, "--cost-table", args.cost_table,
@@ -213,14 +217,6 @@ def _train(args: argparse.Namespace, out: Path, mode: str) -> list[list[dict]]:
     _run(cmd, f"training ({mode})")
     print(f"done ({_load()})", flush=True)
     return [json.loads((out / f"{mode}_rank{r}.json").read_text()) for r in range(WORLD)]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _points(args, timed: list[list[dict]], traced: list[list[dict]]) -> list[dict]:

@@ -35,20 +35,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import socket
 import statistics
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-LINE = re.compile(
-    r"iteration (?P<it>\d+)/\d+ \| lm loss (?P<loss>[\d.]+) \| tokens/s (?P<tps>[\d,]+) \| "
-    r"padding eff (?P<eff>[\d.]+) \| micro-batches (?P<mbs>\d+) \| .*?iteration (?P<ms>[\d,]+) ms"
-)
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.torchrun_runs import run
 
 
 @dataclass
@@ -59,12 +54,6 @@ class Run:
     iterations: list[dict[str, float]]
     first_loss: float
     load: tuple[float, float]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _model_args(args: argparse.Namespace) -> list[str]:
@@ -81,33 +70,17 @@ def _model_args(args: argparse.Namespace) -> list[str]:
 
 
 def run_method(label: str, method_args: list[str], args: argparse.Namespace) -> Run:
-    """One torchrun of pretrain_gpt.py; keeps the iterations after the warm-up."""
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-        "--master-port", str(_free_port()), str(ROOT / "pretrain_gpt.py"),
-        *_model_args(args), *method_args,
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    """One torchrun of pretrain_gpt.py (`torchrun_runs.run`); keeps the iterations after the
+    warm-up, as numbers."""
     load_before = os.getloadavg()[0]
-    started = time.perf_counter()
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"{label} failed:\n{' '.join(cmd)}\n{out.stderr[-4000:]}")
-    rows = [
-        {k: float(v.replace(",", "")) for k, v in m.groupdict().items()}
-        for m in map(LINE.search, out.stdout.splitlines())
-        if m
+    rows = run(label, 2, [*_model_args(args), *method_args], args.warmup_iters, args.measured_iters)
+    iterations = [
+        {k: float(v.replace(",", "")) for k, v in row.items() if v is not None} for row in rows
     ]
-    if len(rows) != args.warmup_iters + args.measured_iters:
-        raise SystemExit(f"{label}: expected one log line per iteration, got:\n{out.stdout}")
-    run = Run(label, rows[args.warmup_iters :], rows[0]["loss"], (load_before, os.getloadavg()[0]))
-    tokens_per_s = ", ".join(f"{r['tps']:,.0f}" for r in run.iterations)
-    print(
-        f"  {label:<32} tokens/s {tokens_per_s}  (run {time.perf_counter() - started:,.0f} s, "
-        f"load {run.load[0]:.1f} -> {run.load[1]:.1f})",
-        flush=True,
-    )
-    return run
+    result = Run(label, iterations, iterations[0]["first_loss"], (load_before, os.getloadavg()[0]))
+    tokens_per_s = ", ".join(f"{r['tps']:,.0f}" for r in result.iterations)
+    print(f"  {label:<32} tokens/s {tokens_per_s}", flush=True)
+    return result
 
 
 def _median(runs: list[Run], key: str) -> float:

@@ -1,6 +1,7 @@
 """Launching the real training program from a benchmark and reading back its per-iteration
 log lines, shared by the benchmarks that measure `torchrun ... pretrain_gpt.py` on this
-machine's CPUs (`switch_overhead.py`, `hetero_cpu.py`).
+machine's CPUs (`switch_overhead.py`, `hetero_cpu.py`, `cpu_throughput.py`; `free_port` also
+serves `cost_model_accuracy.py`'s own torchrun).
 
 Each run is one `torchrun` with `OMP_NUM_THREADS=1` per rank (the machine is shared); its
 stdout holds one line per iteration, in the homogeneous form (`iteration 3/8 | lm loss ... |
@@ -30,6 +31,7 @@ HETERO = re.compile(
 )
 HOMOGENEOUS = re.compile(
     r"iteration (?P<it>\d+)/\d+ \| lm loss (?P<loss>[\d.]+) \| tokens/s (?P<tps>[\d,]+) \| "
+    r"(?:padding eff (?P<eff>[\d.]+) \| micro-batches (?P<mbs>\d+) \| )?"
     r".*?\| iteration (?P<ms>[\d,]+) ms"
 )
 T = TypeVar("T")
