@@ -25,7 +25,7 @@ from dynapipe_planner.hetero.milp import milp_reference
 from dynapipe_planner.hetero.plan_file import load_plan, plan_from_dict, plan_to_dict, save_plan
 from dynapipe_planner.hetero.search import SearchConfig, hexiscale_search
 from dynapipe_planner.hetero.simulate import one_f_one_b, simulate_plan
-from dynapipe_planner.model_spec import MODEL_PRESETS
+from dynapipe_planner.model_spec import MODEL_PRESETS, ModelSpec
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "clusters"
 FAST = SearchConfig(time_budget_s=5.0)
@@ -202,6 +202,24 @@ def test_memory_bound_is_respected_or_named() -> None:
     cost = HeteroCostModel(tiny, TrainingJob(MODEL_PRESETS["llama2-70b"], global_batch=8))
     with pytest.raises(PlanningError, match="no plan for llama2-70b fits the memory"):
         hexiscale_search(cost, FAST)
+
+
+def test_small_gpu_memory_is_the_machines_limit() -> None:
+    """A machine whose GPUs have less memory than the catalogue's reserve (1.5 GiB, reserve 0)
+    is planned within that memory, not refused by the compute model's own default limit."""
+    small = cluster_from_dict(
+        {
+            "network": {"bandwidth_gbs": 1},
+            "machines": [
+                {"gpu": "A100-80GB", "count": 2, "memory_gib": 1.5, "memory_reserve_gib": 0}
+            ],
+        }
+    )
+    tiny = ModelSpec("tiny", "gpt", 4, 64, 4, 256, 512, max_position_embeddings=512)
+    cost = HeteroCostModel(small, TrainingJob(tiny, seqlen=512, global_batch=8))
+    plan = hexiscale_search(cost, FAST).plan
+    assert_valid(cost, plan)
+    assert max(s.memory_bytes for p in cost.estimate(plan).stages for s in p) <= 1.5 * 2**30
 
 
 def test_plan_file_round_trip_and_atomic(tmp_path: Path, monkeypatch) -> None:

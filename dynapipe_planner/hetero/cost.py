@@ -224,11 +224,12 @@ class HeteroCostModel:
                     f"TP={tp} does not divide the {self.job.model.num_heads} heads or the FFN "
                     f"width of {self.job.model.name}"
                 )
-            # Compute only: TP communication is Eq. 3 over the real links, not the catalogue's.
+            # Compute only: TP communication is Eq. 3 over the real links, not the catalogue's,
+            # and memory limits are the machines' (`memory_limit`), not a catalogue reserve's.
             compute_gpu = replace(gpu, intra_node_bandwidth=math.inf, link_latency_s=0.0)
             self._analytic[key] = AnalyticCostModel(
                 self.job.model,
-                ClusterSpec(compute_gpu, tp=tp),
+                ClusterSpec(compute_gpu, tp=tp, memory_limit_bytes=gpu.memory_bytes),
                 flash_attention=self.job.flash_attention,
                 dtype=self.job.dtype,
             )
