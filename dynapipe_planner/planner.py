@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .comm import plan_communication
+from .cost.analytic import RECOMPUTE_CHOICES, RECOMPUTE_MODES
 from .cost.table import PipelineCosts, mix_stages
 from .errors import PlanningError
 from .microbatch.baselines import (
@@ -45,8 +46,7 @@ BATCHING = ("dynamic", "packing", "padding", "token-budget")
 # costs full schedule searches over hundreds of micro-batches (planning time is the budget).
 REBALANCE_MAX_MICROBATCHES = 64
 SCHEDULES = ("adaptive", "1f1b")
-STAGE_RECOMPUTE = ("none", "selective", "full")
-RECOMPUTE = ("auto", *STAGE_RECOMPUTE)
+RECOMPUTE = RECOMPUTE_CHOICES
 
 
 class CostModel(Protocol):
@@ -93,9 +93,9 @@ class PlannerConfig:
             if value not in allowed:
                 raise PlanningError(f"{name} must be one of {allowed}, got {value!r}")
         for j, mode in enumerate(self.stage_recompute):
-            if mode not in STAGE_RECOMPUTE:
+            if mode not in RECOMPUTE_MODES:
                 raise PlanningError(
-                    f"stage_recompute[{j}] must be one of {STAGE_RECOMPUTE}, got {mode!r}"
+                    f"stage_recompute[{j}] must be one of {RECOMPUTE_MODES}, got {mode!r}"
                 )
 
 

@@ -24,6 +24,8 @@ from .stages import assemble_pipeline
 from .table import DTYPE_BYTES, PipelineCosts
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+# What a planner accepts: one mode for every stage, or "auto" (the planner chooses).
+RECOMPUTE_CHOICES = ("auto", *RECOMPUTE_MODES)
 
 
 def geometric_grid(first_dense: int, step: int, ratio: float, stop: float) -> np.ndarray:

@@ -13,11 +13,12 @@ import os
 import sys
 from collections.abc import Sequence
 
+from ..cost.analytic import RECOMPUTE_CHOICES
 from ..devices import load_cluster
 from ..errors import PlanningError
 from ..model_spec import MODEL_PRESETS, load_model_spec
 from .baselines import galvatron_symmetric, homogeneous_reference, megatron_symmetric, metis_style
-from .cost import RECOMPUTE_CHOICES, HeteroCostModel, TrainingJob
+from .cost import HeteroCostModel, TrainingJob
 from .milp import MAX_DEVICES, milp_reference
 from .plan_file import plan_table, save_plan
 from .rank_binding import bind_ranks

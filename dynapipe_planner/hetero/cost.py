@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from ..cluster import ClusterSpec, GpuSpec
-from ..cost.analytic import RECOMPUTE_MODES, AnalyticCostModel
+from ..cost.analytic import RECOMPUTE_CHOICES, RECOMPUTE_MODES, AnalyticCostModel
 from ..cost.table import DTYPE_BYTES
 from ..devices import HeteroCluster
 from ..errors import PlanningError
@@ -64,8 +64,6 @@ from .layout import HeteroPipeline, HeteroPlan, HeteroStage
 # TP all-reduces per layer and micro-batch, each counted as two ring phases (App. A Eq. 3: 12
 # with recomputation: 2 forward, 2 backward, 2 in the recomputed forward).
 _TP_STEPS = {"none": 8, "selective": 8, "full": 12}
-# What `TrainingJob.recompute` accepts: one mode for every stage, or "auto" (each stage its own).
-RECOMPUTE_CHOICES = (*RECOMPUTE_MODES, "auto")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-RECOMPUTE_MODES = ("none", "selective", "full")
+from dynapipe_planner.cost.analytic import RECOMPUTE_MODES
 
 
 def stage_mode(stats: dict, replica: int, stage: int) -> str | None:
