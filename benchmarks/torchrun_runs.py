@@ -21,7 +21,6 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 HETERO = re.compile(
@@ -34,7 +33,6 @@ HOMOGENEOUS = re.compile(
     r"(?:padding eff (?P<eff>[\d.]+) \| micro-batches (?P<mbs>\d+) \| )?"
     r".*?\| iteration (?P<ms>[\d,]+) ms"
 )
-T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -100,7 +98,7 @@ def run(
     return rows[warmup_iters:]
 
 
-def alternating(configs: Sequence[T], rounds: int) -> Iterator[tuple[int, T]]:
+def alternating[T](configs: Sequence[T], rounds: int) -> Iterator[tuple[int, T]]:
     """(round, config) for every round, forward in even rounds and backward in odd ones."""
     for round_ in range(rounds):
         for config in configs if round_ % 2 == 0 else configs[::-1]:

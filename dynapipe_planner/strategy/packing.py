@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import _core
 from ..errors import PlanningError
+from ..numerics import ordered_sum
 from .schemes import SchemeProfile
 
 PACKING_METHODS = ("lpt", "exact")
@@ -151,7 +152,7 @@ def _best_over_counts(pack, times: list[float], counts: range, pp: int) -> Packi
         bins = pack(count)
         if bins is None:
             continue
-        slowest = max(sum(times[i] for i in b) for b in bins)
+        slowest = max(ordered_sum(times[i] for i in b) for b in bins)
         objective = slowest * (pp - 1 + len(bins))
         if best is None or objective < best.objective:
             best = Packing(tuple(tuple(b) for b in bins), objective)

@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
-
-T = TypeVar("T")
 
 
 class DeviceSpeedError(ValueError):
@@ -51,7 +48,7 @@ def parse_device_speed(text: str | None, world_size: int) -> list[float]:
     return factors
 
 
-def paced(slowdown: float, compute: Callable[..., T], *args: object) -> T:
+def paced[T](slowdown: float, compute: Callable[..., T], *args: object) -> T:
     """Run `compute(*args)`, then sleep so it took `slowdown` times as long (none when <= 1)."""
     started = time.perf_counter()
     result = compute(*args)
