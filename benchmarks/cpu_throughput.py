@@ -64,7 +64,7 @@ def _model_args(args: argparse.Namespace) -> list[str]:
         "--tokens-per-global-batch", str(args.tokens_per_global_batch),
         "--data-path", args.data_path, "--seed", str(args.seed),
         "--hidden-dropout", "0", "--attention-dropout", "0",
-        "--lr", "1e-3", "--lr-decay-style", "constant",
+        "--lr", "1e-3", "--lr-decay-style", "constant", "--log-interval", "1",
         "--train-iters", str(args.warmup_iters + args.measured_iters),
     ]  # fmt: skip
 

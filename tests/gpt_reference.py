@@ -20,6 +20,15 @@ from dynapipe_planner.planner import IterationPlanner, PlannerConfig
 
 SPEC = ModelSpec("tiny", "gpt", 4, 32, 4, 64, 64, max_position_embeddings=64)
 MAX_SEQLEN = 64
+# Megatron flags of the reference models on top of SPEC's shape: a GPT, and a Llama of the same
+# size (RMSNorm, SwiGLU, 4 query heads in 2 K/V groups, RoPE, untied, no biases).
+GPT = ("--hidden-dropout", "0", "--attention-dropout", "0")
+LLAMA = (
+    *GPT,
+    "--normalization", "RMSNorm", "--swiglu", "--group-query-attention",
+    "--num-query-groups", "2", "--position-embedding-type", "rope", "--rotary-base", "10000",
+    "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+)  # fmt: skip
 LENGTHS = np.array([5, 37, 12, 3, 29, 18, 8, 44, 21, 6, 15, 33])
 
 
@@ -59,19 +68,26 @@ def make_plan(
     return plan
 
 
-def reference(rank: int, world: int) -> tuple[float, dict, dict]:
+def build_stage(flags: tuple[str, ...] = GPT):
+    """This rank's stage of the reference model (parallel state initialised): (config, model)."""
+    from megatron.dynapipe.model import build_stage_model
+    from megatron.dynapipe.model_flags import spec_args
+
+    return build_stage_model(spec_args(SPEC, MAX_SEQLEN, *flags), SPEC.vocab_size)
+
+
+def reference(rank: int, world: int, flags: tuple[str, ...] = GPT) -> tuple[float, dict, dict]:
     """Every sample alone through a PP=1 model: (loss, weights, gradients) by parameter name.
 
     Run it on one forked rank. Results cross the process boundary as numpy arrays: torch
     tensors would be shared through file descriptors that die with the forked rank."""
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
-    from megatron.dynapipe.model import build_stage_model
 
     cpu_compat.install()
     ps.initialize(1, 1, 1)
     try:
-        _, model = build_stage_model(SPEC, MAX_SEQLEN)
+        _, model = build_stage(flags)
         weights = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
         total = torch.zeros(())
         for i in range(len(LENGTHS)):
@@ -88,10 +104,10 @@ def reference(rank: int, world: int) -> tuple[float, dict, dict]:
         ps.destroy()
 
 
-def _reference_name(local: str, layer_offset: int) -> str:
+def _reference_name(local: str, layer_offset: int, tied: bool = True) -> str:
     """Name of a stage-local parameter in the PP=1 reference model."""
-    if local == "output_layer.weight":
-        return "embedding.word_embeddings.weight"  # tied: the last stage's copy
+    if local == "output_layer.weight" and tied:
+        return "embedding.word_embeddings.weight"  # the last stage's copy
     parts = local.split(".")
     if parts[:2] == ["decoder", "layers"]:
         parts[2] = str(int(parts[2]) + layer_offset)
@@ -105,21 +121,22 @@ def _shard(full: np.ndarray, param: torch.Tensor, tp_rank: int, tp: int) -> torc
     return full.chunk(tp, dim=param.partition_dim)[tp_rank]
 
 
-def stage_model_like_reference(tp: int, pp: int, weights: dict):
+def stage_model_like_reference(tp: int, pp: int, weights: dict, flags: tuple[str, ...] = GPT):
     """This rank's stage (parallel state initialised) with the reference's weights, wrapped in
     Megatron DDP with `finalize_model_grads`; returns (config, model, {local: reference name})."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 
     from megatron.dynapipe import parallel_state as ps
-    from megatron.dynapipe.model import build_stage_model, stage_layer_counts
+    from megatron.dynapipe.model import stage_layer_counts
 
-    config, model = build_stage_model(SPEC, MAX_SEQLEN)
-    offset = sum(stage_layer_counts(SPEC, pp)[: ps.stage()])
+    config, model = build_stage(flags)
+    offset = sum(stage_layer_counts(SPEC.num_layers, pp)[: ps.stage()])
+    tied = "output_layer.weight" not in weights
     names = {}
     with torch.no_grad():
         for name, param in model.named_parameters():
-            names[name] = _reference_name(name, offset)
+            names[name] = _reference_name(name, offset, tied)
             param.copy_(_shard(weights[names[name]], param, ps.tp_rank(), tp))
     model = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
     config.finalize_model_grads_func = finalize_model_grads

@@ -48,13 +48,18 @@ def _in_one_rank(fn):
     return run_ranks(body, 1, timeout_s=180)[0]
 
 
+def _args(*flags: str):
+    from megatron.dynapipe.model_flags import spec_args
+
+    return spec_args(SPEC, 64, *flags)
+
+
 def _profile(max_tokens: int) -> dict:
     from megatron.dynapipe.cost_profiler import ProfileGrid, profile_cost_table
-    from megatron.dynapipe.model import ModelOptions
 
     grid = ProfileGrid(*GRID, max_tokens=max_tokens)
     return profile_cost_table(
-        SPEC, ModelOptions(), grid, ("none",), torch.device("cpu"), warmup=0, repeats=1
+        _args(), SPEC.vocab_size, grid, ("none",), torch.device("cpu"), warmup=0, repeats=1
     )
 
 
@@ -102,10 +107,10 @@ def test_null_point_is_infeasible(table_path: Path) -> None:
 def _activation_against_saved_tensors() -> list[tuple[str, int, int, int]]:
     """(component, measured activation bytes, saved-for-backward bytes + output bytes, slack)."""
     from megatron.dynapipe.cost_profiler import _components, measure_point
-    from megatron.dynapipe.model import ModelOptions
 
     device = torch.device("cpu")
-    components, built = _components(SPEC, ModelOptions(hidden_dropout=0.1), device)
+    args = _args("--hidden-dropout", "0.1")
+    components, built = _components(args, SPEC.vocab_size, device, "none")
     params = {p.untyped_storage().data_ptr() for b in built for p in b.model.parameters()}
     # megatron's RNG tracker swaps in a new generator state at each dropout fork; the one it
     # replaces predates the trace, so its free is not seen (memory.py): one state of slack.
@@ -173,7 +178,8 @@ def _tool():
     ],
 )
 def test_tool_names_the_offending_flag(extra, flag, capsys, tmp_path) -> None:
-    base = ["--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "256"]
+    base = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "4"]
+    base += ["--seq-length", "256"]
     with pytest.raises(SystemExit):
         _tool().parse_args([*base, *extra, "--output", str(tmp_path / "t.json")])
     assert flag in capsys.readouterr().err

@@ -19,7 +19,6 @@ pytest.importorskip("megatron.core")
 from distributed import run_ranks  # noqa: E402
 from gpt_reference import (  # noqa: E402
     DATA,
-    SPEC,
     assert_matches_reference,
     make_plan,
     stage_gradients,
@@ -83,15 +82,16 @@ def test_wrong_order_is_rejected_before_running() -> None:
     bad = dataclasses.replace(plan, ranks=ranks)
 
     def run(rank: int, world: int) -> str:
+        from gpt_reference import build_stage
+
         from megatron.dynapipe import cpu_compat
         from megatron.dynapipe import parallel_state as ps
         from megatron.dynapipe.executor import PlanExecutor, PlanRejected
-        from megatron.dynapipe.model import build_stage_model
 
         cpu_compat.install()
         ps.initialize(1, 2, 1)
         try:
-            config, model = build_stage_model(SPEC, 64)
+            config, model = build_stage()
             executor = PlanExecutor.for_this_rank(
                 model, config, device=torch.device("cpu"), timeout_s=5
             )

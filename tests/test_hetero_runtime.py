@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
 from distributed import run_ranks  # noqa: E402
-from gpt_reference import DATA, LENGTHS, MAX_SEQLEN, SPEC, _reference_name, _shard  # noqa: E402
+from gpt_reference import DATA, LENGTHS, SPEC, _reference_name, _shard  # noqa: E402
 from gpt_reference import reference as _reference  # noqa: E402
 
 from dynapipe_planner.cluster import ClusterSpec, get_gpu  # noqa: E402
@@ -81,6 +81,7 @@ def _run(rank: int, world: int, plan: ExecutionPlan, weights: dict, megatron_sta
     Returns (loss sum or None, real tokens), then by reference name: the weights after the
     broadcast, the synced gradients and the weights after the step, each with (tp rank, tp,
     partition dim) to place the shard."""
+    from gpt_reference import build_stage
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
@@ -89,12 +90,11 @@ def _run(rank: int, world: int, plan: ExecutionPlan, weights: dict, megatron_sta
     from megatron.dynapipe.data import rank_microbatches
     from megatron.dynapipe.executor import PlanExecutor
     from megatron.dynapipe.grad_sync import AsymmetricGradSync
-    from megatron.dynapipe.model import build_stage_model
 
     cpu_compat.install()
     ps.initialize_heterogeneous(plan.replicas, timeout_s=30)
     try:
-        config, model = build_stage_model(SPEC, MAX_SEQLEN)
+        config, model = build_stage()
         place = ps.topology().place(rank)
         sync = AsymmetricGradSync(model, ps.hetero_groups())
         names = {n: _reference_name(n, place.layers[0]) for n, _ in model.named_parameters()}
@@ -284,15 +284,16 @@ def test_a_plan_laid_out_differently_is_rejected_before_running() -> None:
     )
 
     def run(rank: int, world: int) -> str:
+        from gpt_reference import build_stage
+
         from megatron.dynapipe import cpu_compat
         from megatron.dynapipe import parallel_state as ps
         from megatron.dynapipe.executor import PlanExecutor, PlanRejected
-        from megatron.dynapipe.model import build_stage_model
 
         cpu_compat.install()
         ps.initialize_heterogeneous(plan.replicas, timeout_s=10)
         try:
-            config, model = build_stage_model(SPEC, MAX_SEQLEN)
+            config, model = build_stage()
             executor = PlanExecutor.for_this_rank(
                 model, config, device=torch.device("cpu"), timeout_s=5
             )

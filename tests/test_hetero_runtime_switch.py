@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
 from distributed import run_ranks  # noqa: E402
-from gpt_reference import DATA, LENGTHS, MAX_SEQLEN, SPEC  # noqa: E402
+from gpt_reference import DATA, LENGTHS  # noqa: E402
 from gpt_reference import reference as _reference  # noqa: E402
 from test_hetero_runtime import pipeline_plan  # noqa: E402
 
@@ -60,14 +60,15 @@ def strategy_plan(layouts: list[ReplicaLayout]) -> ExecutionPlan:
 
 def _reference_training(rank: int, world: int, weights: dict, iterations: int):
     """The whole model on one rank: each iteration the whole batch, then one Adam step."""
+    from gpt_reference import build_stage
+
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
-    from megatron.dynapipe.model import build_stage_model
 
     cpu_compat.install()
     ps.initialize(1, 1, 1)
     try:
-        _, model = build_stage_model(SPEC, MAX_SEQLEN)
+        _, model = build_stage()
         with torch.no_grad():
             for n, p in model.named_parameters():
                 p.copy_(torch.from_numpy(weights[n]))
@@ -92,16 +93,17 @@ def _reference_training(rank: int, world: int, weights: dict, iterations: int):
 
 def _build(rank: int, overlap: bool = False):
     """Every strategy's groups, this rank's stage model and executor of each, one optimiser."""
+    from gpt_reference import build_stage
+
     from megatron.dynapipe import parallel_state as ps
     from megatron.dynapipe.executor import PlanExecutor
-    from megatron.dynapipe.model import build_stage_model
     from megatron.dynapipe.strategy_switch import DisaggregatedOptimizer
 
     ps.initialize_strategies(STRATEGIES, timeout_s=30)
     models, configs, topologies = [], [], []
     for k in range(len(STRATEGIES)):
         ps.use_strategy(k)
-        config, model = build_stage_model(SPEC, MAX_SEQLEN)
+        config, model = build_stage()
         models.append(model)
         configs.append(config)
         topologies.append(ps.topology())

@@ -28,6 +28,7 @@ TINY = [
     "--seq-length", "128", "--dynamic-micro-batching", "--tokens-per-global-batch", "1024",
     "--data-path", "synthetic:flan", "--hidden-dropout", "0", "--attention-dropout", "0",
     "--lr", "1e-2", "--lr-decay-style", "constant", "--weight-decay", "0", "--clip-grad", "0",
+    "--log-interval", "1",
     "--dynapipe-memory-limit", "0.003", "--planner-workers", "0", "--dynapipe-timeout", "60",
 ]  # fmt: skip
 DYNAMIC = [*TINY, "--dynamic-strategies"]
@@ -51,17 +52,18 @@ def _reference(rank: int, world: int, argv: list[str], iterations: int):
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
     from megatron.dynapipe.arguments import parse_args
-    from megatron.dynapipe.data import GlobalBatchSampler, build_dataset
+    from megatron.dynapipe.data import build_dataset
     from megatron.dynapipe.hetero_training import hetero_job
-    from megatron.dynapipe.model import ModelOptions, build_stage_model
+    from megatron.dynapipe.model import build_stage_model
+    from megatron.dynapipe.training import data_path, global_batch_sampler
 
     args = parse_args(argv)
-    dataset = build_dataset(args.data_path, max_seqlen=args.seq_length, seed=args.seed)
+    dataset = build_dataset(data_path(args), max_seqlen=args.seq_length, seed=args.seed)
     spec = hetero_job(args, dataset.vocab_size, dataset.lengths(), 4).spec
     cpu_compat.install()
     ps.initialize(1, 1, 1)
     try:
-        _, model = build_stage_model(spec, args.seq_length, ModelOptions(seed=args.seed))
+        _, model = build_stage_model(args, spec.vocab_size)
         weights = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
         flat = [p for n, p in model.named_parameters() if p.dim() == 1 or n.endswith(".bias")]
         rest = [p for n, p in model.named_parameters() if not (p.dim() == 1 or n.endswith(".bias"))]
@@ -71,7 +73,7 @@ def _reference(rank: int, world: int, argv: list[str], iterations: int):
             eps=args.adam_eps,
             weight_decay=args.weight_decay,
         )
-        sampler = GlobalBatchSampler(dataset.lengths(), args.tokens_per_global_batch, args.seed)
+        sampler = global_batch_sampler(args, dataset.lengths())
         losses = []
         for _ in range(iterations):
             _, batch = next(sampler)

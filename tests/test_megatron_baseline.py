@@ -90,7 +90,7 @@ def test_pretrain_with_megatron_baseline_learns() -> None:
         "--baseline", "megatron-1f1b", "--micro-batch-size", "2",
         "--tokens-per-global-batch", "2048", "--data-path", "synthetic:flan",
         "--hidden-dropout", "0", "--attention-dropout", "0",
-        "--lr", "1e-2", "--lr-decay-style", "constant", "--train-iters", "4",
+        "--lr", "1e-2", "--lr-decay-style", "constant", "--train-iters", "4", "--log-interval", "1",
     ]  # fmt: skip
     losses = run_ranks(_train, 2, argv, timeout_s=120)
     assert losses[0] == losses[1]

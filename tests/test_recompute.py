@@ -26,6 +26,7 @@ MODES = ["none", "full", "selective", "none", ["full", "none"]]
 
 
 def _run_modes(rank: int, world: int, plan) -> list[tuple[float, dict, dict, int]]:
+    from gpt_reference import build_stage
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
     from megatron.core.transformer.dot_product_attention import DotProductAttention
@@ -35,12 +36,11 @@ def _run_modes(rank: int, world: int, plan) -> list[tuple[float, dict, dict, int
     from megatron.dynapipe import parallel_state as ps
     from megatron.dynapipe.data import rank_microbatches
     from megatron.dynapipe.executor import PlanExecutor, PlanRejected
-    from megatron.dynapipe.model import build_stage_model
 
     cpu_compat.install()
     ps.initialize(1, 2, 1)
     try:
-        config, model = build_stage_model(SPEC, 64)
+        config, model = build_stage()
         model = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
         config.finalize_model_grads_func = finalize_model_grads
         executor = PlanExecutor.for_this_rank(model, config, device=torch.device("cpu"))

@@ -176,7 +176,8 @@ def _packed_vs_alone(rank: int, world: int, dataset) -> dict[str, float]:
     """Largest logit difference between samples 0 and 1 packed in one row and each run alone."""
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
-    from megatron.dynapipe.model import ModelOptions, build_stage_model
+    from megatron.dynapipe.model import build_stage_model
+    from megatron.dynapipe.model_flags import spec_args
 
     cpu_compat.install()
     ps.initialize(1, 1, 1)
@@ -184,8 +185,8 @@ def _packed_vs_alone(rank: int, world: int, dataset) -> dict[str, float]:
     n0, n1 = (int(n) for n in dataset.lengths()[:2])
     differences = {}
     for embedding in ("learned_absolute", "rope"):
-        options = ModelOptions(position_embedding=embedding, seed=0)
-        model = build_stage_model(spec, 16, options)[1].eval()
+        args = spec_args(spec, 16, "--position-embedding-type", embedding, "--seed", "0")
+        model = build_stage_model(args, spec.vocab_size)[1].eval()
         packed = _logits(model, dataset, samples=[0, 1], seqlen=9, row_sizes=[2])
         first = _logits(model, dataset, samples=[0], seqlen=4)
         second = _logits(model, dataset, samples=[1], seqlen=4)

@@ -27,6 +27,7 @@ TINY = [
     "--dynamic-micro-batching", "--tokens-per-global-batch", "2048",
     "--data-path", "synthetic:flan", "--hidden-dropout", "0", "--attention-dropout", "0",
     "--lr", "1e-2", "--lr-decay-style", "constant", "--dynapipe-memory-limit", "0.01",
+    "--log-interval", "1",
 ]  # fmt: skip
 
 
@@ -43,7 +44,9 @@ def test_loss_falls_and_resume_continues_the_same_run(tmp_path: Path) -> None:
     losses = full[0]
     assert losses[-1] < losses[0] - 0.1, losses
     ckpt = str(tmp_path / "ckpt")
-    first = run_ranks(_train, 2, [*TINY, "--train-iters", "2", "--save", ckpt], timeout_s=120)
+    # Megatron's way to stop early: --exit-interval saves and ends the run after iteration 2.
+    stop = [*TINY, "--train-iters", "4", "--exit-interval", "2", "--save", ckpt]
+    first = run_ranks(_train, 2, stop, timeout_s=120)
     assert first[0] == losses[:2]
     # Planned inline this time: plans do not depend on the number of planner workers.
     resume = [*TINY, "--train-iters", "4", "--load", ckpt, "--planner-workers", "0"]

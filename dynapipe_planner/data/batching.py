@@ -1,9 +1,11 @@
-"""Global batches under a token budget: the unit the planner splits into micro-batches.
+"""Global batches: the unit the planner splits into micro-batches.
 
 DynaPipe (dynapipe.txt §8.1) fixes the global batch in tokens (65536), not in samples, so an
-iteration over long samples holds fewer of them. Samples are taken in a seeded per-epoch order
-and a batch closes when the next sample would exceed the budget; a sample longer than the budget
-gets a batch of its own rather than being dropped, since truncation is a separate, explicit step.
+iteration over long samples holds fewer of them (`global_batches`). Samples are taken in a seeded
+per-epoch order and a batch closes when the next sample would exceed the budget; a sample longer
+than the budget gets a batch of its own rather than being dropped, since truncation is a
+separate, explicit step. Megatron fixes the global batch in samples (`--global-batch-size`);
+`sample_batches` cuts the same seeded order into batches of that many samples.
 """
 
 from __future__ import annotations
@@ -58,6 +60,24 @@ def global_batches(
     if drop_last and cumulative[-1] - cumulative[bounds[-2]] < budget:
         bounds.pop()
     return (order[start:stop] for start, stop in pairwise(bounds))
+
+
+def sample_batches(
+    lengths: np.ndarray, samples_per_batch: int, *, seed: int = 0, epoch: int = 0
+) -> Iterator[np.ndarray]:
+    """One epoch of global batches of exactly `samples_per_batch` samples each, in the seeded
+    per-epoch order of `global_batches`; the epoch's last samples that do not fill a batch are
+    left out (Megatron's samplers drop an incomplete last batch too)."""
+    size = check_count(samples_per_batch, "samples_per_batch", 1)
+    seed = check_count(seed, "seed", 0)
+    epoch = check_count(epoch, "epoch", 0)
+    count = sample_tokens(lengths).size
+    if count < size:
+        raise PlanningError(
+            f"the dataset has {count} samples, fewer than one global batch of {size}"
+        )
+    order = np.random.default_rng([seed, epoch]).permutation(count)
+    return (order[start : start + size] for start in range(0, count - size + 1, size))
 
 
 def _batch_bounds(cumulative: np.ndarray, budget: int) -> list[int]:

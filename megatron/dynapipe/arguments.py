@@ -1,14 +1,35 @@
-"""Command-line flags: Megatron's names for what Megatron users already set, plus DynaPipe's own.
+"""Command-line flags: Megatron's own parser and validation, plus DynaPipe's groups.
 
-`add_dynapipe_args(parser)` adds only DynaPipe's group and returns the parser, so it also works as
-Megatron's `extra_args_provider`. `parse_args()` builds the full parser that `pretrain_gpt.py`
-uses: the Megatron flags this runtime honours (same names, same meaning) and DynaPipe's.
+`parse_args` runs `megatron.training.arguments.parse_args` with `add_dynapipe_args` as its
+`extra_args_provider`, then Megatron's `validate_args`, so every Megatron flag parses with
+Megatron's meaning and defaults. What this runtime adds on top:
+
+- DynaPipe's, Hydraulis', HexiScale's flags (`add_dynapipe_args`, also usable as Megatron's
+  `extra_args_provider` in a user's own program);
+- the flags it cannot honour stop with one line naming the flag and why (`unsupported`),
+  instead of being accepted and ignored;
+- on machines without CUDA or TransformerEngine, the GPU-only defaults are switched off
+  (fused kernels, the TransformerEngine layer spec), each noted once; a GPU-only flag given
+  explicitly stops instead (`cpu_defaults`);
+- the batch: `--global-batch-size` keeps Megatron's meaning (samples per iteration), and
+  `--tokens-per-global-batch` makes every global batch a token budget instead (DynaPipe's
+  global batches, seed `dynapipe.txt` §3).
+
+Errors (Megatron's own checks included) end the program with exit status 2 and one line.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import contextlib
+import functools
+import os
+import re
+import sys
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
 
 from dynapipe_planner.cluster import GPU_PRESETS
 from dynapipe_planner.planner import BATCHING, RECOMPUTE, SCHEDULES
@@ -16,8 +37,17 @@ from dynapipe_planner.planner import BATCHING, RECOMPUTE, SCHEDULES
 BASELINES = ("megatron-1f1b",)
 
 
+class ArgumentError(SystemExit):
+    """A flag the runtime refuses: printed as one line, exit status 2."""
+
+    def __init__(self, message: str) -> None:
+        program = os.path.basename(sys.argv[0]) or "megatron.dynapipe"
+        print(f"{program}: error: {message}", file=sys.stderr, flush=True)
+        super().__init__(2)
+
+
 def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """DynaPipe's flags, in their own group."""
+    """DynaPipe's flags, in their own groups (Megatron's `extra_args_provider` signature)."""
     g = parser.add_argument_group("dynapipe")
     g.add_argument(
         "--dynamic-micro-batching",
@@ -35,7 +65,8 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         "--tokens-per-global-batch",
         type=int,
         default=None,
-        help="global batch size in tokens (default: --global-batch-size x --seq-length)",
+        help="make every global batch a budget of this many tokens (as many samples as fit) "
+        "instead of --global-batch-size samples",
     )
     g.add_argument("--pipeline-schedule", choices=SCHEDULES, default="adaptive")
     g.add_argument(
@@ -50,10 +81,10 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument(
         "--dynapipe-recompute",
         choices=RECOMPUTE,
-        default="auto",
-        help="activation recomputation; auto: per iteration, the cheapest mode whose plan fits "
-        "in memory (Megatron's --recompute-granularity, chosen by the planner), or each "
-        "stage's own mode where a --hetero-plan file names them",
+        default=None,
+        help="activation recomputation; auto (default): per iteration, the cheapest mode whose "
+        "plan fits in memory, or each stage's own mode where a --hetero-plan file names them; "
+        "Megatron's --recompute-granularity fixes one mode instead",
     )
     g.add_argument(
         "--dynapipe-memory-limit",
@@ -76,6 +107,12 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         type=int,
         default=1,
         help="planner processes planning ahead of training on rank 0 (0: plan inline)",
+    )
+    g.add_argument(
+        "--dynapipe-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a rank waits for a plan or a peer before failing with an error",
     )
     h = parser.add_argument_group("heterogeneous jobs")
     h.add_argument(
@@ -129,106 +166,339 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         help="emulate slower devices: rank R's forward and backward take F times as long "
         "(sleeps on top of the measured compute; a bare list gives every rank's factor)",
     )
-    g.add_argument(
-        "--dynapipe-timeout",
-        type=float,
-        default=600.0,
-        help="seconds a rank waits for a plan or a peer before failing with an error",
-    )
     return parser
 
 
-def _add_megatron_args(parser: argparse.ArgumentParser) -> None:
-    m = parser.add_argument_group("model (Megatron names)")
-    m.add_argument("--num-layers", type=int, required=True)
-    m.add_argument("--hidden-size", type=int, required=True)
-    m.add_argument("--num-attention-heads", type=int, required=True)
-    m.add_argument("--ffn-hidden-size", type=int, default=None, help="default 4 x hidden")
-    m.add_argument("--seq-length", type=int, required=True, help="longest training sequence")
-    m.add_argument("--max-position-embeddings", type=int, default=None)
-    m.add_argument(
-        "--position-embedding-type",
-        choices=("learned_absolute", "rope"),
-        default="learned_absolute",
-    )
-    m.add_argument("--untie-embeddings-and-output-weights", action="store_true")
-    m.add_argument("--hidden-dropout", type=float, default=0.1)
-    m.add_argument("--attention-dropout", type=float, default=0.1)
-    m.add_argument("--bf16", action="store_true")
-    m.add_argument("--fp16", action="store_true")
-    p = parser.add_argument_group("parallelism and batch (Megatron names)")
-    p.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    p.add_argument("--pipeline-model-parallel-size", type=int, default=1)
-    p.add_argument("--micro-batch-size", type=int, default=1)
-    p.add_argument("--global-batch-size", type=int, default=None)
-    t = parser.add_argument_group("training (Megatron names)")
-    t.add_argument("--train-iters", type=int, required=True)
-    t.add_argument("--lr", type=float, default=1e-4)
-    t.add_argument("--min-lr", type=float, default=0.0)
-    t.add_argument("--lr-decay-style", choices=("constant", "linear", "cosine"), default="linear")
-    t.add_argument("--lr-warmup-iters", type=int, default=0)
-    t.add_argument("--weight-decay", type=float, default=0.01)
-    t.add_argument("--adam-beta1", type=float, default=0.9)
-    t.add_argument("--adam-beta2", type=float, default=0.999)
-    t.add_argument("--adam-eps", type=float, default=1e-8)
-    t.add_argument("--clip-grad", type=float, default=1.0)
-    t.add_argument("--seed", type=int, default=1234)
-    t.add_argument("--log-interval", type=int, default=1)
-    d = parser.add_argument_group("data and checkpoints (Megatron names)")
-    d.add_argument(
-        "--data-path",
-        default="stdlib",
-        help="'stdlib' (built-in corpus: the Python standard library's sources, byte tokens), "
-        "'synthetic:<preset>', a .jsonl file, or a Megatron .bin/.idx prefix",
-    )
-    d.add_argument("--save", default=None, help="checkpoint directory")
-    d.add_argument("--save-interval", type=int, default=None)
-    d.add_argument("--load", default=None, help="checkpoint directory to resume from")
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse and check `pretrain_gpt.py`'s flags."""
-    parser = argparse.ArgumentParser(
-        prog="pretrain_gpt.py",
-        description="Train a megatron-core GPT with per-iteration DynaPipe plans.",
+    """Parse and check `pretrain_gpt.py`'s flags (the command line when `argv` is None)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_megatron_args(argv, add_dynapipe_args)
+    _check_dynapipe(args, given_flags(argv, add_dynapipe_args))
+    return args
+
+
+ExtraArgs = Callable[[argparse.ArgumentParser], argparse.ArgumentParser]
+
+
+def parse_megatron_args(
+    argv: Sequence[str],
+    extra_args_provider: ExtraArgs,
+    before_validation: Callable[[argparse.Namespace], None] | None = None,
+) -> argparse.Namespace:
+    """Megatron's flags plus `extra_args_provider`'s, parsed and validated by Megatron's own
+    `parse_args` and `validate_args`, with this runtime's refusals and CPU defaults applied;
+    `before_validation(args)` checks what a tool needs before Megatron's checks run."""
+    from megatron.training import arguments as megatron_arguments
+
+    with _command_line(argv):
+        args = megatron_arguments.parse_args(extra_args_provider=extra_args_provider)
+    if torch.distributed.is_initialized():  # forked test ranks have no RANK/WORLD_SIZE
+        args.rank = torch.distributed.get_rank()
+        args.world_size = torch.distributed.get_world_size()
+    given = given_flags(argv, extra_args_provider)
+    unsupported(args, given)
+    cpu_defaults(args, given)
+    if before_validation is not None:
+        before_validation(args)
+    # Defaults for flags Megatron requires: micro-batches of one sample (the planner sizes its
+    # own), position embeddings for the longest sequence, a checkpoint at the end of training.
+    defaults = {"micro_batch_size": 1}
+    if args.seq_length is not None:
+        defaults["max_position_embeddings"] = args.seq_length
+    if args.train_iters is not None:
+        defaults["save_interval"] = args.train_iters
+    try:
+        with _megatron_checks_on_cpu(megatron_arguments):
+            megatron_arguments.validate_args(args, defaults)
+    except (AssertionError, ValueError) as error:
+        raise ArgumentError(_megatron_complaint(error)) from None
+    return args
+
+
+def _megatron_complaint(error: Exception) -> str:
+    """The message of a failed Megatron check; a bare `assert` is quoted from its source."""
+    if str(error):
+        return str(error)
+    check = traceback.extract_tb(error.__traceback__)[-1].line or "?"
+    flags = re.sub(r"args\.(\w+)", lambda m: "--" + m.group(1).replace("_", "-"), check)
+    return f"Megatron's argument check failed: {flags}"
+
+
+def given_flags(argv: Sequence[str], extra_args_provider: ExtraArgs) -> set[str]:
+    """The destinations of the flags `argv` names: what the user set on purpose, as opposed
+    to defaults."""
+    options = _option_dests(extra_args_provider)
+    given = set()
+    for token in argv:
+        name = token.split("=", 1)[0]
+        if name in options:
+            given.add(options[name])
+    return given
+
+
+@functools.cache
+def _option_dests(extra_args_provider: ExtraArgs) -> dict[str, str]:
+    """Option string -> destination for every flag of the full parser."""
+    from megatron.training.arguments import add_megatron_arguments
+
+    parser = extra_args_provider(
+        add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
     )
-    _add_megatron_args(parser)
-    add_dynapipe_args(parser)
-    args = parser.parse_args(argv)
+    return {option: action.dest for action in parser._actions for option in action.option_strings}
+
+
+@contextlib.contextmanager
+def _command_line(argv: list[str]) -> Iterator[None]:
+    """Megatron's `parse_args` reads `sys.argv`; let it read `argv`."""
+    saved = sys.argv
+    sys.argv = [saved[0] if saved else "", *argv]
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
+@contextlib.contextmanager
+def _megatron_checks_on_cpu(megatron_arguments) -> Iterator[None]:
+    """`validate_args` asks the GPU's architecture whenever TP > 1, to decide whether
+    CUDA_DEVICE_MAX_CONNECTIONS must be 1 (streams of pre-Blackwell GPUs). A CPU has no such
+    streams: it answers as a pre-Blackwell device, and the variable is set as Megatron asks
+    (it has no effect without CUDA)."""
+    if torch.cuda.is_available():
+        yield
+        return
+    saved = megatron_arguments.get_device_arch_version
+    megatron_arguments.get_device_arch_version = lambda: 0
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    try:
+        yield
+    finally:
+        megatron_arguments.get_device_arch_version = saved
+
+
+# Megatron features this runtime does not run, by destination: (refused when, why).
+_UNSUPPORTED: dict[str, tuple[object, str]] = {
+    "context_parallel_size": (
+        lambda v: v != 1,
+        "context parallelism is not supported: DynaPipe's executor runs whole sequences "
+        "on each tensor-parallel group",
+    ),
+    "num_layers_per_virtual_pipeline_stage": (
+        lambda v: v is not None,
+        "interleaved (virtual) pipeline stages are not supported by DynaPipe's schedules",
+    ),
+    "num_virtual_stages_per_pipeline_rank": (
+        lambda v: v is not None,
+        "interleaved (virtual) pipeline stages are not supported by DynaPipe's schedules",
+    ),
+    "num_experts": (
+        lambda v: v is not None,
+        "mixture-of-experts models are not supported by the planner's cost models",
+    ),
+    "rampup_batch_size": (
+        lambda v: v is not None,
+        "batch-size ramp-up is not supported yet: every iteration plans one global batch size",
+    ),
+    "step_batch_size_schedule": (
+        lambda v: v is not None,
+        "batch-size schedules are not supported yet: every iteration plans one global batch "
+        "size (use --global-batch-size)",
+    ),
+    "ckpt_format": (
+        lambda v: True,
+        "checkpoints are written in DynaPipe's own format until dist_checkpointing lands; "
+        "drop --ckpt-format",
+    ),
+    "use_checkpoint_args": (
+        lambda v: v,
+        "DynaPipe's checkpoints do not store arguments; give the model flags",
+    ),
+    "yaml_cfg": (lambda v: v is not None, "YAML configs are not supported; give flags"),
+    "tensorboard_dir": (
+        lambda v: v is not None,
+        "TensorBoard logging is not implemented; the iteration lines carry the metrics",
+    ),
+    "profile": (
+        lambda v: v,
+        "profiling is not implemented; use tools/profile_costs.py for cost tables",
+    ),
+    "fp8": (lambda v: v is not None, "fp8 needs TransformerEngine on Hopper or newer GPUs"),
+    "fp8_param_gather": (lambda v: v, "fp8 needs TransformerEngine on Hopper or newer GPUs"),
+    "fp4": (lambda v: v is not None, "fp4 needs TransformerEngine on Blackwell GPUs"),
+    "sequence_parallel": (
+        lambda v: v,
+        "sequence parallelism is not supported yet: DynaPipe's executor sends whole "
+        "activations between stages",
+    ),
+    "overlap_grad_reduce": (
+        lambda v: v,
+        "overlapped gradient reduction is not supported yet: DynaPipe's executor reduces "
+        "gradients once, after the last micro-batch",
+    ),
+    "overlap_param_gather": (
+        lambda v: v,
+        "overlapped parameter gathers are not supported yet",
+    ),
+    "use_megatron_fsdp": (lambda v: v, "Megatron FSDP is not supported by DynaPipe's executor"),
+    "use_torch_fsdp2": (lambda v: v, "torch FSDP2 is not supported by DynaPipe's executor"),
+}
+
+
+def unsupported(args: argparse.Namespace, given: set[str]) -> None:
+    """Stop on the first flag given on purpose that this runtime cannot honour."""
+    for dest, (refused, why) in _UNSUPPORTED.items():
+        if dest in given and refused(getattr(args, dest)):
+            raise ArgumentError(f"--{dest.replace('_', '-')}: {why}")
+
+
+# Fused kernels Megatron uses by default; they need CUDA (apex, TransformerEngine or triton).
+_GPU_FUSIONS = (
+    "masked_softmax_fusion",
+    "bias_gelu_fusion",
+    "bias_swiglu_fusion",
+    "bias_dropout_fusion",
+    "apply_rope_fusion",
+    "gradient_accumulation_fusion",
+    "gradient_reduce_div_fusion",
+)
+
+
+def transformer_engine_installed() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def cpu_defaults(args: argparse.Namespace, given: set[str]) -> None:
+    """Megatron's GPU-only defaults switched off where they cannot run, each noted once.
+
+    Without TransformerEngine the model is built from megatron-core's local layer spec; a user
+    who asked for TransformerEngine or one of its attention backends explicitly is stopped.
+    Without CUDA the fused kernels (all default on) are switched off and weights are
+    initialised on the CPU.
+    """
+    notes = []
+    if not transformer_engine_installed():
+        if "transformer_impl" in given and args.transformer_impl == "transformer_engine":
+            raise ArgumentError(
+                "--transformer-impl transformer_engine: TransformerEngine is not "
+                "installed (pip install megatron-dynapipe[gpu] on a GPU machine)"
+            )
+        if "attention_backend" in given and args.attention_backend.name not in ("auto", "local"):
+            raise ArgumentError(
+                f"--attention-backend {args.attention_backend.name}: needs TransformerEngine, "
+                "which is not installed; use --attention-backend local or auto"
+            )
+        if args.transformer_impl != "local":
+            args.transformer_impl = "local"
+            notes.append("TransformerEngine is not installed: megatron-core's local layer spec")
+    if not torch.cuda.is_available():
+        fusions = [name for name in _GPU_FUSIONS if getattr(args, name)]
+        for name in fusions:
+            setattr(args, name, False)
+        args.no_persist_layer_norm = True
+        args.use_cpu_initialization = True
+        if fusions:
+            notes.append(f"no CUDA: fused kernels off ({', '.join(fusions)})")
+    args.dynapipe_notes = notes
+
+
+def _check_dynapipe(args: argparse.Namespace, given: set[str]) -> None:
+    """DynaPipe's own flags against each other and against Megatron's."""
     if args.baseline:
         if args.device_speed:
-            parser.error("--device-speed slows DynaPipe's executor; the baseline runs megatron's")
+            raise ArgumentError(
+                "--device-speed slows DynaPipe's executor; the baseline runs megatron's"
+            )
         if args.dynamic_micro_batching or args.batching not in (None, "packing"):
-            parser.error(f"--baseline {args.baseline} trains packing; drop the other batching")
+            raise ArgumentError(
+                f"--baseline {args.baseline} trains packing; drop the other batching"
+            )
         args.batching = "packing"
     if args.dynamic_strategies or args.hetero_plan:
         if args.dynamic_strategies and args.hetero_plan:
-            parser.error("--dynamic-strategies and --hetero-plan exclude each other")
+            raise ArgumentError("--dynamic-strategies and --hetero-plan exclude each other")
         if args.baseline:
-            parser.error("--baseline trains homogeneous layouts only")
+            raise ArgumentError("--baseline trains homogeneous layouts only")
         if args.tensor_model_parallel_size != 1 or args.pipeline_model_parallel_size != 1:
-            parser.error(
+            raise ArgumentError(
                 "with --dynamic-strategies or --hetero-plan the layouts set TP and PP; drop "
                 "--tensor-model-parallel-size and --pipeline-model-parallel-size"
             )
+        if args.use_distributed_optimizer:
+            raise ArgumentError(
+                "--use-distributed-optimizer: --dynamic-strategies and --hetero-plan always "
+                "shard the optimiser states over all ranks (their own disaggregated optimiser)"
+            )
     elif args.strategy_candidates or args.strategy_window is not None:
-        parser.error("--strategy-candidates and --strategy-window need --dynamic-strategies")
+        raise ArgumentError("--strategy-candidates and --strategy-window need --dynamic-strategies")
     elif args.overlap_pull_push:
-        parser.error("--overlap-pull-push needs --dynamic-strategies or --hetero-plan")
+        raise ArgumentError("--overlap-pull-push needs --dynamic-strategies or --hetero-plan")
     if args.max_cached_strategies < 0:
-        parser.error(f"--max-cached-strategies must be >= 0, got {args.max_cached_strategies}")
+        raise ArgumentError(
+            f"--max-cached-strategies must be >= 0, got {args.max_cached_strategies}"
+        )
     if args.batching is None:
         args.batching = "dynamic" if args.dynamic_micro_batching else "padding"
-    if args.ffn_hidden_size is None:
-        args.ffn_hidden_size = 4 * args.hidden_size
-    if args.max_position_embeddings is None:
-        args.max_position_embeddings = args.seq_length
-    if args.tokens_per_global_batch is None:
-        if args.global_batch_size is None:
-            parser.error("give --tokens-per-global-batch or --global-batch-size")
-        args.tokens_per_global_batch = args.global_batch_size * args.seq_length
-    if args.bf16 and args.fp16:
-        parser.error("--bf16 and --fp16 exclude each other")
-    if args.save_interval is None:
-        args.save_interval = args.train_iters
-    return args
+    if args.seq_length is None:
+        raise ArgumentError("--seq-length is required (the longest training sequence)")
+    _check_batch(args, given)
+    _check_recompute(args, given)
+
+
+def _check_batch(args: argparse.Namespace, given: set[str]) -> None:
+    """Samples per iteration (Megatron's --global-batch-size) or a token budget (DynaPipe's
+    --tokens-per-global-batch), and iterations (--train-iters, or --train-samples with a
+    sample count per batch)."""
+    if args.tokens_per_global_batch is not None:
+        if args.tokens_per_global_batch < 1:
+            raise ArgumentError(
+                f"--tokens-per-global-batch must be positive, got {args.tokens_per_global_batch}"
+            )
+        if "global_batch_size" in given:
+            raise ArgumentError(
+                "--global-batch-size (samples) and --tokens-per-global-batch (tokens) both set "
+                "the global batch; give one"
+            )
+        for dest in ("train_samples", "lr_decay_samples", "lr_warmup_samples"):
+            if dest in given:
+                raise ArgumentError(
+                    f"--{dest.replace('_', '-')} counts samples, but with "
+                    "--tokens-per-global-batch an iteration's sample count varies; use "
+                    "--train-iters and the --lr-*-iters flags"
+                )
+    if args.train_iters is None:
+        if args.train_samples is None:
+            raise ArgumentError("give --train-iters or --train-samples")
+        args.train_iters = args.train_samples // args.global_batch_size
+    if args.batching == "dynamic" and "micro_batch_size" in given:
+        args.dynapipe_notes.append(
+            f"--micro-batch-size {args.micro_batch_size} is not used: dynamic micro-batching "
+            "plans every micro-batch"
+        )
+
+
+def _check_recompute(args: argparse.Namespace, given: set[str]) -> None:
+    """One recomputation mode: Megatron's --recompute-granularity fixes it (full recomputation
+    of every layer, or selective), --dynapipe-recompute also offers auto (the default)."""
+    megatron_mode = args.recompute_granularity
+    if megatron_mode is not None:
+        if args.dynapipe_recompute not in (None, megatron_mode):
+            raise ArgumentError(
+                f"--recompute-granularity {megatron_mode} and --dynapipe-recompute "
+                f"{args.dynapipe_recompute} disagree; give one"
+            )
+        if megatron_mode == "full" and not (
+            args.recompute_method == "uniform" and args.recompute_num_layers == 1
+        ):
+            raise ArgumentError(
+                "--recompute-granularity full: DynaPipe recomputes every layer (--recompute-method "
+                "uniform --recompute-num-layers 1); other methods are not supported"
+            )
+        args.dynapipe_recompute = megatron_mode
+    elif args.dynapipe_recompute is None:
+        args.dynapipe_recompute = "auto"
+    # The model is built without recomputation; the executor switches each plan's mode on.
+    args.recompute_granularity = args.recompute_method = args.recompute_num_layers = None

@@ -129,6 +129,11 @@ class Checkpoint(ReadCheckpoint):
         set_rng_state(self.payload["rng"])
 
 
+def has_checkpoint(directory: str | os.PathLike) -> bool:
+    """Whether `directory` holds a checkpoint (its `LATEST` marker)."""
+    return (Path(directory) / LATEST).is_file()
+
+
 def latest_iteration(directory: Path) -> int:
     """The iteration `LATEST` names in `directory`."""
     marker = directory / LATEST

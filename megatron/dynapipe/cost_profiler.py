@@ -23,10 +23,11 @@ that exceed the grid's token cap, are `null` (infeasible for the planner).
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,7 +35,6 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
 from dynapipe_planner.cost.profiled import FORMAT
-from dynapipe_planner.model_spec import ModelSpec
 
 from .executor import masked_token_loss
 from .memory import (
@@ -43,7 +43,8 @@ from .memory import (
     megatron_workspace_bytes,
     release_megatron_workspace,
 )
-from .model import DTYPES, ModelOptions, build_gpt_model
+from .model import build_gpt_model
+from .model_flags import dtype_name, model_spec
 
 COMPONENTS = ("embedding", "decoder_layer", "lm_head")
 
@@ -95,22 +96,27 @@ class _Built:
 
 
 def _build(
-    spec: ModelSpec,
-    options: ModelOptions,
+    args: argparse.Namespace,
+    vocab_size: int,
     device: torch.device,
     *,
     layers: int,
     pre_process: bool,
     post_process: bool,
+    recompute: str = "none",
 ) -> _Built:
-    """A DDP-wrapped model with its Adam state, and the tensor bytes they added."""
+    """A DDP-wrapped model of `layers` layers (embeddings untied, so each component owns its
+    weights) with its Adam state, and the tensor bytes they added."""
+    variant = argparse.Namespace(**vars(args))
+    variant.num_layers = layers
+    variant.untie_embeddings_and_output_weights = True
     before = live_tensor_bytes(device)
     config, model = build_gpt_model(
-        replace(spec, num_layers=layers),
-        spec.max_position_embeddings,
-        replace(options, tie_embeddings=False),
+        variant,
+        vocab_size,
         pre_process=pre_process,
         post_process=post_process,
+        recompute=recompute,
     )
     ddp = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
     optimizer = get_megatron_optimizer(
@@ -118,8 +124,8 @@ def _build(
             optimizer="adam",
             lr=1e-4,
             clip_grad=0.0,
-            bf16=options.dtype == "bf16",
-            fp16=options.dtype == "fp16",
+            bf16=args.bf16,
+            fp16=args.fp16,
         ),
         [ddp],
     )
@@ -128,7 +134,7 @@ def _build(
     return _Built(ddp, optimizer, live_tensor_bytes(device) - before)
 
 
-def static_bytes(spec: ModelSpec, options: ModelOptions, device: torch.device) -> dict[str, int]:
+def static_bytes(args: argparse.Namespace, vocab_size: int, device: torch.device) -> dict[str, int]:
     """Weights + gradient buffers + optimiser state of each component, by difference of three
     measured models: A = embedding + 1 layer, B = 1 layer + head, C = embedding + 2 layers."""
     sizes = {}
@@ -137,7 +143,7 @@ def static_bytes(spec: ModelSpec, options: ModelOptions, device: torch.device) -
         ("B", 1, False, True),
         ("C", 2, True, False),
     ):
-        built = _build(spec, options, device, layers=layers, pre_process=pre, post_process=post)
+        built = _build(args, vocab_size, device, layers=layers, pre_process=pre, post_process=post)
         sizes[key] = built.static_bytes
         del built
     layer = sizes["C"] - sizes["A"]
@@ -149,13 +155,14 @@ def static_bytes(spec: ModelSpec, options: ModelOptions, device: torch.device) -
 
 
 def _components(
-    spec: ModelSpec, options: ModelOptions, device: torch.device
+    args: argparse.Namespace, vocab_size: int, device: torch.device, recompute: str
 ) -> tuple[list[_Component], list[_Built]]:
-    """The three components, built for `options.recompute`; keep the models alive while used."""
-    front = _build(spec, options, device, layers=1, pre_process=True, post_process=False)
-    back = _build(spec, options, device, layers=1, pre_process=False, post_process=True)
+    """The three components, built for `recompute`; keep the models alive while used."""
+    parts = {"layers": 1, "recompute": recompute}
+    front = _build(args, vocab_size, device, pre_process=True, post_process=False, **parts)
+    back = _build(args, vocab_size, device, pre_process=False, post_process=True, **parts)
     first, last = front.model.module, back.model.module
-    dtype, h, vocab = DTYPES[options.dtype], spec.hidden_size, spec.vocab_size
+    dtype, h, vocab = args.params_dtype, args.hidden_size, vocab_size
 
     def tokens(b: int, s: int) -> torch.Tensor:
         return torch.randint(0, vocab, (b, s), device=device)
@@ -260,8 +267,8 @@ def device_name(device: torch.device) -> str:
 
 
 def profile_cost_table(
-    spec: ModelSpec,
-    options: ModelOptions,
+    args: argparse.Namespace,
+    vocab_size: int,
     grid: ProfileGrid,
     recompute_modes: tuple[str, ...],
     device: torch.device,
@@ -270,14 +277,15 @@ def profile_cost_table(
     repeats: int = 3,
     progress: Callable[[str], None] = lambda _line: None,
 ) -> dict[str, Any]:
-    """The cost table (README "Cost tables") of `spec` for TP 1; parallel state must be set up
-    for one rank. `progress` receives one line per measured point."""
-    statics = static_bytes(spec, options, device)
+    """The cost table (README "Cost tables") of the model `args` (Megatron's flags) describe,
+    with `vocab_size` rows, for TP 1; parallel state must be set up for one rank. `progress`
+    receives one line per measured point."""
+    statics = static_bytes(args, vocab_size, device)
     entries = []
     total = len(recompute_modes) * len(COMPONENTS) * len(grid.points())
     done = 0
     for mode in recompute_modes:
-        components, keep_alive = _components(spec, replace(options, recompute=mode), device)
+        components, keep_alive = _components(args, vocab_size, device, mode)
         for component in components:
             table: dict[tuple[int, int], PointCost | None] = {}
             for b, s in grid.points():
@@ -296,8 +304,8 @@ def profile_cost_table(
         "format": FORMAT,
         "version": 1,
         "device": device_name(device),
-        "dtype": options.dtype,
-        "model": spec.to_dict(),
+        "dtype": dtype_name(args),
+        "model": model_spec(args, vocab_size, "profiled_gpt").to_dict(),
         "profile": {"warmup": warmup, "repeats": repeats, "max_tokens": grid.max_tokens},
         "entries": entries,
     }

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
-from dynapipe_planner.data import global_batches, load_lengths, sample_lengths
+from dynapipe_planner.data import global_batches, load_lengths, sample_batches, sample_lengths
 from dynapipe_planner.errors import PlanningError
 from dynapipe_planner.plan import ExecutionPlan, MicroBatch
 
@@ -506,16 +506,28 @@ def build_dataset(
 
 
 class GlobalBatchSampler:
-    """Endless token-budget global batches: yields (iteration, sample indices), epoch after epoch.
+    """Endless global batches: yields (iteration, sample indices), epoch after epoch.
 
-    Each epoch is `dynapipe_planner.data.global_batches(lengths, tokens_per_batch, seed, epoch)`,
-    so the order depends only on the seed; `state_dict()` records the place, and a sampler that
-    loads it continues with exactly the batches the original would have produced.
+    A batch is a budget of `tokens_per_batch` tokens (DynaPipe's) or exactly
+    `samples_per_batch` samples (Megatron's `--global-batch-size`); each epoch is
+    `dynapipe_planner.data.global_batches` or `sample_batches` over (seed, epoch), so the order
+    depends only on the seed; `state_dict()` records the place, and a sampler that loads it
+    continues with exactly the batches the original would have produced.
     """
 
-    def __init__(self, lengths: np.ndarray, tokens_per_batch: int, seed: int = 0) -> None:
+    def __init__(
+        self,
+        lengths: np.ndarray,
+        tokens_per_batch: int | None = None,
+        seed: int = 0,
+        *,
+        samples_per_batch: int | None = None,
+    ) -> None:
+        if (tokens_per_batch is None) == (samples_per_batch is None):
+            raise DataError("a global batch is either tokens_per_batch or samples_per_batch")
         self._lengths = np.asarray(lengths)
-        self._tokens_per_batch = tokens_per_batch
+        self._tokens_per_batch = tokens_per_batch or 0
+        self._samples_per_batch = samples_per_batch or 0
         self._seed = seed
         self._iteration = 0
         self._seek(epoch=0, position=0)
@@ -543,6 +555,7 @@ class GlobalBatchSampler:
             "position": self._position,
             "seed": self._seed,
             "tokens_per_batch": self._tokens_per_batch,
+            "samples_per_batch": self._samples_per_batch,
             "num_samples": int(self._lengths.shape[0]),
         }
 
@@ -552,7 +565,7 @@ class GlobalBatchSampler:
         missing = sorted(set(expected) - set(state))
         if missing:
             raise DataError(f"sampler state lacks {', '.join(missing)}")
-        for key in ("seed", "tokens_per_batch", "num_samples"):
+        for key in ("seed", "tokens_per_batch", "samples_per_batch", "num_samples"):
             if state[key] != expected[key]:
                 raise DataError(
                     f"sampler state was saved with {key}={state[key]}, this run has "
@@ -568,9 +581,15 @@ class GlobalBatchSampler:
 
     def _seek(self, epoch: int, position: int) -> None:
         self._epoch, self._position = epoch, position
-        self._batches = list(
-            global_batches(self._lengths, self._tokens_per_batch, seed=self._seed, epoch=epoch)
-        )
+        if self._samples_per_batch:
+            batches = sample_batches(
+                self._lengths, self._samples_per_batch, seed=self._seed, epoch=epoch
+            )
+        else:
+            batches = global_batches(
+                self._lengths, self._tokens_per_batch, seed=self._seed, epoch=epoch
+            )
+        self._batches = list(batches)
 
 
 # ---------------------------------------------------------------- micro-batch tensors

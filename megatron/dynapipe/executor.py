@@ -26,6 +26,7 @@ config's finalize function is the asymmetric gradient sync (`grad_sync.Asymmetri
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -45,6 +46,16 @@ from .p2p import PLAN_DTYPES, LeaderPeerToPeer, PeerToPeer, Transfer
 from .recompute import RECOMPUTE_MODES, apply_recompute, stage_mode
 
 ForwardStepFunc = Callable[[Iterator[Any], torch.nn.Module], tuple[torch.Tensor, Callable]]
+
+
+_BACKWARD_OPS = frozenset(
+    {"BackwardPass", "SendGradStart", "RecvGradStart", "WaitSendGrad", "WaitRecvGrad"}
+)
+
+
+def _is_backward(ins: Instruction) -> bool:
+    """Backward passes and gradient transfers: what evaluation leaves out of a plan."""
+    return ins.op in _BACKWARD_OPS
 
 
 class PlanRejected(ValueError):
@@ -232,7 +243,12 @@ class PlanExecutor:
                     )
 
     def run(
-        self, plan: ExecutionPlan, batches: Mapping[int, Any], *, iteration: int = 0
+        self,
+        plan: ExecutionPlan,
+        batches: Mapping[int, Any],
+        *,
+        iteration: int = 0,
+        forward_only: bool = False,
     ) -> IterationResult:
         """Run this rank's instructions of `plan`, then finalise gradients.
 
@@ -240,17 +256,37 @@ class PlanExecutor:
         Gradients accumulate in the model (zero them before); the optimiser step is the
         caller's, as with megatron-core's schedules. The model recomputes activations as the
         plan says for this rank's stage (a plan that names no mode leaves the model's setting).
+
+        `forward_only` (evaluation) runs the plan's forward passes and activation transfers
+        without autograd and skips every backward pass and gradient transfer. Every rank drops
+        the same instructions, so each pair of ranks still posts its remaining transfers in the
+        same order, and the plan stays deadlock-free.
         """
         self.check(plan)
-        recompute = stage_mode(plan.stats, self.replica, self.stage)
-        if recompute is not None:
-            apply_recompute(self.model, self.config, recompute)
+        instructions = plan.rank_plan(self.replica, self.stage).instructions
+        if forward_only:
+            instructions = [ins for ins in instructions if not _is_backward(ins)]
+        else:
+            recompute = stage_mode(plan.stats, self.replica, self.stage)
+            if recompute is not None:
+                apply_recompute(self.model, self.config, recompute)
+        with torch.no_grad() if forward_only else contextlib.nullcontext():
+            result = self._run(instructions, batches, iteration)
+        if not forward_only:
+            finalize = getattr(self.config, "finalize_model_grads_func", None)
+            if finalize is not None:  # counts tokens once per pipeline, sums them over pipelines
+                finalize([self.model], num_tokens=torch.tensor(result.num_tokens))
+        release_megatron_workspace()  # the plan priced it per iteration (memory.py)
+        return result
+
+    def _run(
+        self, instructions: Sequence[Instruction], batches: Mapping[int, Any], iteration: int
+    ) -> IterationResult:
         states: dict[int, _MicroBatchState] = {}
         reports: list[dict[str, torch.Tensor]] = []
         tokens = torch.zeros((), dtype=torch.int64)
         loss_sum = 0.0
-        rank_plan = plan.rank_plan(self.replica, self.stage)
-        for index, ins in enumerate(rank_plan.instructions):
+        for index, ins in enumerate(instructions):
             state = states.setdefault(ins.mb, _MicroBatchState())
             if ins.op == "ForwardPass":
                 result = paced(self.slowdown, self._forward, ins, state, batches)
@@ -270,12 +306,7 @@ class PlanExecutor:
                 state.transfers[ins.op] = self._start(ins, state, where)
             elif ins.op.startswith("Wait"):
                 self._wait(ins, state)
-        local_tokens = int(tokens)
-        finalize = getattr(self.config, "finalize_model_grads_func", None)
-        if finalize is not None:  # counts `tokens` once per pipeline, sums them over pipelines
-            finalize([self.model], num_tokens=tokens)
-        release_megatron_workspace()  # the plan priced it per iteration (memory.py)
-        return IterationResult(reports, local_tokens, loss_sum)
+        return IterationResult(reports, int(tokens), loss_sum)
 
     # ---- instructions ----------------------------------------------------------------------
 
@@ -314,6 +345,6 @@ class PlanExecutor:
         start = ins.op.replace("Wait", "", 1) + "Start"
         tensor = self.p2p.wait(state.transfers.pop(start))
         if ins.op == "WaitRecvAct":
-            state.input = tensor.requires_grad_()
+            state.input = tensor.requires_grad_(torch.is_grad_enabled())
         elif ins.op == "WaitRecvGrad":
             state.output_grad = tensor

@@ -52,13 +52,14 @@ from dynapipe_planner.strategy.selection import SelectionConfig, StrategyRecipe
 from . import cpu_compat, hetero_checkpointing
 from . import parallel_state as ps
 from .checkpointing import TrainState
-from .data import GlobalBatchSampler, build_dataset, rank_microbatches
+from .data import build_dataset, rank_microbatches
 from .device_speed import parse_device_speed
 from .executor import PlanExecutor
 from .hetero_plan_file import load_hetero_plan
 from .liveness import Liveness
 from .model import build_stage_model, layout_free_tp, padded_vocab_size
-from .plan_source import PLANNING_RANK, dtype_name, open_plan_source
+from .model_flags import dtype_name, model_spec
+from .plan_source import PLANNING_RANK, open_plan_source
 from .strategy_candidates import (
     CandidateSet,
     load_candidates,
@@ -68,7 +69,7 @@ from .strategy_candidates import (
 )
 from .strategy_models import StrategyModels
 from .strategy_switch import DisaggregatedOptimizer
-from .training import log_rank0, model_options, model_spec
+from .training import data_path, global_batch_sampler, log_rank0, read_checkpoint
 
 TIMES = ("pull", "propagation", "push", "optimizer")
 
@@ -94,7 +95,7 @@ def describe(layouts: list[ReplicaLayout]) -> str:
 def hetero_job(args: argparse.Namespace, vocab_size: int, lengths: np.ndarray, world: int):
     """The candidate strategies (or the static layout), the model spec with a vocabulary every
     strategy's TP degrees divide, and the planner recipe."""
-    base = model_spec(args, padded_vocab_size(vocab_size, 1))
+    base = model_spec(args, padded_vocab_size(args, vocab_size, 1))
     memory = int(args.dynapipe_memory_limit * GiB) if args.dynapipe_memory_limit else 0
     dtype = dtype_name(args)
     dropped: list[str] = []
@@ -126,7 +127,7 @@ def hetero_job(args: argparse.Namespace, vocab_size: int, lengths: np.ndarray, w
                 lengths,
                 models,
                 max_seqlen=args.seq_length,
-                tokens_per_iteration=args.tokens_per_global_batch,
+                tokens_per_iteration=_tokens_per_batch(args, lengths),
                 recompute=_profile_recompute(args),
             )
         homogeneous = not args.strategy_candidates  # a file is the whole candidate set
@@ -136,7 +137,7 @@ def hetero_job(args: argparse.Namespace, vocab_size: int, lengths: np.ndarray, w
     spec = dataclasses.replace(
         base,
         vocab_size=padded_vocab_size(
-            vocab_size, math.lcm(layout_free_tp(world), candidates.vocab_multiple_tp)
+            args, vocab_size, math.lcm(layout_free_tp(world), candidates.vocab_multiple_tp)
         ),
     )
     if args.hetero_plan:
@@ -195,21 +196,6 @@ def _profile_recompute(args: argparse.Namespace) -> str:
     return "none" if args.dynapipe_recompute == "auto" else args.dynapipe_recompute
 
 
-def learning_rate(args: argparse.Namespace, step: int) -> float:
-    """The LR of optimiser step `step` (0-based): linear warmup, then constant, linear or
-    cosine decay to `--min-lr` over `--train-iters`, as Megatron's scheduler."""
-    if args.lr_warmup_iters and step < args.lr_warmup_iters:
-        return args.lr * step / args.lr_warmup_iters
-    if args.lr_decay_style == "constant":
-        return args.lr
-    span = max(1, args.train_iters - args.lr_warmup_iters)
-    ratio = min(1.0, (step - args.lr_warmup_iters) / span)
-    coeff = (
-        1.0 - ratio if args.lr_decay_style == "linear" else 0.5 * (math.cos(math.pi * ratio) + 1)
-    )
-    return args.min_lr + coeff * (args.lr - args.min_lr)
-
-
 def pretrain_hetero(
     args: argparse.Namespace,
     *,
@@ -221,7 +207,7 @@ def pretrain_hetero(
     tests' reference); `strategies_out` collects each iteration's strategy name."""
     cpu_compat.install()
     world = dist.get_world_size() if dist.is_initialized() else int(os.environ["WORLD_SIZE"])
-    dataset = build_dataset(args.data_path, max_seqlen=args.seq_length, seed=args.seed)
+    dataset = build_dataset(data_path(args), max_seqlen=args.seq_length, seed=args.seed)
     job = hetero_job(args, dataset.vocab_size, dataset.lengths(), world)
     ps.initialize_strategies(
         job.candidates.layouts,
@@ -241,8 +227,8 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
     names = job.candidates.names
     listed = "; ".join(f"{k}: {n}" for k, n in enumerate(names))
     log_rank0(rank, f"{len(names)} strategies: {listed}")
-    sampler = GlobalBatchSampler(dataset.lengths(), args.tokens_per_global_batch, args.seed)
-    checkpoint = hetero_checkpointing.read(args.load) if args.load else None
+    sampler = global_batch_sampler(args, dataset.lengths())
+    checkpoint = read_checkpoint(args, hetero_checkpointing.read)
     if checkpoint is not None:
         sampler.load_state_dict(checkpoint.sampler_state)
     plans = open_plan_source(
@@ -256,11 +242,13 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
     liveness = Liveness(plans.store, rank, world, server_rank=PLANNING_RANK)
     with plans, liveness:
         optimizer, models = _build(args, job)
+        scheduler = _scheduler(args, optimizer)
         state = TrainState()
         if checkpoint is not None:
             for note in checkpoint.restore(optimizer):
                 log_rank0(rank, note)
             state = checkpoint.state
+            scheduler.step(increment=state.iteration * args.global_batch_size)
             log_rank0(rank, f"resumed from {args.load} at iteration {state.iteration}")
         elif initial_weights is not None:
             optimizer.load_full(initial_weights)
@@ -283,9 +271,9 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
                 batches = rank_microbatches(plan, ps.replica(), dataset)
                 result = stage.executor.run(plan, batches, iteration=iteration)
                 ran = time.perf_counter()
-                optimizer.set_lr(learning_rate(args, iteration))
                 grad_norm = optimizer.clip_grad_norm(args.clip_grad)
                 optimizer.step()
+                scheduler.step(increment=args.global_batch_size)
                 measured_s = time.perf_counter() - started
                 timer = {
                     "pull": optimizer.times["pull"],
@@ -311,13 +299,28 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
     return losses
 
 
+def _tokens_per_batch(args: argparse.Namespace, lengths: np.ndarray) -> int:
+    """Tokens a global batch holds: the budget, or --global-batch-size samples of mean length."""
+    if args.tokens_per_global_batch is not None:
+        return args.tokens_per_global_batch
+    return max(1, round(args.global_batch_size * float(np.mean(lengths))))
+
+
+def _scheduler(args: argparse.Namespace, optimizer: DisaggregatedOptimizer):
+    """Megatron's LR and weight-decay schedule, over the disaggregated optimiser's AdamW."""
+    from megatron.training.global_vars import set_args
+    from megatron.training.training import get_optimizer_param_scheduler
+
+    set_args(args)  # Megatron's scheduler reads the flags from its global
+    return get_optimizer_param_scheduler(optimizer.optimizer)
+
+
 def _build(args, job: HeteroJob) -> tuple[DisaggregatedOptimizer, StrategyModels]:
     """The one optimiser (from strategy 0's stage model) and the cache of stage models."""
-    options = model_options(args)
 
     def build(k: int):
         ps.use_strategy(k)
-        return build_stage_model(job.spec, args.seq_length, options)
+        return build_stage_model(args, job.spec.vocab_size)
 
     config, model = build(0)
     optimizer = DisaggregatedOptimizer(
@@ -327,7 +330,7 @@ def _build(args, job: HeteroJob) -> tuple[DisaggregatedOptimizer, StrategyModels
         betas=(args.adam_beta1, args.adam_beta2),
         eps=args.adam_eps,
         weight_decay=args.weight_decay,
-        tied_embeddings=options.tie_embeddings,
+        tied_embeddings=not args.untie_embeddings_and_output_weights,
         overlap=args.overlap_pull_push,
     )
     slowdown = parse_device_speed(args.device_speed, dist.get_world_size())[dist.get_rank()]

@@ -1,48 +1,47 @@
-"""Builds this rank's pipeline stage of a megatron-core GPTModel from the planner's model shape.
+"""Builds this rank's pipeline stage of a megatron-core GPTModel from Megatron's flags.
 
-The planner and the runtime must agree on which layers each stage holds, or the plan's costs
-describe a different model than the one that runs; so the layer split comes from the planner's
-own `split_layers` and is handed to megatron-core as first/last-stage layer counts. On CPU the
-local (pure megatron-core) layer spec is used; the TransformerEngine spec when it is installed
-and a GPU is present.
+The model is Megatron's own: its `TransformerConfig` comes from Megatron's args-to-config path
+(`megatron.training.argument_utils.core_transformer_config_from_args`) and the model from
+megatron-core's GPT builder and layer specs (`megatron.training.models.gpt.GPTModelBuilder`:
+TransformerEngine's spec when `--transformer-impl transformer_engine`, the local spec
+otherwise, which is what CPU machines get, see `arguments.cpu_defaults`). So GPT and Llama
+shapes (RMSNorm, SwiGLU, grouped-query attention, RoPE, untied embeddings, no biases) are
+whatever Megatron's flags say.
+
+On top, DynaPipe sets what its executor needs: each micro-batch has its own shape
+(`variable_seq_lengths`), the loss is summed per token over the global batch
+(`calculate_per_token_loss`), recomputation is switched per plan (`recompute`), and the layer
+split comes from the planner's own `split_layers` (or a heterogeneous layout's ranges), handed
+to megatron-core as first/last-stage counts or a pipeline layout, so the plan's costs describe
+the model that runs.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import math
-from dataclasses import dataclass
 
 import torch
 from megatron.core import parallel_state as mpu
 from megatron.core import tensor_parallel
 from megatron.core.models.gpt import GPTModel
+from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.transformer import TransformerConfig
 
 from dynapipe_planner.cost.table import split_layers
-from dynapipe_planner.model_spec import ModelSpec
 
 from . import parallel_state as ps
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@dataclass(frozen=True)
-class ModelOptions:
-    """Training-time choices that are not part of the model's shape."""
-
-    dtype: str = "fp32"
-    position_embedding: str = "learned_absolute"  # Megatron's default; "rope" also works
-    tie_embeddings: bool = True
-    hidden_dropout: float = 0.0
-    attention_dropout: float = 0.0
-    seed: int = 1234
-    recompute: str = "none"  # "selective": core attention; "full": whole layers
 
 
 def _recompute_kwargs(mode: str) -> dict[str, object]:
     """megatron-core's switches for the planner's recompute modes (seed dynapipe.txt §7)."""
     if mode == "none":
-        return {}
+        return {
+            "recompute_granularity": None,
+            "recompute_method": None,
+            "recompute_num_layers": None,
+        }
     if mode == "selective":
         return {"recompute_granularity": "selective"}
     if mode == "full":
@@ -61,15 +60,19 @@ def layout_free_tp(world_size: int) -> int:
     return math.lcm(*(t for t in range(1, min(8, world_size) + 1) if world_size % t == 0))
 
 
-def padded_vocab_size(dataset_vocab: int, tp: int) -> int:
-    """Megatron pads the vocabulary so each tensor-parallel shard is a multiple of 128 rows."""
-    multiple = 128 * tp
-    return math.ceil(dataset_vocab / multiple) * multiple
+def padded_vocab_size(args: argparse.Namespace, vocab_size: int, tp: int) -> int:
+    """The vocabulary padded as Megatron pads it: each of the `tp` shards a multiple of
+    `--make-vocab-size-divisible-by` rows."""
+    from megatron.training.vocab_utils import calculate_padded_vocab_size
+
+    return calculate_padded_vocab_size(
+        vocab_size, args.make_vocab_size_divisible_by, tp, logging_enabled=False
+    )
 
 
-def stage_layer_counts(spec: ModelSpec, num_stages: int) -> list[int]:
+def stage_layer_counts(num_layers: int, num_stages: int) -> list[int]:
     """Transformer layers per stage, exactly as the planner's cost model splits them."""
-    return split_layers(len(spec.layer_kinds()), num_stages)
+    return split_layers(num_layers, num_stages)
 
 
 def _layer_split_kwargs(counts: list[int]) -> dict[str, int]:
@@ -98,122 +101,104 @@ def _pipeline_layout(counts: list[int]) -> str:
 
 
 def transformer_config(
-    spec: ModelSpec,
+    args: argparse.Namespace,
     tp: int,
     pp: int,
-    options: ModelOptions,
     layer_counts: list[int] | None = None,
+    recompute: str = "none",
 ) -> TransformerConfig:
-    """The megatron-core config of `spec` with DynaPipe's runtime choices.
+    """Megatron's config for `args` (its own args-to-config path), with DynaPipe's runtime
+    choices: this pipeline's TP and PP degrees, its layer split, `recompute`, and
 
-    `calculate_per_token_loss` makes megatron's DDP sum (not average) gradients over replicas:
-    the executor already divides each loss by the global batch's real token count.
-    `variable_seq_lengths` is set because every micro-batch has its own shape.
+    - `calculate_per_token_loss`: megatron's DDP sums (not averages) gradients over replicas,
+      because the executor divides each loss by the global batch's real token count;
+    - `variable_seq_lengths`: every micro-batch has its own shape.
+
     `layer_counts` (layers per stage of this pipeline) replaces the planner's even split: a
     heterogeneous plan's layouts give each stage any layer range, which megatron-core takes as
     a pipeline layout.
     """
+    from megatron.training.argument_utils import core_transformer_config_from_args
+
     if layer_counts is None:
-        split = _layer_split_kwargs(stage_layer_counts(spec, pp))
+        split = _layer_split_kwargs(stage_layer_counts(args.num_layers, pp))
     else:
-        if len(layer_counts) != pp or sum(layer_counts) != spec.num_layers:
+        if len(layer_counts) != pp or sum(layer_counts) != args.num_layers:
             raise ValueError(
-                f"layers per stage {layer_counts} do not split the {spec.num_layers} layers of "
-                f"model {spec.name!r} over {pp} stage(s)"
+                f"layers per stage {layer_counts} do not split the {args.num_layers} layers "
+                f"over {pp} stage(s)"
             )
         split = {"pipeline_model_parallel_layout": _pipeline_layout(layer_counts)}
-    if spec.is_encoder_decoder:
-        raise ValueError(f"model {spec.name!r} is encoder-decoder; the runtime trains GPT models")
-    dtype = DTYPES[options.dtype]
-    return TransformerConfig(
-        num_layers=spec.num_layers,
-        hidden_size=spec.hidden_size,
-        num_attention_heads=spec.num_heads,
-        ffn_hidden_size=spec.ffn_hidden_size,
-        kv_channels=spec.kv_channels,
+    unsplit = {
+        "num_layers_in_first_pipeline_stage": None,
+        "num_layers_in_last_pipeline_stage": None,
+        "pipeline_model_parallel_layout": None,
+    }
+    return dataclasses.replace(
+        core_transformer_config_from_args(args),
         tensor_model_parallel_size=tp,
+        tensor_parallel_num_weight_shards=None,  # re-derived from this stage's TP degree
         pipeline_model_parallel_size=pp,
-        use_cpu_initialization=not torch.cuda.is_available(),
-        params_dtype=dtype,
-        pipeline_dtype=dtype,
-        bf16=options.dtype == "bf16",
-        fp16=options.dtype == "fp16",
-        hidden_dropout=options.hidden_dropout,
-        attention_dropout=options.attention_dropout,
         calculate_per_token_loss=True,
         variable_seq_lengths=True,
         moe_token_dispatcher_type="alltoall",  # "allgather" rejects variable_seq_lengths
-        bias_activation_fusion=False,
-        masked_softmax_fusion=False,
-        bias_dropout_fusion=False,
-        apply_rope_fusion=False,
-        gradient_accumulation_fusion=False,
-        persist_layer_norm=False,
-        **_recompute_kwargs(options.recompute),
-        **split,
+        **_recompute_kwargs(recompute),
+        **{**unsplit, **split},
     )
 
 
-def _layer_spec():
-    if torch.cuda.is_available():
-        try:
-            import transformer_engine  # noqa: F401
-            from megatron.core.models.gpt.gpt_layer_specs import (
-                get_gpt_layer_with_transformer_engine_spec,
-            )
-
-            return get_gpt_layer_with_transformer_engine_spec()
-        except ImportError:
-            pass
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
-    return get_gpt_layer_local_spec()
+def _with_vocab(args: argparse.Namespace, vocab_size: int) -> argparse.Namespace:
+    """`args` with Megatron's `padded_vocab_size` set to the vocabulary the runtime padded."""
+    copy = argparse.Namespace(**vars(args))
+    copy.padded_vocab_size = vocab_size
+    return copy
 
 
 def build_stage_model(
-    spec: ModelSpec, max_seqlen: int, options: ModelOptions = ModelOptions()
+    args: argparse.Namespace, vocab_size: int, recompute: str = "none"
 ) -> tuple[TransformerConfig, GPTModel]:
-    """This rank's stage of `spec` (parallel state must be initialised first); in a
-    heterogeneous job, the layers its layout gives it, with its stage's TP degree."""
+    """This rank's stage of the model `args` describe (parallel state must be initialised
+    first), with a vocabulary of `vocab_size` rows (already padded); in a heterogeneous job,
+    the layers its layout gives it, with its stage's TP degree."""
     return build_gpt_model(
-        spec,
-        max_seqlen,
-        options,
+        args,
+        vocab_size,
         pre_process=mpu.is_pipeline_first_stage(),
         post_process=mpu.is_pipeline_last_stage(),
+        recompute=recompute,
     )
 
 
 def build_gpt_model(
-    spec: ModelSpec,
-    max_seqlen: int,
-    options: ModelOptions,
+    args: argparse.Namespace,
+    vocab_size: int,
     *,
     pre_process: bool,
     post_process: bool,
+    recompute: str = "none",
 ) -> tuple[TransformerConfig, GPTModel]:
-    """A GPTModel of `spec` with or without the embedding (`pre_process`) and the output layer
-    with the loss (`post_process`); the cost profiler builds its components this way."""
-    if max_seqlen > spec.max_position_embeddings:
+    """A GPTModel of `args` with or without the embedding (`pre_process`) and the output layer
+    with the loss (`post_process`), built by megatron-core's GPT builder; the cost profiler
+    builds its components this way."""
+    from megatron.training.argument_utils import gpt_config_from_args
+    from megatron.training.models.gpt import GPTModelBuilder
+
+    if args.seq_length > args.max_position_embeddings:
         raise ValueError(
-            f"sequences of {max_seqlen} tokens exceed the {spec.max_position_embeddings} "
-            f"position embeddings of model {spec.name!r}"
+            f"sequences of {args.seq_length} tokens exceed the {args.max_position_embeddings} "
+            "position embeddings (--max-position-embeddings)"
         )
     tp = mpu.get_tensor_model_parallel_world_size()
     pp = mpu.get_pipeline_model_parallel_world_size()
     counts = ps.pipeline_layer_counts() if ps.is_initialized() else None
-    config = transformer_config(spec, tp, pp, options, counts)
-    tensor_parallel.model_parallel_cuda_manual_seed(options.seed)
-    torch.manual_seed(options.seed)
-    model = GPTModel(
-        config,
-        _layer_spec(),
-        vocab_size=spec.vocab_size,
-        max_sequence_length=spec.max_position_embeddings,
+    config = transformer_config(args, tp, pp, counts, recompute)
+    model_config = gpt_config_from_args(_with_vocab(args, vocab_size), config)
+    tensor_parallel.model_parallel_cuda_manual_seed(args.seed)
+    torch.manual_seed(args.seed)
+    model = GPTModelBuilder(model_config).build_model(
+        ProcessGroupCollection.use_mpu_process_groups(),
         pre_process=pre_process,
         post_process=post_process,
-        share_embeddings_and_output_weights=options.tie_embeddings,
-        position_embedding_type=options.position_embedding,
     )
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())

@@ -35,6 +35,7 @@ from dynapipe_planner.planner import PlannerConfig
 from dynapipe_planner.service import PlannerRecipe, PlanningService
 
 from .data import GlobalBatchSampler
+from .model_flags import dtype_name
 from .plan_distribution import PlanChannel, open_plan_store
 
 PLANNING_RANK = 0
@@ -42,11 +43,6 @@ PLANNING_RANK = 0
 
 class PlanMismatch(RuntimeError):
     """A plan covers other samples than the sampler's batch of its iteration."""
-
-
-def dtype_name(args: argparse.Namespace) -> str:
-    """The plan's dtype name for the job's precision flags."""
-    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
 
 
 def planner_recipe(args: argparse.Namespace, spec: ModelSpec, num_replicas: int) -> PlannerRecipe:

@@ -187,7 +187,8 @@ class DisaggregatedOptimizer:
             if master.numel():
                 flat = master.dim() == 1 or name.endswith(".bias")
                 (no_decay if flat else decay).append(master)
-        groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+        # wd_mult: Megatron's LR/weight-decay scheduler scales each group's decay by it.
+        groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0, "wd_mult": 0.0}]
         self.optimizer = torch.optim.AdamW(
             [g for g in groups if g["params"]],
             lr=lr,
@@ -322,11 +323,6 @@ class DisaggregatedOptimizer:
                 "exp_avg_sq": full[name]["exp_avg_sq"].narrow(info.dim, a, b - a).clone().float(),
             }
         return notes
-
-    def set_lr(self, lr: float) -> None:
-        """The learning rate of the next step (the job's LR schedule)."""
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
 
     # ---- pull, push, step -------------------------------------------------------------
 

@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import logging
 import os
 import sys
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.distributed as dist
-from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.distributed import DistributedDataParallel
 from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.optimizer import get_megatron_optimizer
 
-from dynapipe_planner.model_spec import ModelSpec
 from dynapipe_planner.plan import ExecutionPlan
 
 from . import checkpointing, cpu_compat
@@ -38,46 +38,30 @@ from .device_speed import parse_device_speed
 from .executor import PlanExecutor
 from .liveness import Liveness
 from .megatron_baseline import MegatronPackingBaseline
-from .model import ModelOptions, build_stage_model, padded_vocab_size
-from .plan_source import PLANNING_RANK, dtype_name, open_plan_source, planner_recipe
+from .model import build_stage_model, padded_vocab_size
+from .model_flags import model_spec
+from .plan_source import PLANNING_RANK, open_plan_source, planner_recipe
 
 log = logging.getLogger("dynapipe")
 
 
 def _optimizer(args: argparse.Namespace, model: torch.nn.Module):
-    clip = args.clip_grad
-    if clip > 0 and not torch.cuda.is_available():
+    """Megatron's optimiser and LR/weight-decay schedule, built from the flags by Megatron's own
+    helpers (`get_megatron_optimizer_config`, `get_optimizer_param_scheduler`)."""
+    from megatron.training.global_vars import set_args
+    from megatron.training.training import (
+        get_megatron_optimizer_config,
+        get_optimizer_param_scheduler,
+    )
+
+    config, overrides = get_megatron_optimizer_config(args)
+    if config.clip_grad > 0 and not torch.cuda.is_available():
         if dist.get_rank() == 0:
             log.warning("gradient clipping needs CUDA in megatron-core 0.19; disabled on CPU")
-        clip = 0.0
-    optimizer = get_megatron_optimizer(
-        OptimizerConfig(
-            optimizer="adam",
-            lr=args.lr,
-            min_lr=args.min_lr,
-            weight_decay=args.weight_decay,
-            adam_beta1=args.adam_beta1,
-            adam_beta2=args.adam_beta2,
-            clip_grad=clip,
-            bf16=args.bf16,
-            fp16=args.fp16,
-        ),
-        [model],
-    )
-    scheduler = OptimizerParamScheduler(
-        optimizer,
-        init_lr=0.0 if args.lr_warmup_iters else args.lr,
-        max_lr=args.lr,
-        min_lr=args.min_lr,
-        lr_warmup_steps=args.lr_warmup_iters,
-        lr_decay_steps=args.train_iters,
-        lr_decay_style=args.lr_decay_style,
-        start_wd=args.weight_decay,
-        end_wd=args.weight_decay,
-        wd_incr_steps=args.train_iters,
-        wd_incr_style="constant",
-    )
-    return optimizer, scheduler
+        config.clip_grad = 0.0
+    optimizer = get_megatron_optimizer(config, [model], config_overrides=overrides)
+    set_args(args)  # Megatron's scheduler reads the flags from its global
+    return optimizer, get_optimizer_param_scheduler(optimizer)
 
 
 def _global_loss(loss_sum: float, tokens: int, tp: int) -> tuple[float, int]:
@@ -116,12 +100,46 @@ def _world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
 
 
+def global_batch_sampler(args: argparse.Namespace, lengths: np.ndarray) -> GlobalBatchSampler:
+    """Global batches as the flags define them: a token budget (--tokens-per-global-batch) or
+    Megatron's --global-batch-size samples."""
+    if args.tokens_per_global_batch is not None:
+        return GlobalBatchSampler(lengths, args.tokens_per_global_batch, args.seed)
+    return GlobalBatchSampler(lengths, seed=args.seed, samples_per_batch=args.global_batch_size)
+
+
+def data_path(args: argparse.Namespace) -> str | None:
+    """The one dataset `--data-path` names (None: the built-in corpus)."""
+    if not args.data_path:
+        return None
+    if len(args.data_path) > 1:
+        from .arguments import ArgumentError
+
+        raise ArgumentError("--data-path: blends of several datasets are not supported yet")
+    return args.data_path[0]
+
+
+def read_checkpoint(args: argparse.Namespace, read: Callable):
+    """The checkpoint `--load` names, or None to start from scratch: no --load, or (as
+    Megatron does) a --load directory without a checkpoint yet."""
+    if not args.load:
+        return None
+    if not checkpointing.has_checkpoint(args.load):
+        if args.exit_on_missing_checkpoint:
+            raise checkpointing.CheckpointError(f"--load {args.load}: no checkpoint there")
+        log_rank0(dist.get_rank(), f"no checkpoint in {args.load}: starting from scratch")
+        return None
+    return read(args.load)
+
+
 def _train(args: argparse.Namespace, tp: int, probe: IterationProbe | None) -> list[float]:
     rank = dist.get_rank()
-    dataset = build_dataset(args.data_path, max_seqlen=args.seq_length, seed=args.seed)
-    spec = model_spec(args, padded_vocab_size(dataset.vocab_size, tp))
-    sampler = GlobalBatchSampler(dataset.lengths(), args.tokens_per_global_batch, args.seed)
-    checkpoint = checkpointing.read(args.load) if args.load else None
+    for note in args.dynapipe_notes:
+        log_rank0(rank, note)
+    dataset = build_dataset(data_path(args), max_seqlen=args.seq_length, seed=args.seed)
+    spec = model_spec(args, padded_vocab_size(args, dataset.vocab_size, tp))
+    sampler = global_batch_sampler(args, dataset.lengths())
+    checkpoint = read_checkpoint(args, checkpointing.read)
     if checkpoint is not None:
         sampler.load_state_dict(checkpoint.sampler_state)
     # Rank 0's planner workers start here and plan the first iterations while the model builds.
@@ -135,7 +153,7 @@ def _train(args: argparse.Namespace, tp: int, probe: IterationProbe | None) -> l
     )
     liveness = Liveness(plans.store, rank, dist.get_world_size(), server_rank=PLANNING_RANK)
     with plans, liveness:
-        config, model, optimizer, scheduler = _model_and_optimizer(args, spec)
+        config, model, optimizer, scheduler = _model_and_optimizer(args, spec.vocab_size)
         state = TrainState()
         if checkpoint is not None:
             checkpoint.restore(model, optimizer, scheduler)
@@ -159,6 +177,9 @@ def _train(args: argparse.Namespace, tp: int, probe: IterationProbe | None) -> l
             executor.slowdown = speeds[rank]
         log_rank0(rank, f"dataset {dataset.name}: {len(dataset)} samples; model {spec.to_dict()}")
         losses = []
+        started_at = time.monotonic()
+        if args.manual_gc:  # Megatron's --manual-gc: collect at chosen iterations only
+            gc.disable()
         while state.iteration < args.train_iters:
             iteration = state.iteration
             _, batch = next(sampler)
@@ -170,8 +191,8 @@ def _train(args: argparse.Namespace, tp: int, probe: IterationProbe | None) -> l
             with liveness.step(iteration):
                 with probe(iteration, plan) if probe else contextlib.nullcontext():
                     result = executor.run(plan, batches, iteration=iteration)
-                optimizer.step()
-                scheduler.step(increment=1)
+                _, grad_norm, _ = optimizer.step()
+                scheduler.step(increment=args.global_batch_size)
                 measured_s = time.perf_counter() - started
                 loss, tokens = _global_loss(result.loss_sum, result.num_tokens, tp)
             losses.append(loss)
@@ -179,45 +200,49 @@ def _train(args: argparse.Namespace, tp: int, probe: IterationProbe | None) -> l
             state.consumed_tokens += tokens
             if state.iteration % args.log_interval == 0 or state.iteration == args.train_iters:
                 line = _iteration_line(args, state, plan.stats, loss, tokens, measured_s, waited_s)
+                lr = optimizer.param_groups[0]["lr"]
+                line += f" | learning rate {lr:.3E}"
+                if grad_norm is not None:
+                    line += f" | grad norm {grad_norm:.3f}"
                 log_rank0(rank, line)
+            if (
+                args.manual_gc
+                and args.manual_gc_interval
+                and (state.iteration % args.manual_gc_interval == 0)
+            ):
+                gc.collect()
+            stop = _exit_reason(args, state.iteration, started_at)
             if args.save and (
-                state.iteration % args.save_interval == 0 or state.iteration == args.train_iters
+                (args.save_interval and state.iteration % args.save_interval == 0)
+                or state.iteration == args.train_iters
+                or stop
             ):
                 with liveness.step(iteration):
                     checkpointing.save(args.save, state, model, optimizer, scheduler, sampler)
+            if stop:
+                log_rank0(rank, f"exiting after iteration {state.iteration}: {stop}")
+                break
     return losses
 
 
-def model_spec(args: argparse.Namespace, vocab_size: int) -> ModelSpec:
-    """The GPT the Megatron flags describe, with an already padded vocabulary."""
-    return ModelSpec(
-        "pretrain_gpt",
-        "gpt",
-        args.num_layers,
-        args.hidden_size,
-        args.num_attention_heads,
-        args.ffn_hidden_size,
-        vocab_size,
-        max_position_embeddings=args.max_position_embeddings,
-    )
+def _exit_reason(args: argparse.Namespace, iteration: int, started_at: float) -> str | None:
+    """Megatron's early exits: --exit-interval iterations, --exit-duration-in-mins minutes."""
+    if args.exit_interval and iteration % args.exit_interval == 0:
+        return f"--exit-interval {args.exit_interval}"
+    if args.exit_duration_in_mins:
+        elapsed = torch.tensor([(time.monotonic() - started_at) / 60.0])
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # every rank stops at the same iteration
+        if float(elapsed) > args.exit_duration_in_mins:
+            return f"--exit-duration-in-mins {args.exit_duration_in_mins}"
+    return None
 
 
-def model_options(args: argparse.Namespace) -> ModelOptions:
-    """The model-building flags of a run (dtype, embeddings, dropout, seed)."""
-    return ModelOptions(
-        dtype=dtype_name(args),
-        position_embedding=args.position_embedding_type,
-        tie_embeddings=not args.untie_embeddings_and_output_weights,
-        hidden_dropout=args.hidden_dropout,
-        attention_dropout=args.attention_dropout,
-        seed=args.seed,
-    )
-
-
-def _model_and_optimizer(args: argparse.Namespace, spec: ModelSpec):
+def _model_and_optimizer(args: argparse.Namespace, vocab_size: int):
     """This rank's stage of the model in Megatron DDP, its optimiser and LR schedule."""
-    config, model = build_stage_model(spec, args.seq_length, model_options(args))
-    model = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
+    from megatron.training.training import get_megatron_ddp_config
+
+    config, model = build_stage_model(args, vocab_size)
+    model = DistributedDataParallel(config, get_megatron_ddp_config(args), model)
     config.finalize_model_grads_func = finalize_model_grads
     optimizer, scheduler = _optimizer(args, model)
     return config, model, optimizer, scheduler
