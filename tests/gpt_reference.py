@@ -45,12 +45,18 @@ DATA = _dataset()
 
 
 def make_plan(
-    tp: int, pp: int, dp: int, batching: str = "dynamic", micro_batch_size: int = 0
+    tp: int,
+    pp: int,
+    dp: int,
+    batching: str = "dynamic",
+    micro_batch_size: int = 0,
+    memory: int | None = None,
 ) -> ExecutionPlan:
     """The planner's plan; a memory limit of about a megabyte makes this tiny model need several
     micro-batches (and packed rows for the packing baseline). A fixed `micro_batch_size` (rows)
     makes packing megatron-core's fixed-shape micro-batches, priced under the device's memory."""
-    memory = 1_000_000 if batching == "dynamic" else 0 if micro_batch_size else 1_200_000
+    if memory is None:
+        memory = 1_000_000 if batching == "dynamic" else 0 if micro_batch_size else 1_200_000
     cluster = ClusterSpec(
         get_gpu("A100-80GB"), num_stages=pp, num_replicas=dp, tp=tp, memory_limit_bytes=memory
     )
@@ -114,11 +120,21 @@ def _reference_name(local: str, layer_offset: int, tied: bool = True) -> str:
     return ".".join(parts)
 
 
-def _shard(full: np.ndarray, param: torch.Tensor, tp_rank: int, tp: int) -> torch.Tensor:
-    full = torch.from_numpy(full)
+def tp_slice(full: np.ndarray, name: str, tp_rank: int, tp: int, dim: int) -> np.ndarray:
+    """Tensor-parallel rank `tp_rank`'s part of the reference's `full` tensor.
+
+    A gated MLP's first projection holds [gate; up] stacked along `dim`, and megatron-core shards
+    each half separately, so a rank holds its slice of both halves."""
+    gated = name.endswith(("linear_fc1.weight", "linear_fc1.bias"))
+    gated = gated and full.shape[0] == 2 * SPEC.ffn_hidden_size
+    halves = np.split(full, 2, axis=dim) if gated else [full]
+    return np.concatenate([np.split(half, tp, axis=dim)[tp_rank] for half in halves], dim)
+
+
+def _shard(full: np.ndarray, param: torch.Tensor, name: str, tp_rank: int, tp: int):
     if tp == 1 or not getattr(param, "tensor_model_parallel", False):
-        return full
-    return full.chunk(tp, dim=param.partition_dim)[tp_rank]
+        return torch.from_numpy(full)
+    return torch.from_numpy(tp_slice(full, name, tp_rank, tp, param.partition_dim))
 
 
 def stage_model_like_reference(tp: int, pp: int, weights: dict, flags: tuple[str, ...] = GPT):
@@ -137,7 +153,7 @@ def stage_model_like_reference(tp: int, pp: int, weights: dict, flags: tuple[str
     with torch.no_grad():
         for name, param in model.named_parameters():
             names[name] = _reference_name(name, offset, tied)
-            param.copy_(_shard(weights[names[name]], param, ps.tp_rank(), tp))
+            param.copy_(_shard(weights[names[name]], param, names[name], ps.tp_rank(), tp))
     model = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
     config.finalize_model_grads_func = finalize_model_grads
     return config, model, names
@@ -166,7 +182,7 @@ def assert_matches_reference(ref: tuple[float, dict, dict], results: list, tp: i
         for name, (grad, tp_rank, tp_size, dim) in grads.items():
             expected = ref_grads[name]
             if grad.shape != expected.shape:
-                expected = np.split(expected, tp_size, axis=dim)[tp_rank]
+                expected = tp_slice(expected, name, tp_rank, tp_size, dim)
             np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-6, err_msg=name)
             seen.add(name)
     assert seen == set(ref_grads)

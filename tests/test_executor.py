@@ -3,8 +3,10 @@
 For one global batch planned by the real planner, the loss and every parameter gradient of
 pipelined runs (PP=2, PP=4, TP=2 x PP=2, DP=2 x PP=2) with dynamic micro-batches equal a
 reference that runs each sample alone through the whole model, within fp32 tolerance; so does
-the packing baseline's plan. A plan whose communication order is wrong is rejected before
-anything runs.
+the packing baseline's plan, and a Llama-style model built from Megatron's flags (RMSNorm,
+SwiGLU, 4 query heads in 2 K/V groups, RoPE, untied, no biases) at TP=2 x PP=2 x DP=2. The
+same plan run forward only (evaluation) gives the reference's loss and no gradient. A plan whose
+communication order is wrong is rejected before anything runs.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ pytest.importorskip("megatron.core")
 from distributed import run_ranks  # noqa: E402
 from gpt_reference import (  # noqa: E402
     DATA,
+    GPT,
+    LLAMA,
     assert_matches_reference,
     make_plan,
     stage_gradients,
@@ -34,7 +38,16 @@ def reference() -> tuple[float, dict, dict]:
     return run_ranks(_reference, 1)[0]
 
 
-def _pipelined(rank: int, world: int, tp: int, pp: int, plan: ExecutionPlan, weights: dict):
+def _pipelined(
+    rank: int,
+    world: int,
+    tp: int,
+    pp: int,
+    plan: ExecutionPlan,
+    weights: dict,
+    flags: tuple[str, ...] = GPT,
+    forward_only: bool = False,
+):
     """One iteration of `plan`; returns ((loss sum, real tokens), stage gradients)."""
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
@@ -44,12 +57,13 @@ def _pipelined(rank: int, world: int, tp: int, pp: int, plan: ExecutionPlan, wei
     cpu_compat.install()
     ps.initialize(tp, pp, world // (tp * pp))
     try:
-        config, model, names = stage_model_like_reference(tp, pp, weights)
+        config, model, names = stage_model_like_reference(tp, pp, weights, flags)
         executor = PlanExecutor.for_this_rank(
             model, config, device=torch.device("cpu"), timeout_s=30
         )
         model.zero_grad_buffer()
-        result = executor.run(plan, rank_microbatches(plan, ps.replica(), DATA))
+        batches = rank_microbatches(plan, ps.replica(), DATA)
+        result = executor.run(plan, batches, forward_only=forward_only)
         return (result.loss_sum, result.num_tokens), stage_gradients(model, names, tp)
     finally:
         ps.destroy()
@@ -69,6 +83,25 @@ def test_pipelined_gradients_equal_reference(reference, tp, pp, dp, batching) ->
     plan = make_plan(tp, pp, dp, batching)
     results = run_ranks(_pipelined, tp * pp * dp, tp, pp, plan, reference[1])
     assert_matches_reference(reference, results, tp)
+
+
+def test_llama_from_megatron_flags_equals_reference() -> None:
+    llama = run_ranks(_reference, 1, LLAMA)[0]
+    assert "output_layer.weight" in llama[1]  # untied
+    assert not any(name.endswith(".bias") for name in llama[1])  # --disable-bias-linear
+    plan = make_plan(2, 2, 2, memory=500_000)  # TP=2 halves each rank's share of the model
+    results = run_ranks(_pipelined, 8, 2, 2, plan, llama[1], LLAMA)
+    assert_matches_reference(llama, results, 2)
+
+
+def test_forward_only_gives_the_reference_loss_and_no_gradient(reference) -> None:
+    plan = make_plan(1, 2, 2)
+    results = run_ranks(_pipelined, 4, 1, 2, plan, reference[1], GPT, True)
+    loss_sum = sum(r[0][0] for r in results)
+    tokens = sum(r[0][1] for r in results)
+    assert loss_sum / tokens == pytest.approx(reference[0], rel=1e-5)
+    for _, grads in results:
+        assert all(not grad.any() for grad, *_ in grads.values())
 
 
 def test_wrong_order_is_rejected_before_running() -> None:

@@ -111,7 +111,7 @@ def _run(rank: int, world: int, plan: ExecutionPlan, weights: dict, megatron_sta
         initial = snapshot(lambda p: p)
         with torch.no_grad():
             for n, p in model.named_parameters():
-                p.copy_(_shard(weights[names[n]], p, place.tp_rank, place.tp))
+                p.copy_(_shard(weights[names[n]], p, names[n], place.tp_rank, place.tp))
         config.finalize_model_grads_func = sync.finalize
         stage = model
         if megatron_stack:
