@@ -224,15 +224,15 @@ def _megatron_complaint(error: Exception) -> str:
     return f"Megatron's argument check failed: {flags}"
 
 
-def given_flags(argv: Sequence[str], extra_args_provider: ExtraArgs) -> set[str]:
-    """The destinations of the flags `argv` names: what the user set on purpose, as opposed
-    to defaults."""
+def given_flags(argv: Sequence[str], extra_args_provider: ExtraArgs) -> dict[str, str]:
+    """The flags `argv` names, by destination (what the user set on purpose, as opposed to
+    defaults), each with the option string the user typed."""
     options = _option_dests(extra_args_provider)
-    given = set()
+    given = {}
     for token in argv:
         name = token.split("=", 1)[0]
         if name in options:
-            given.add(options[name])
+            given[options[name]] = name
     return given
 
 
@@ -277,7 +277,7 @@ def _megatron_checks_on_cpu(megatron_arguments) -> Iterator[None]:
 
 
 # Megatron features this runtime does not run, by destination: (refused when, why).
-_UNSUPPORTED: dict[str, tuple[object, str]] = {
+_UNSUPPORTED: dict[str, tuple[Callable[[object], bool], str]] = {
     "context_parallel_size": (
         lambda v: v != 1,
         "context parallelism is not supported: DynaPipe's executor runs whole sequences "
@@ -344,11 +344,11 @@ _UNSUPPORTED: dict[str, tuple[object, str]] = {
 }
 
 
-def unsupported(args: argparse.Namespace, given: set[str]) -> None:
+def unsupported(args: argparse.Namespace, given: dict[str, str]) -> None:
     """Stop on the first flag given on purpose that this runtime cannot honour."""
     for dest, (refused, why) in _UNSUPPORTED.items():
         if dest in given and refused(getattr(args, dest)):
-            raise ArgumentError(f"--{dest.replace('_', '-')}: {why}")
+            raise ArgumentError(f"{given[dest]}: {why}")
 
 
 # Fused kernels Megatron uses by default; they need CUDA (apex, TransformerEngine or triton).
@@ -363,6 +363,23 @@ _GPU_FUSIONS = (
 )
 
 
+# What only TransformerEngine's layer spec provides, by destination: (refused when, why).
+_NEEDS_TRANSFORMER_ENGINE: dict[str, tuple[Callable[[object], bool], str]] = {
+    "transformer_impl": (
+        lambda v: v == "transformer_engine",
+        "the TransformerEngine layer spec was asked for",
+    ),
+    "attention_backend": (
+        lambda v: v.name not in ("auto", "local"),
+        "this attention backend is TransformerEngine's (use local or auto)",
+    ),
+    "layernorm_zero_centered_gamma": (
+        lambda v: v,
+        "zero-centred layer-norm weights need TransformerEngine's (or apex's) norms",
+    ),
+}
+
+
 def transformer_engine_installed() -> bool:
     try:
         import transformer_engine  # noqa: F401
@@ -371,7 +388,7 @@ def transformer_engine_installed() -> bool:
     return True
 
 
-def cpu_defaults(args: argparse.Namespace, given: set[str]) -> None:
+def cpu_defaults(args: argparse.Namespace, given: dict[str, str]) -> None:
     """Megatron's GPU-only defaults switched off where they cannot run, each noted once.
 
     Without TransformerEngine the model is built from megatron-core's local layer spec; a user
@@ -381,16 +398,12 @@ def cpu_defaults(args: argparse.Namespace, given: set[str]) -> None:
     """
     notes = []
     if not transformer_engine_installed():
-        if "transformer_impl" in given and args.transformer_impl == "transformer_engine":
-            raise ArgumentError(
-                "--transformer-impl transformer_engine: TransformerEngine is not "
-                "installed (pip install megatron-dynapipe[gpu] on a GPU machine)"
-            )
-        if "attention_backend" in given and args.attention_backend.name not in ("auto", "local"):
-            raise ArgumentError(
-                f"--attention-backend {args.attention_backend.name}: needs TransformerEngine, "
-                "which is not installed; use --attention-backend local or auto"
-            )
+        for dest, (refused, why) in _NEEDS_TRANSFORMER_ENGINE.items():
+            if dest in given and refused(getattr(args, dest)):
+                raise ArgumentError(
+                    f"{given[dest]}: {why}, and TransformerEngine is not installed "
+                    "(pip install megatron-dynapipe[gpu] on a GPU machine)"
+                )
         if args.transformer_impl != "local":
             args.transformer_impl = "local"
             notes.append("TransformerEngine is not installed: megatron-core's local layer spec")
@@ -405,7 +418,7 @@ def cpu_defaults(args: argparse.Namespace, given: set[str]) -> None:
     args.dynapipe_notes = notes
 
 
-def _check_dynapipe(args: argparse.Namespace, given: set[str]) -> None:
+def _check_dynapipe(args: argparse.Namespace, given: dict[str, str]) -> None:
     """DynaPipe's own flags against each other and against Megatron's."""
     if args.baseline:
         if args.device_speed:
@@ -448,7 +461,7 @@ def _check_dynapipe(args: argparse.Namespace, given: set[str]) -> None:
     _check_recompute(args, given)
 
 
-def _check_batch(args: argparse.Namespace, given: set[str]) -> None:
+def _check_batch(args: argparse.Namespace, given: dict[str, str]) -> None:
     """Samples per iteration (Megatron's --global-batch-size) or a token budget (DynaPipe's
     --tokens-per-global-batch), and iterations (--train-iters, or --train-samples with a
     sample count per batch)."""
@@ -480,7 +493,7 @@ def _check_batch(args: argparse.Namespace, given: set[str]) -> None:
         )
 
 
-def _check_recompute(args: argparse.Namespace, given: set[str]) -> None:
+def _check_recompute(args: argparse.Namespace, given: dict[str, str]) -> None:
     """One recomputation mode: Megatron's --recompute-granularity fixes it (full recomputation
     of every layer, or selective), --dynapipe-recompute also offers auto (the default)."""
     megatron_mode = args.recompute_granularity

@@ -1,0 +1,97 @@
+"""`pretrain_gpt.py`'s flags are Megatron's: parsed and validated by `megatron.training`, with
+DynaPipe's on top; what the runtime cannot honour stops with exit status 2 and one line naming
+the flag, and Megatron's own failed checks are reported the same way."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("megatron.training")
+
+from megatron.dynapipe.arguments import parse_args
+
+MODEL = [
+    "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+    "--seq-length", "64", "--train-iters", "3",
+]  # fmt: skip
+
+
+def _refused(capsys, *flags: str) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args([*MODEL, *flags])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_megatron_flags_keep_megatron_meaning_and_defaults() -> None:
+    args = parse_args([*MODEL, "--swiglu", "--lr-decay-style", "cosine"])
+    assert args.ffn_hidden_size == int(4 * 32 * 2 / 3 / 64) * 64  # Megatron's SwiGLU default
+    assert args.max_position_embeddings == 64  # DynaPipe's default for a Megatron-required flag
+    assert args.micro_batch_size == 1 and args.global_batch_size == 1
+    assert args.log_interval == 100 and args.seed == 1234 and args.hidden_dropout == 0.1
+    assert args.batching == "padding" and args.dynapipe_recompute == "auto"
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--context-parallel-size", "2"], "--context-parallel-size"),
+        (
+            ["--num-layers-per-virtual-pipeline-stage", "1"],
+            "--num-layers-per-virtual-pipeline-stage",
+        ),
+        (["--fp8-format", "hybrid"], "--fp8-format"),
+        (["--ckpt-format", "torch_dist"], "--ckpt-format"),
+        (["--tensorboard-dir", "tb"], "--tensorboard-dir"),
+        (["--sequence-parallel"], "--sequence-parallel"),
+        (["--step-batch-size-schedule", "0:8"], "--step-batch-size-schedule"),
+        (["--transformer-impl", "transformer_engine"], "--transformer-impl"),
+        (["--attention-backend", "fused"], "--attention-backend"),
+        (["--apply-layernorm-1p"], "--apply-layernorm-1p"),
+    ],
+)
+def test_flags_the_runtime_cannot_honour_are_refused_by_name(capsys, flags, named) -> None:
+    assert named in _refused(capsys, *flags)
+
+
+def test_megatron_check_failures_are_one_line(capsys) -> None:
+    line = _refused(capsys, "--hidden-size", "30")  # heads do not divide the hidden size
+    assert "--hidden-size % --num-attention-heads" in line
+
+
+def test_batch_is_samples_or_tokens_never_both(capsys) -> None:
+    tokens = parse_args([*MODEL, "--tokens-per-global-batch", "4096"])
+    assert tokens.tokens_per_global_batch == 4096
+    samples = parse_args([*MODEL, "--global-batch-size", "8"])
+    assert samples.tokens_per_global_batch is None and samples.global_batch_size == 8
+    line = _refused(capsys, "--global-batch-size", "8", "--tokens-per-global-batch", "4096")
+    assert "--global-batch-size" in line and "--tokens-per-global-batch" in line
+    with pytest.raises(SystemExit):  # an iteration's sample count varies with a token budget
+        flags = [f for f in MODEL if f not in ("--train-iters", "3")]
+        parse_args([*flags, "--tokens-per-global-batch", "4096", "--train-samples", "24"])
+    assert "--train-samples" in capsys.readouterr().err
+
+
+def test_train_samples_count_iterations_of_global_batches() -> None:
+    flags = [f for f in MODEL if f not in ("--train-iters", "3")]
+    args = parse_args([*flags, "--train-samples", "24", "--global-batch-size", "8"])
+    assert args.train_iters == 3
+
+
+def test_megatron_recompute_flags_fix_the_planner_mode(capsys) -> None:
+    args = parse_args([*MODEL, "--recompute-activations"])
+    assert args.dynapipe_recompute == "selective"
+    assert args.recompute_granularity is None  # the executor switches modes per plan
+    full = ["--recompute-granularity", "full", "--recompute-method", "uniform"]
+    assert parse_args([*MODEL, *full, "--recompute-num-layers", "1"]).dynapipe_recompute == "full"
+    line = _refused(capsys, "--recompute-activations", "--dynapipe-recompute", "none")
+    assert "--recompute-granularity" in line and "--dynapipe-recompute" in line
+
+
+def test_gpu_only_defaults_are_switched_off_with_a_note() -> None:
+    args = parse_args(MODEL)
+    assert args.transformer_impl == "local"
+    assert not args.bias_gelu_fusion and not args.apply_rope_fusion
+    assert any("local layer spec" in note for note in args.dynapipe_notes)
