@@ -342,6 +342,28 @@ def test_out_of_vocabulary_token_fails_when_opened(tmp_path: Path) -> None:
         )  # fmt: skip
 
 
+def test_vocabulary_check_scans_in_chunks_with_progress(tmp_path: Path, monkeypatch, capsys):
+    """Big files are compared chunk by chunk (here 4 ids a chunk) with a progress line each;
+    the first bad id past a chunk boundary is still traced to its document."""
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    from megatron.dynapipe import data
+
+    monkeypatch.setattr(data, "_ID_CHECK_CHUNK", 4)
+    monkeypatch.setattr(data, "_ID_CHECK_PROGRESS_BYTES", 1)
+    prefix = str(tmp_path / "chunked")
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16)
+    for document in ([1, 2, 3], [4, 5, 6, EOD], [7, 8, 9, 300, 10]):
+        builder.add_document(np.array(document), [len(document)])
+    builder.finalize(f"{prefix}.idx")
+    with pytest.raises(DataError, match=rf"{prefix}.bin: document 2 has token id 300 outside"):
+        indexed_dataset(prefix, 16, tokenizer=BYTE_TOKENIZER)
+    assert capsys.readouterr().err.splitlines() == [
+        f"{prefix}.bin: token ids checked, 33%",
+        f"{prefix}.bin: token ids checked, 67%",
+    ]
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

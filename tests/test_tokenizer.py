@@ -150,6 +150,11 @@ def test_null_tokenizer_reads_ids(megatron_args) -> None:
             r"--tokenizer-model {tmp}: no such file",
         ),
         (["--tokenizer-type", "NullTokenizer"], r"NullTokenizer needs --vocab-size"),
+        (
+            ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "{tmp}",
+             "--vocab-file", "{tmp}/vocab.json"],
+            r"--vocab-file {tmp}/vocab.json: no such file",
+        ),
         (["--vocab-file", "{merges}"], r"--vocab-file given without --tokenizer-type"),
     ],
 )  # fmt: skip

@@ -655,22 +655,20 @@ def build_dataset(
     tokenizer: Tokenizer = BYTE_TOKENIZER,
     seed: int = 0,
     num_samples: int = 4096,
-    max_documents: int | None = None,
-    json_key: str | None = None,
 ) -> VariableLengthDataset:
     """The dataset one `--data-path` entry names, its ids from `tokenizer`.
 
-    None or "stdlib": the built-in corpus (`max_documents` caps it); "synthetic:<preset>":
-    `num_samples` SYNTHETIC samples drawn with `seed`; a path ending in `.jsonl`: that file
-    (`json_key` picks the field); anything else: a Megatron `.bin/.idx` prefix.
+    None or "stdlib": the built-in corpus; "synthetic:<preset>": `num_samples` SYNTHETIC samples
+    drawn with `seed`; a path ending in `.jsonl`: that file ("text" or "input_ids" records);
+    anything else: a Megatron `.bin/.idx` prefix.
     """
     if data_path is None or data_path == "stdlib":
-        return stdlib_corpus(max_seqlen, tokenizer=tokenizer, max_documents=max_documents)
+        return stdlib_corpus(max_seqlen, tokenizer=tokenizer)
     if data_path.startswith("synthetic:"):
         preset = data_path.removeprefix("synthetic:")
         return synthetic_dataset(preset, num_samples, max_seqlen, seed=seed, tokenizer=tokenizer)
     if data_path.endswith(".jsonl"):
-        return jsonl_dataset(data_path, max_seqlen, tokenizer=tokenizer, field=json_key)
+        return jsonl_dataset(data_path, max_seqlen, tokenizer=tokenizer)
     return indexed_dataset(data_path, max_seqlen, tokenizer=tokenizer)
 
 

@@ -14,8 +14,8 @@
   is for training;
 - `--train-data-path` / `--valid-data-path` / `--test-data-path` (or
   `--per-split-data-args-path`): one blend per split, each used whole;
-- `--mock-data`: megatron-core's mock GPT documents (`data.mock_dataset`), divided by `--split`,
-  or in thirds as Megatron's mock data is.
+- `--mock-data`: megatron-core's mock GPT documents (`data.mock_dataset`), in thirds as
+  Megatron divides mock data, or by an explicit `--split` (which Megatron ignores for mock data).
 
 Documents are chunked at `--seq-length` as `data.VariableLengthDataset` does, and a blend
 (`BlendedSamples`) offers what a single dataset offers, so the planner and executor see no

@@ -46,6 +46,7 @@ _FILE_FLAGS = {
 }
 SUPPORTED_TOKENIZER_TYPES = tuple(_FILE_FLAGS)
 _DIRECTORY_FLAGS = {"HuggingFaceTokenizer": "tokenizer_model"}
+_PATH_FLAGS = ("vocab_file", "merge_file", "tokenizer_model")
 # Flags that only mean something with a --tokenizer-type; given alone they would be ignored.
 _TYPED_FLAGS = ("vocab_file", "merge_file", "tokenizer_model", "vocab_size")
 # megatron-core's GPT2BPETokenizer is HuggingFace's GPT-2 tokenizer over the given files.
@@ -90,7 +91,7 @@ def build_tokenizer(args: argparse.Namespace) -> Tokenizer:
         if given:
             raise TokenizerError(
                 f"{', '.join(given)} given without --tokenizer-type (the built-in byte-level "
-                "tokenizer takes no files); add --tokenizer-type"
+                "tokenizer takes none of them); add --tokenizer-type"
             )
         return BYTE_TOKENIZER
     if kind not in _FILE_FLAGS:
@@ -117,14 +118,17 @@ def _flag(name: str) -> str:
 
 
 def _check_files(args: argparse.Namespace, kind: str) -> None:
-    """Every file the tokenizer type reads is given and readable, before megatron-core would
-    fall back to a download."""
+    """Every file the tokenizer type needs is given, and every file flag given is readable,
+    before megatron-core would fall back to a download."""
     for name in _FILE_FLAGS[kind]:
-        value = getattr(args, name, None)
-        if value is None:
+        if getattr(args, name, None) is None:
             raise TokenizerError(
                 f"--tokenizer-type {kind} needs {_flag(name)} (a local file; nothing is downloaded)"
             )
+    for name in _PATH_FLAGS:
+        value = getattr(args, name, None)
+        if value is None:
+            continue
         path = Path(value)
         wants_directory = _DIRECTORY_FLAGS.get(kind) == name
         exists = path.is_dir() if wants_directory else path.is_file()
