@@ -17,12 +17,14 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
+from dynapipe_planner.plan import MicroBatch
 from megatron.dynapipe.data import (
     BYTE_EOD,
     BYTE_TOKENIZER,
     DataError,
     VariableLengthDataset,
     in_memory_dataset,
+    microbatch_tensors,
     stdlib_files,
     stdlib_texts,
 )
@@ -89,6 +91,13 @@ def test_blend_of_two_prefixes_with_split(through, prefixes, megatron_args, tmp_
         assert sorted(_documents(dataset)) == _expected(documents)  # each sample exactly once
         assert (dataset.vocab_size, dataset.eod_id, dataset.pad_id) == (258, 256, 257)
         assert dataset.max_seqlen == 64
+    # The executor's micro-batch tensors read a blend as they read one dataset.
+    train = splits.train
+    batch = microbatch_tensors(MicroBatch(id=0, replica=0, samples=[0, 1], seqlen=8), train)
+    for row, sample in enumerate((0, 1)):
+        tokens = train.tokens(sample)
+        assert batch.tokens[row, : tokens.size - 1].tolist() == tokens[:-1].tolist()
+        assert batch.labels[row, : tokens.size - 1].tolist() == tokens[1:].tolist()
 
 
 def test_weighted_blend_follows_megatron_blending_order(prefixes, megatron_args) -> None:
