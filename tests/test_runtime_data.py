@@ -1,13 +1,14 @@
 """Runtime data (megatron.dynapipe.data, tools/preprocess_data.py): exact micro-batch tensors for
 padded and packed rows, the built-in stdlib corpus, chunking that keeps every label, the jsonl ->
-Megatron .bin/.idx round trip, errors that name the file, and resumable global batches.
+Megatron .bin/.idx round trip with the byte tokenizer, errors that name the file, and resumable
+global batches. Megatron's tokenizers and data flags: test_tokenizer.py, test_datasets.py,
+test_preprocess_data.py.
 
 Skipped when the `runtime` extra (torch, megatron-core) is not installed.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import sysconfig
@@ -26,9 +27,12 @@ from dynapipe_planner.plan import ExecutionPlan, MicroBatch  # noqa: E402
 from megatron.dynapipe.data import (  # noqa: E402
     BYTE_EOD,
     BYTE_PAD,
+    BYTE_TOKENIZER,
+    ByteTokenizer,
     DataError,
     GlobalBatchSampler,
     build_dataset,
+    in_memory_dataset,
     indexed_dataset,
     jsonl_dataset,
     microbatch_tensors,
@@ -43,15 +47,11 @@ from megatron.dynapipe.data import (  # noqa: E402
 pytestmark = pytest.mark.filterwarnings("ignore:Could not determine rank:UserWarning")
 
 PAD, EOD = BYTE_PAD, BYTE_EOD
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "preprocess_data.py"
 
 
-@pytest.fixture(scope="module")
-def preprocess():
-    spec = importlib.util.spec_from_file_location("preprocess_data", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture
+def preprocess(preprocess_tool):
+    return preprocess_tool
 
 
 def _write_jsonl(path: Path, records: list) -> Path:
@@ -249,16 +249,19 @@ def test_jsonl_lengths_match_the_planners_reader(tmp_path: Path) -> None:
 def test_preprocess_round_trip_gives_identical_tokens(tmp_path: Path, preprocess) -> None:
     records = [{"text": "import os\n" * 7}, {"text": "ünïcode ✓"}, {"text": ""}, {"text": "a" * 40}]
     path = _write_jsonl(tmp_path / "in.jsonl", records)
-    prefix = tmp_path / "out" / "corpus"
-    assert preprocess.main(["--input", str(path), "--output-prefix", str(prefix)]) == 0
-    assert sorted(p.name for p in prefix.parent.iterdir()) == ["corpus.bin", "corpus.idx"]
+    out = tmp_path / "out"
+    args = ["--input", str(path), "--output-prefix", str(out / "corpus"), "--append-eod"]
+    assert preprocess.main(args) == 0
+    prefix = out / "corpus_text_document"
+    assert sorted(p.name for p in out.iterdir()) == [f"{prefix.name}.bin", f"{prefix.name}.idx"]
     for max_seqlen in (16, 4096):
         from_jsonl = jsonl_dataset(path, max_seqlen)
-        from_idx = indexed_dataset(prefix, max_seqlen)
+        from_idx = indexed_dataset(prefix, max_seqlen, tokenizer=BYTE_TOKENIZER)
         assert np.array_equal(from_jsonl.lengths(), from_idx.lengths())
         for i in range(len(from_jsonl)):
             assert np.array_equal(from_jsonl.tokens(i), from_idx.tokens(i))
-    assert len(indexed_dataset(f"{prefix}.bin", 16)) == len(jsonl_dataset(path, 16))
+    from_bin = indexed_dataset(f"{prefix}.bin", 16, tokenizer=BYTE_TOKENIZER)
+    assert len(from_bin) == len(jsonl_dataset(path, 16))
 
 
 def test_preprocess_failure_leaves_no_output(tmp_path: Path, preprocess, capsys) -> None:
@@ -270,22 +273,32 @@ def test_preprocess_failure_leaves_no_output(tmp_path: Path, preprocess, capsys)
 
 
 def test_stdlib_preprocess_loads_like_the_builtin_corpus(tmp_path: Path, preprocess) -> None:
-    prefix = tmp_path / "stdlib"
-    args = ["--input", "stdlib", "--output-prefix", str(prefix), "--max-documents", "40"]
-    assert preprocess.main(args) == 0
-    builtin, stored = stdlib_corpus(256, max_documents=40), build_dataset(str(prefix), 256)
+    args = ["--input", "stdlib", "--output-prefix", str(tmp_path / "stdlib"), "--append-eod"]
+    assert preprocess.main([*args, "--max-documents", "40"]) == 0
+    builtin = stdlib_corpus(256, max_documents=40)
+    stored = build_dataset(str(tmp_path / "stdlib_text_document"), 256)
     assert np.array_equal(builtin.lengths(), stored.lengths())
     assert np.array_equal(builtin.tokens(len(builtin) - 1), stored.tokens(len(stored) - 1))
 
 
 def test_synthetic_dataset_follows_the_preset() -> None:
-    dataset = build_dataset("synthetic:flan", 1024, seed=3, num_samples=200, vocab_size=1000)
+    dataset = build_dataset("synthetic:flan", 1024, seed=3, num_samples=200)
     assert np.array_equal(dataset.lengths(), sample_lengths("flan", 200, seed=3, max_seqlen=1024))
     tokens = dataset.tokens(17)
-    assert tokens[-1] == dataset.eod_id == 998 and tokens[:-1].max() < 998
-    assert dataset.pad_id == 999
-    again = synthetic_dataset("flan", 200, 1024, seed=3, vocab_size=1000)
+    assert tokens[-1] == dataset.eod_id == EOD and tokens[:-1].max() < 256
+    assert dataset.pad_id == PAD
+    again = synthetic_dataset("flan", 200, 1024, seed=3)
     assert np.array_equal(again.tokens(17), tokens)
+
+
+def test_synthetic_ids_avoid_the_special_ids_of_any_tokenizer() -> None:
+    """Ordinary ids are drawn around EOD and pad wherever the tokenizer puts them."""
+    tokenizer = ByteTokenizer(name="test", vocab_size=6, eod_id=1, pad_id=4)
+    dataset = synthetic_dataset("lognormal", 50, 64, seed=2, tokenizer=tokenizer)
+    samples = [dataset.tokens(i) for i in range(len(dataset))]
+    assert all(s[-1] == 1 for s in samples)
+    ordinary = np.concatenate([s[:-1] for s in samples])
+    assert set(ordinary.tolist()) == {0, 2, 3, 5}
 
 
 # ---------------------------------------------------------------- errors name the file
@@ -293,32 +306,63 @@ def test_synthetic_dataset_follows_the_preset() -> None:
 
 def test_corrupt_index_is_reported_with_its_path(tmp_path: Path, preprocess) -> None:
     path = _write_jsonl(tmp_path / "in.jsonl", [{"text": "some text"}, {"text": "more"}])
-    prefix = tmp_path / "d"
-    assert preprocess.main(["--input", str(path), "--output-prefix", str(prefix)]) == 0
+    assert preprocess.main(["--input", str(path), "--output-prefix", str(tmp_path / "d")]) == 0
+    prefix = tmp_path / "d_text_document"
     index = Path(f"{prefix}.idx")
     intact = index.read_bytes()
     index.write_bytes(intact[: len(intact) - 5])
     with pytest.raises(DataError, match=rf"{index}: truncated Megatron index"):
-        indexed_dataset(prefix, 16)
+        indexed_dataset(prefix, 16, tokenizer=BYTE_TOKENIZER)
     index.write_bytes(b"NOTMEGA" + intact[7:])
     with pytest.raises(DataError, match=rf"{index}: not a Megatron index"):
-        indexed_dataset(prefix, 16)
+        indexed_dataset(prefix, 16, tokenizer=BYTE_TOKENIZER)
     index.write_bytes(intact)
     data = Path(f"{prefix}.bin")
     data.write_bytes(data.read_bytes()[:-2])
     with pytest.raises(DataError, match=rf"{data}: corrupt Megatron data file"):
-        indexed_dataset(prefix, 16)
+        indexed_dataset(prefix, 16, tokenizer=BYTE_TOKENIZER)
 
 
-def test_out_of_vocabulary_token_is_reported(tmp_path: Path) -> None:
+def test_out_of_vocabulary_token_fails_when_opened(tmp_path: Path) -> None:
+    """Ids are checked when the dataset opens, naming the .bin and the document, not when a
+    sample is read mid-training."""
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     prefix = str(tmp_path / "wide")
     builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.int32)
+    builder.add_document(np.array([1, 2, EOD]), [3])
     builder.add_document(np.array([1, 2, 5000, EOD]), [4])
     builder.finalize(f"{prefix}.idx")
-    with pytest.raises(DataError, match=r"sample 0 has token id 5000 outside the vocabulary"):
-        indexed_dataset(prefix, 16).tokens(0)
+    message = rf"{prefix}.bin: document 1 has token id 5000 outside the tokenizer's vocabulary"
+    with pytest.raises(DataError, match=message):
+        indexed_dataset(prefix, 16, tokenizer=BYTE_TOKENIZER)
+    with pytest.raises(DataError, match=r"test: document 2 has token id -1 outside"):
+        in_memory_dataset(
+            "test", [np.array([1, 2]), np.array([3]), np.array([4, -1])], 16,
+            vocab_size=8, eod_id=6, pad_id=7,
+        )  # fmt: skip
+
+
+def test_vocabulary_check_scans_in_chunks_with_progress(tmp_path: Path, monkeypatch, capsys):
+    """Big files are compared chunk by chunk (here 4 ids a chunk) with a progress line each;
+    the first bad id past a chunk boundary is still traced to its document."""
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    from megatron.dynapipe import data
+
+    monkeypatch.setattr(data, "_ID_CHECK_CHUNK", 4)
+    monkeypatch.setattr(data, "_ID_CHECK_PROGRESS_BYTES", 1)
+    prefix = str(tmp_path / "chunked")
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16)
+    for document in ([1, 2, 3], [4, 5, 6, EOD], [7, 8, 9, 300, 10]):
+        builder.add_document(np.array(document), [len(document)])
+    builder.finalize(f"{prefix}.idx")
+    with pytest.raises(DataError, match=rf"{prefix}.bin: document 2 has token id 300 outside"):
+        indexed_dataset(prefix, 16, tokenizer=BYTE_TOKENIZER)
+    assert capsys.readouterr().err.splitlines() == [
+        f"{prefix}.bin: token ids checked, 33%",
+        f"{prefix}.bin: token ids checked, 67%",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -326,7 +370,14 @@ def test_out_of_vocabulary_token_is_reported(tmp_path: Path) -> None:
     [
         ('{"text": "ok"}\n\n{"text": "a"\n', r"line 3: invalid JSON"),
         ('{"text": "ok"}\n{"body": "a"}\n', r"line 2: missing field 'text'"),
-        ('{"input_ids": [1, 2]}\n{"input_ids": [1, 999]}\n', r"line 2: field 'input_ids' must be"),
+        (
+            '{"input_ids": [1, 2]}\n{"input_ids": [1, 999]}\n',
+            r"line 2: field 'input_ids' has token id 999 outside the vocabulary \[0, 258\)",
+        ),
+        (
+            '{"input_ids": [1, "a"]}\n',
+            r"line 1: field 'input_ids' must be text or a list of token ids",
+        ),
         ("[1, 2]\n", r"line 1: expected a JSON object"),
         ('{"body": "a"}\n', r"line 1: none of the fields text, input_ids"),
         ("\n", r": no samples"),

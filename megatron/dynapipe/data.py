@@ -16,22 +16,30 @@ Conventions the executor relies on:
   `max_seqlen + 1` tokens that overlap by one token, so every label of the document is trained
   exactly once; chunks of fewer than 2 tokens (no label) are dropped.
 - A Megatron indexed dataset's *sequences* are its documents, as in megatron's GPTDataset.
+- Every token id is checked against the tokenizer's vocabulary when a dataset is opened (a
+  `.bin` is scanned in chunks), so a dataset written with another tokenizer fails at start-up,
+  naming the file and document, never mid-training.
 - The built-in tokenizer is byte-level: token = UTF-8 byte value 0..255, EOD = 256 (appended to
   every document), pad = 257, vocabulary 258. It needs no vocabulary file and no download.
+  Megatron's tokenizers come from `megatron.dynapipe.tokenizer.build_tokenizer`.
 - `attention_mask` follows megatron-core: True means masked out.
 
-Everything stays on CPU; the executor moves tensors to its device.
+Which datasets Megatron's data flags (`--data-path` blends, `--split`, `--mock-data`) select is
+`megatron.dynapipe.datasets`'s job; this module builds each one. Everything stays on CPU; the
+executor moves tensors to its device.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import sysconfig
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from itertools import pairwise
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -56,6 +64,10 @@ _STDLIB_SKIPPED_DIRS = frozenset(
 _JSONL_FIELDS = ("text", "input_ids")
 # Megatron's .idx header: 9-byte magic, 8-byte version, then the token dtype code.
 _IDX_DTYPE_CODE_OFFSET = 17
+# The vocabulary check scans token arrays in pieces of this many ids (128 MiB of uint16), and
+# reports its progress on files of at least _ID_CHECK_PROGRESS_BYTES.
+_ID_CHECK_CHUNK = 1 << 26
+_ID_CHECK_PROGRESS_BYTES = 1 << 30
 
 
 class DataError(ValueError):
@@ -63,8 +75,10 @@ class DataError(ValueError):
 
 
 class Tokenizer(Protocol):
-    """What the datasets need of a tokenizer: text to ids, and the special ids."""
+    """What the datasets need of a tokenizer: text to ids, the special ids, and a name for
+    messages. `megatron.dynapipe.tokenizer.build_tokenizer` makes one from Megatron's flags."""
 
+    name: str
     vocab_size: int
     eod_id: int
     pad_id: int
@@ -76,6 +90,7 @@ class Tokenizer(Protocol):
 class ByteTokenizer:
     """One token per UTF-8 byte (0..255), with EOD and pad ids above the byte range."""
 
+    name: str = "byte-level"
     vocab_size: int = BYTE_VOCAB_SIZE
     eod_id: int = BYTE_EOD
     pad_id: int = BYTE_PAD
@@ -85,6 +100,59 @@ class ByteTokenizer:
 
 
 BYTE_TOKENIZER = ByteTokenizer()
+
+
+class SampleDataset(Protocol):
+    """What the planner and the executor read of a dataset: each sample's training length, and
+    its tokens when a micro-batch is built. `VariableLengthDataset` offers it, and so does a
+    blend of several (`megatron.dynapipe.datasets.BlendedSamples`)."""
+
+    name: str
+    max_seqlen: int
+    vocab_size: int
+    eod_id: int
+    pad_id: int
+
+    def __len__(self) -> int: ...
+
+    def lengths(self) -> np.ndarray: ...
+
+    def tokens(self, index: int) -> np.ndarray: ...
+
+
+# ---------------------------------------------------------------- vocabulary check
+
+
+def check_token_ids(
+    tokens: np.ndarray, starts: np.ndarray, vocab_size: int, name: str, *, progress: bool = False
+) -> None:
+    """Fail, naming `name` and the document, unless every id of `tokens` is in [0, vocab_size).
+
+    `tokens` is a flat token array (a memory map works: it is scanned in chunks of
+    `_ID_CHECK_CHUNK` ids, each compared in one vectorised pass) and `starts` the offset of each
+    document in it. An unsigned dtype too narrow to hold an id >= vocab_size needs no scan.
+    `progress` prints how far the scan has got to stderr, for files that take seconds.
+    """
+    if not np.issubdtype(tokens.dtype, np.integer):
+        raise DataError(f"{name}: holds {tokens.dtype} values, not integer token ids")
+    limits = np.iinfo(tokens.dtype)
+    if limits.min >= 0 and limits.max < vocab_size:
+        return
+    for begin in range(0, tokens.size, _ID_CHECK_CHUNK):
+        chunk = tokens[begin : begin + _ID_CHECK_CHUNK]
+        outside = chunk >= vocab_size
+        if limits.min < 0:
+            outside |= chunk < 0
+        if outside.any():
+            position = begin + int(np.argmax(outside))
+            document = int(np.searchsorted(starts, position, side="right")) - 1
+            raise DataError(
+                f"{name}: document {document} has token id {int(tokens[position])} outside the "
+                f"tokenizer's vocabulary [0, {vocab_size}) (written with another tokenizer?)"
+            )
+        if progress:
+            done = min(begin + _ID_CHECK_CHUNK, tokens.size) / tokens.size
+            print(f"{name}: token ids checked, {done:.0%}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------- document stores
@@ -99,13 +167,15 @@ class _Documents(Protocol):
 
 
 class _ArrayDocuments:
-    """Documents held in memory as one flat array, in the smallest dtype the vocabulary fits."""
+    """Documents held in memory as one flat array, in the smallest dtype the vocabulary fits;
+    their ids are checked against the vocabulary first."""
 
-    def __init__(self, documents: Sequence[np.ndarray], vocab_size: int) -> None:
-        dtype = np.uint16 if vocab_size <= 2**16 else np.int32
+    def __init__(self, documents: Sequence[np.ndarray], vocab_size: int, name: str) -> None:
         sizes = np.array([d.size for d in documents], dtype=np.int64)
         self._offsets = np.concatenate(([0], np.cumsum(sizes)))
-        self._flat = np.concatenate(documents).astype(dtype) if documents else np.zeros(0, dtype)
+        flat = np.concatenate(documents) if documents else np.zeros(0, np.int64)
+        check_token_ids(flat, self._offsets[:-1], vocab_size, name)
+        self._flat = flat.astype(np.uint16 if vocab_size <= 2**16 else np.int32)
 
     def lengths(self) -> np.ndarray:
         return np.diff(self._offsets)
@@ -116,7 +186,8 @@ class _ArrayDocuments:
 
 
 class _MegatronDocuments:
-    """The sequences of a Megatron indexed dataset, read through megatron-core's reader."""
+    """The sequences of a megatron-core low-level dataset (an `IndexedDataset`, or the mock
+    documents of `MockGPTLowLevelDataset`), read through its own `get`."""
 
     def __init__(self, dataset: IndexedDataset, lengths: np.ndarray) -> None:
         self._dataset = dataset
@@ -129,14 +200,29 @@ class _MegatronDocuments:
         return self._dataset.get(document, offset=start, length=count)
 
 
+class _DocumentRange:
+    """Documents [begin, end) of another store, renumbered from 0."""
+
+    def __init__(self, documents: _Documents, begin: int, end: int) -> None:
+        self._documents = documents
+        self._begin = begin
+        self._lengths = documents.lengths()[begin:end]
+
+    def lengths(self) -> np.ndarray:
+        return self._lengths
+
+    def read(self, document: int, start: int, count: int) -> np.ndarray:
+        return self._documents.read(self._begin + document, start, count)
+
+
 # ---------------------------------------------------------------- the dataset
 
 
 class VariableLengthDataset:
     """Samples cut from token documents; see the module docstring for the conventions.
 
-    Build one with `stdlib_corpus`, `jsonl_dataset`, `indexed_dataset`, `synthetic_dataset` or
-    `build_dataset`.
+    Build one with `stdlib_corpus`, `jsonl_dataset`, `indexed_dataset`, `synthetic_dataset`,
+    `mock_dataset` or `build_dataset`; `document_range` takes part of one (a `--split` share).
     """
 
     def __init__(
@@ -167,24 +253,36 @@ class VariableLengthDataset:
     def __repr__(self) -> str:
         return f"VariableLengthDataset({self.name}, {len(self)} samples)"
 
+    @property
+    def num_documents(self) -> int:
+        return int(self._documents.lengths().size)
+
     def lengths(self) -> np.ndarray:
         """Training length of every sample (int64, read-only): what the planner gets."""
         return self._lengths
 
     def tokens(self, index: int) -> np.ndarray:
-        """The n_i + 1 tokens (int64) of sample `index`."""
+        """The n_i + 1 tokens (int64) of sample `index` (ids checked when the dataset opened)."""
         if not 0 <= index < len(self):
             raise DataError(f"{self.name}: no sample {index} (the dataset has {len(self)})")
-        tokens = self._documents.read(
+        return self._documents.read(
             int(self._document[index]), int(self._start[index]), int(self._count[index])
         ).astype(np.int64)
-        bad = np.flatnonzero((tokens < 0) | (tokens >= self.vocab_size))
-        if bad.size:
+
+    def document_range(self, begin: int, end: int) -> VariableLengthDataset:
+        """The samples of documents [begin, end) only, documents renumbered from 0."""
+        if not 0 <= begin <= end <= self.num_documents:
             raise DataError(
-                f"{self.name}: sample {index} has token id {int(tokens[bad[0]])} outside the "
-                f"vocabulary [0, {self.vocab_size})"
+                f"{self.name}: no documents [{begin}, {end}) (it has {self.num_documents})"
             )
-        return tokens
+        return VariableLengthDataset(
+            f"{self.name} documents [{begin}, {end})",
+            _DocumentRange(self._documents, begin, end),
+            self.max_seqlen,
+            vocab_size=self.vocab_size,
+            eod_id=self.eod_id,
+            pad_id=self.pad_id,
+        )
 
 
 def in_memory_dataset(
@@ -199,11 +297,24 @@ def in_memory_dataset(
     """A dataset over token documents already in memory (each ends with its EOD)."""
     return VariableLengthDataset(
         name,
-        _ArrayDocuments(documents, vocab_size),
+        _ArrayDocuments(documents, vocab_size, name),
         max_seqlen,
         vocab_size=vocab_size,
         eod_id=eod_id,
         pad_id=pad_id,
+    )
+
+
+def _tokenized_dataset(
+    name: str, documents: Sequence[np.ndarray], max_seqlen: int, tokenizer: Tokenizer
+) -> VariableLengthDataset:
+    return in_memory_dataset(
+        name,
+        documents,
+        max_seqlen,
+        vocab_size=tokenizer.vocab_size,
+        eod_id=tokenizer.eod_id,
+        pad_id=tokenizer.pad_id,
     )
 
 
@@ -243,10 +354,10 @@ def stdlib_files() -> list[Path]:
     return sorted(found)
 
 
-def stdlib_documents(
+def stdlib_texts(
     max_documents: int | None = None, max_bytes: int | None = None
-) -> Iterator[np.ndarray]:
-    """Byte tokens + EOD of each standard-library source file, in sorted path order.
+) -> Iterator[tuple[Path, str]]:
+    """(path, source text) of each standard-library file, in sorted path order.
 
     Files are taken until `max_documents` files or at least `max_bytes` bytes have been read.
     """
@@ -256,27 +367,57 @@ def stdlib_documents(
             return
         data = path.read_bytes()
         taken_bytes += len(data)
-        yield _with_eod(np.frombuffer(data, dtype=np.uint8), BYTE_EOD)
+        try:
+            yield path, data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise DataError(f"{path}: not UTF-8 ({error})") from None
+
+
+def stdlib_documents(
+    max_documents: int | None = None,
+    max_bytes: int | None = None,
+    tokenizer: Tokenizer = BYTE_TOKENIZER,
+) -> Iterator[np.ndarray]:
+    """Tokens + EOD of each standard-library source file (see `stdlib_texts`)."""
+    for _, text in stdlib_texts(max_documents, max_bytes):
+        yield _with_eod(tokenizer.encode(text), tokenizer.eod_id)
 
 
 def stdlib_corpus(
-    max_seqlen: int, *, max_documents: int | None = None, max_bytes: int | None = None
+    max_seqlen: int,
+    *,
+    tokenizer: Tokenizer = BYTE_TOKENIZER,
+    max_documents: int | None = None,
+    max_bytes: int | None = None,
 ) -> VariableLengthDataset:
-    """The built-in default corpus: the Python standard library's own source, byte-tokenized.
+    """The built-in default corpus: the Python standard library's own source, tokenized
+    (byte-level unless another tokenizer is given).
 
     Real, long-tailed documents (a few hundred bytes to several hundred kilobytes) that every
     machine already has. The corpus depends on the interpreter's version, and is deterministic
-    for a given one. `max_documents`/`max_bytes` cap it (see `stdlib_documents`).
+    for a given one. `max_documents`/`max_bytes` cap it (see `stdlib_texts`).
     """
-    documents = list(stdlib_documents(max_documents, max_bytes))
+    documents = list(stdlib_documents(max_documents, max_bytes, tokenizer))
     root = sysconfig.get_paths()["stdlib"]
-    name = f"stdlib corpus {root} ({len(documents)} files, byte-level)"
-    return in_memory_dataset(
-        name, documents, max_seqlen, vocab_size=BYTE_VOCAB_SIZE, eod_id=BYTE_EOD, pad_id=BYTE_PAD
-    )
+    name = f"stdlib corpus {root} ({len(documents)} files, {tokenizer.name})"
+    return _tokenized_dataset(name, documents, max_seqlen, tokenizer)
 
 
 # ---------------------------------------------------------------- jsonl
+
+
+def jsonl_records(path: str | os.PathLike[str]) -> Iterator[tuple[str, dict]]:
+    """(where, record) of each non-blank line of a `.jsonl` file, streamed; `where` is
+    "<path> line <n>", for messages."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    with path.open("rb") as file:
+        for number, raw in enumerate(file, start=1):
+            where = f"{path} line {number}"
+            record = _parse_record(raw, where)
+            if record is not None:
+                yield where, record
 
 
 def read_jsonl_documents(
@@ -287,17 +428,9 @@ def read_jsonl_documents(
     `field` holds text (tokenized) or a list of token ids (taken as they are); by default the first
     record decides between "text" and "input_ids" and every record must have that field.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
-    with path.open("rb") as file:
-        for number, raw in enumerate(file, start=1):
-            where = f"{path} line {number}"
-            record = _parse_record(raw, where)
-            if record is None:
-                continue
-            field = field or _default_field(record, where)
-            yield _with_eod(_record_tokens(record, field, tokenizer, where), tokenizer.eod_id)
+    for where, record in jsonl_records(path):
+        field = field or _default_field(record, where)
+        yield _with_eod(record_tokens(record, field, tokenizer, where), tokenizer.eod_id)
 
 
 def _parse_record(raw: bytes, where: str) -> dict | None:
@@ -327,21 +460,33 @@ def _default_field(record: dict, where: str) -> str:
     return field
 
 
-def _record_tokens(record: dict, field: str, tokenizer: Tokenizer, where: str) -> np.ndarray:
+def record_tokens(record: dict, field: str, tokenizer: Tokenizer, where: str) -> np.ndarray:
+    """The token ids of `record[field]`: text is tokenized, a list of ids taken as it is; every
+    id must lie in the tokenizer's vocabulary. No EOD is added."""
     if field not in record:
         raise DataError(f"{where}: missing field {field!r} (fields: {', '.join(record)})")
     value = record[field]
     if isinstance(value, str):
-        return tokenizer.encode(value)
-    if isinstance(value, list) and all(
-        isinstance(v, int) and not isinstance(v, bool) and 0 <= v < tokenizer.vocab_size
-        for v in value
+        try:
+            ids = tokenizer.encode(value)
+        except DataError as error:
+            raise DataError(f"{where}: field {field!r}: {error}") from None
+    elif isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
     ):
-        return np.array(value, dtype=np.int64)
-    raise DataError(
-        f"{where}: field {field!r} must be text or a list of token ids in "
-        f"[0, {tokenizer.vocab_size}), got {_excerpt(json.dumps(value))}"
-    )
+        ids = value
+    else:
+        raise DataError(
+            f"{where}: field {field!r} must be text or a list of token ids, "
+            f"got {_excerpt(json.dumps(value))}"
+        )
+    outside = next((int(v) for v in ids if not 0 <= v < tokenizer.vocab_size), None)
+    if outside is not None:
+        raise DataError(
+            f"{where}: field {field!r} has token id {outside} outside the vocabulary "
+            f"[0, {tokenizer.vocab_size}) of the {tokenizer.name} tokenizer"
+        )
+    return np.asarray(ids, dtype=np.int64)
 
 
 def _excerpt(text: str, limit: int = 80) -> str:
@@ -358,33 +503,26 @@ def jsonl_dataset(
 ) -> VariableLengthDataset:
     """One document per `.jsonl` record (see `read_jsonl_documents`), held in memory."""
     documents = list(read_jsonl_documents(path, tokenizer, field))
-    return in_memory_dataset(
-        f"{path} ({len(documents)} records)",
-        documents,
-        max_seqlen,
-        vocab_size=tokenizer.vocab_size,
-        eod_id=tokenizer.eod_id,
-        pad_id=tokenizer.pad_id,
+    return _tokenized_dataset(
+        f"{path} ({len(documents)} records)", documents, max_seqlen, tokenizer
     )
 
 
 # ---------------------------------------------------------------- Megatron .bin/.idx
 # megatron.core is imported inside the functions that use it: importing it pulls in its
-# schedules and triton (seconds), and only indexed datasets need it.
+# schedules and triton (seconds), and only indexed and mock datasets need it.
 
 
 def indexed_dataset(
-    path_prefix: str | os.PathLike[str],
-    max_seqlen: int,
-    *,
-    tokenizer: Tokenizer = BYTE_TOKENIZER,
+    path_prefix: str | os.PathLike[str], max_seqlen: int, *, tokenizer: Tokenizer
 ) -> VariableLengthDataset:
     """A Megatron indexed dataset (`<prefix>.bin` + `<prefix>.idx`; either file name works too),
-    memory-mapped through megatron-core's `IndexedDataset`.
+    memory-mapped through megatron-core's `IndexedDataset`, its ids from `tokenizer`.
 
     megatron-core validates an index only with asserts and reads the `.bin` lazily, so the index
-    layout is checked first (by the planner's reader, which names the problem) and the `.bin`
-    size against it: a damaged file fails here, with its path, not mid-training.
+    layout is checked first (by the planner's reader, which names the problem), the `.bin` size
+    against it, and every token id against the tokenizer's vocabulary: a damaged file, or one
+    written with another tokenizer, fails here, with its path, not mid-training.
     """
     prefix = _strip_suffix(str(path_prefix))
     idx_path, bin_path = Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
@@ -395,7 +533,15 @@ def indexed_dataset(
         lengths = load_lengths(idx_path)
     except PlanningError as error:
         raise DataError(str(error)) from None
-    _check_bin_size(idx_path, bin_path, lengths)
+    dtype = _check_bin_size(idx_path, bin_path, lengths)
+    if lengths.sum() > 0:
+        check_token_ids(
+            np.memmap(bin_path, dtype=dtype, mode="r"),
+            np.cumsum(lengths) - lengths,
+            tokenizer.vocab_size,
+            str(bin_path),
+            progress=bin_path.stat().st_size >= _ID_CHECK_PROGRESS_BYTES,
+        )
     return VariableLengthDataset(
         f"{prefix}.bin/.idx ({lengths.size} sequences)",
         _MegatronDocuments(_open_megatron(prefix), lengths),
@@ -410,8 +556,9 @@ def _strip_suffix(path: str) -> str:
     return path[:-4] if path.endswith((".bin", ".idx")) else path
 
 
-def _check_bin_size(idx_path: Path, bin_path: Path, lengths: np.ndarray) -> None:
-    """The `.bin` holds exactly the tokens its (already validated) index describes."""
+def _check_bin_size(idx_path: Path, bin_path: Path, lengths: np.ndarray) -> type[np.number]:
+    """The `.bin` holds exactly the tokens its (already validated) index describes; returns
+    the token dtype."""
     from megatron.core.datasets.indexed_dataset import DType
 
     dtype_code = int(np.fromfile(idx_path, np.uint8, count=1, offset=_IDX_DTYPE_CODE_OFFSET)[0])
@@ -422,6 +569,7 @@ def _check_bin_size(idx_path: Path, bin_path: Path, lengths: np.ndarray) -> None
             f"{bin_path}: corrupt Megatron data file: {size} bytes, but its index describes "
             f"{lengths.size} sequences of {expected} bytes"
         )
+    return DType.dtype_from_code(dtype_code)
 
 
 def _open_megatron(prefix: str) -> IndexedDataset:
@@ -435,7 +583,7 @@ def _open_megatron(prefix: str) -> IndexedDataset:
         ) from None
 
 
-# ---------------------------------------------------------------- synthetic
+# ---------------------------------------------------------------- synthetic and mock
 
 
 def synthetic_dataset(
@@ -444,32 +592,56 @@ def synthetic_dataset(
     max_seqlen: int,
     *,
     seed: int = 0,
-    vocab_size: int = BYTE_VOCAB_SIZE,
+    tokenizer: Tokenizer = BYTE_TOKENIZER,
 ) -> VariableLengthDataset:
     """SYNTHETIC samples for benchmarks: lengths from a `dynapipe_planner.data` preset ("flan",
     "webcode", "lognormal") truncated to `max_seqlen`, seeded random tokens.
 
-    Token ids are drawn from [0, vocab_size - 2); EOD = vocab_size - 2 ends every sample and
-    pad = vocab_size - 1 (the byte tokenizer's ids at the default vocabulary of 258).
+    Token ids are drawn uniformly from the tokenizer's vocabulary without its EOD and pad ids,
+    and EOD ends every sample (with the byte tokenizer: ids 0..255, EOD 256).
     """
-    if _positive_int(vocab_size, "vocab_size") < 3:
-        raise DataError(f"vocab_size must be at least 3 (tokens, EOD, pad), got {vocab_size}")
+    specials = sorted({tokenizer.eod_id, tokenizer.pad_id})
+    ordinary = tokenizer.vocab_size - len(specials)
+    if ordinary < 1:
+        raise DataError(f"synthetic dataset: the {tokenizer.name} vocabulary has no ordinary ids")
     try:
         lengths = sample_lengths(preset, num_samples, seed=seed, max_seqlen=max_seqlen)
     except PlanningError as error:
         raise DataError(f"synthetic dataset: {error}") from None
     ends = np.cumsum(lengths + 1)
     rng = np.random.default_rng([seed, 1])
-    flat = rng.integers(0, vocab_size - 2, size=int(ends[-1]), dtype=np.int64)
-    flat[ends - 1] = vocab_size - 2
-    documents = np.split(flat, ends[:-1])
-    return in_memory_dataset(
+    flat = rng.integers(0, ordinary, size=int(ends[-1]), dtype=np.int64)
+    for special in specials:  # ascending, so each shift steps over exactly one special id
+        flat += flat >= special
+    flat[ends - 1] = tokenizer.eod_id
+    return _tokenized_dataset(
         f"synthetic:{preset} ({num_samples} samples, seed {seed}, SYNTHETIC)",
-        documents,
+        np.split(flat, ends[:-1]),
         max_seqlen,
-        vocab_size=vocab_size,
-        eod_id=vocab_size - 2,
-        pad_id=vocab_size - 1,
+        tokenizer,
+    )
+
+
+def mock_dataset(
+    max_seqlen: int, *, tokenizer: Tokenizer = BYTE_TOKENIZER
+) -> VariableLengthDataset:
+    """Megatron's `--mock-data` documents as variable-length samples: megatron-core's
+    `MockGPTLowLevelDataset` (a fixed 100,000 documents of 1 to 4,095 tokens drawn with its own
+    seed, ids counting up from 1 modulo the vocabulary, EOD last), generated when read."""
+    from megatron.core.datasets.gpt_dataset import MockGPTLowLevelDataset
+
+    # It asks its tokenizer for `vocab_size` and `eod` only.
+    mock = MockGPTLowLevelDataset(
+        SimpleNamespace(vocab_size=tokenizer.vocab_size, eod=tokenizer.eod_id)
+    )
+    lengths = np.asarray(mock.sequence_lengths, dtype=np.int64)
+    return VariableLengthDataset(
+        f"mock GPT documents ({lengths.size}, megatron-core MockGPTLowLevelDataset, SYNTHETIC)",
+        _MegatronDocuments(mock, lengths),
+        max_seqlen,
+        vocab_size=tokenizer.vocab_size,
+        eod_id=tokenizer.eod_id,
+        pad_id=tokenizer.pad_id,
     )
 
 
@@ -480,26 +652,24 @@ def build_dataset(
     data_path: str | None,
     max_seqlen: int,
     *,
+    tokenizer: Tokenizer = BYTE_TOKENIZER,
     seed: int = 0,
     num_samples: int = 4096,
-    vocab_size: int = BYTE_VOCAB_SIZE,
-    max_documents: int | None = None,
-    json_key: str | None = None,
 ) -> VariableLengthDataset:
-    """The dataset a `--data-path` names.
+    """The dataset one `--data-path` entry names, its ids from `tokenizer`.
 
-    None or "stdlib": the built-in corpus (`max_documents` caps it); "synthetic:<preset>":
-    `num_samples` SYNTHETIC samples drawn with `seed` over `vocab_size` ids; a path ending in
-    `.jsonl`: that file (`json_key` picks the field); anything else: a Megatron `.bin/.idx` prefix.
+    None or "stdlib": the built-in corpus; "synthetic:<preset>": `num_samples` SYNTHETIC samples
+    drawn with `seed`; a path ending in `.jsonl`: that file ("text" or "input_ids" records);
+    anything else: a Megatron `.bin/.idx` prefix.
     """
     if data_path is None or data_path == "stdlib":
-        return stdlib_corpus(max_seqlen, max_documents=max_documents)
+        return stdlib_corpus(max_seqlen, tokenizer=tokenizer)
     if data_path.startswith("synthetic:"):
         preset = data_path.removeprefix("synthetic:")
-        return synthetic_dataset(preset, num_samples, max_seqlen, seed=seed, vocab_size=vocab_size)
+        return synthetic_dataset(preset, num_samples, max_seqlen, seed=seed, tokenizer=tokenizer)
     if data_path.endswith(".jsonl"):
-        return jsonl_dataset(data_path, max_seqlen, field=json_key)
-    return indexed_dataset(data_path, max_seqlen)
+        return jsonl_dataset(data_path, max_seqlen, tokenizer=tokenizer)
+    return indexed_dataset(data_path, max_seqlen, tokenizer=tokenizer)
 
 
 # ---------------------------------------------------------------- global batches
@@ -620,7 +790,7 @@ class MicroBatchTensors:
         return MicroBatchTensors(**moved, num_tokens=self.num_tokens)
 
 
-def _checked_rows(mb: MicroBatch, dataset: VariableLengthDataset) -> list[list[int]]:
+def _checked_rows(mb: MicroBatch, dataset: SampleDataset) -> list[list[int]]:
     """The sample ids of each row of `mb`, after checking that they exist and fit."""
     if mb.tgt_seqlen:
         raise DataError(f"micro-batch {mb.id}: encoder-decoder micro-batches are not supported")
@@ -629,7 +799,7 @@ def _checked_rows(mb: MicroBatch, dataset: VariableLengthDataset) -> list[list[i
     return rows
 
 
-def microbatch_tensors(mb: MicroBatch, dataset: VariableLengthDataset) -> MicroBatchTensors:
+def microbatch_tensors(mb: MicroBatch, dataset: SampleDataset) -> MicroBatchTensors:
     """Tensors of plan micro-batch `mb`: one sample per row, or packed rows per `mb.row_sizes`."""
     rows = _checked_rows(mb, dataset)
     shape = (len(rows), mb.seqlen)
@@ -700,7 +870,7 @@ class RankMicroBatches(Mapping[int, MicroBatchTensors]):
     never priced (seed `dynapipe.txt` §3: the executor loads each micro-batch by instruction).
     """
 
-    def __init__(self, microbatches: Sequence[MicroBatch], dataset: VariableLengthDataset) -> None:
+    def __init__(self, microbatches: Sequence[MicroBatch], dataset: SampleDataset) -> None:
         for mb in microbatches:
             _checked_rows(mb, dataset)  # a bad plan fails before any rank starts running it
         self._microbatches = {mb.id: mb for mb in microbatches}
@@ -717,7 +887,7 @@ class RankMicroBatches(Mapping[int, MicroBatchTensors]):
 
 
 def rank_microbatches(
-    plan: ExecutionPlan, replica: int, dataset: VariableLengthDataset
+    plan: ExecutionPlan, replica: int, dataset: SampleDataset
 ) -> RankMicroBatches:
     """The micro-batches of pipeline `replica`, by micro-batch id (built when read)."""
     return RankMicroBatches([mb for mb in plan.microbatches if mb.replica == replica], dataset)

@@ -1,0 +1,107 @@
+"""Shared fixtures: a small GPT-2 style BPE tokenizer trained once per session on the stdlib
+corpus (no download anywhere), Megatron's own argument parser, and tools/preprocess_data.py as a
+module.
+
+Nothing here imports torch or megatron at module level, so the planner-only suite still runs
+without the runtime extra; the fixtures skip when it is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import unittest.mock
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import NamedTuple
+
+import pytest
+
+BPE_VOCAB_SIZE = 500
+BPE_TRAINING_FILES = 50
+BPE_EOD = "<|endoftext|>"
+PREPROCESS_TOOL = Path(__file__).resolve().parents[1] / "tools" / "preprocess_data.py"
+
+
+class BpeFiles(NamedTuple):
+    """A GPT-2 style byte-level BPE as Megatron's GPT2BPETokenizer reads it."""
+
+    vocab_file: Path  # vocab.json: token -> id, BPE_EOD included
+    merge_file: Path  # merges.txt
+
+    def reference(self):
+        """The BPE as the `tokenizers` library itself encodes (GPT-2's byte-level scheme)."""
+        import tokenizers
+
+        bpe = tokenizers.Tokenizer(
+            tokenizers.models.BPE.from_file(str(self.vocab_file), str(self.merge_file))
+        )
+        bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        return bpe
+
+    def eod_id(self) -> int:
+        return json.loads(self.vocab_file.read_text())[BPE_EOD]
+
+    def flags(self) -> list[str]:
+        return [
+            "--tokenizer-type", "GPT2BPETokenizer",
+            "--vocab-file", str(self.vocab_file),
+            "--merge-file", str(self.merge_file),
+        ]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def gpt2_bpe(tmp_path_factory: pytest.TempPathFactory) -> BpeFiles:
+    """Train a byte-level BPE (vocabulary BPE_VOCAB_SIZE, GPT-2's pre-tokenizer and end-of-text
+    token) with the `tokenizers` library on the first BPE_TRAINING_FILES stdlib files, and
+    write its vocab.json and merges.txt (about a second)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from megatron.dynapipe.data import stdlib_files
+
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=BPE_VOCAB_SIZE,
+        special_tokens=[BPE_EOD],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train([str(path) for path in stdlib_files()[:BPE_TRAINING_FILES]], trainer)
+    directory = tmp_path_factory.mktemp("gpt2-bpe")
+    vocab, merges = bpe.model.save(str(directory))
+    return BpeFiles(Path(vocab), Path(merges))
+
+
+@pytest.fixture(scope="session")
+def megatron_args() -> Callable[..., argparse.Namespace]:
+    """Parse flags with Megatron's own parser (`megatron.training.arguments.parse_args`), as
+    the runtime does; `validate_args` is left to the caller."""
+    arguments = pytest.importorskip("megatron.training.arguments")
+
+    def parse(*flags: str) -> argparse.Namespace:
+        with (
+            unittest.mock.patch.object(sys, "argv", ["pretrain_gpt.py", *flags]),
+            warnings.catch_warnings(),
+        ):
+            # Megatron's config-built flags give argparse.BooleanOptionalAction a `type=`,
+            # which Python 3.12 deprecates, once per flag.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return arguments.parse_args()
+
+    return parse
+
+
+@pytest.fixture(scope="session")
+def preprocess_tool() -> ModuleType:
+    """tools/preprocess_data.py imported as the module `preprocess_data` (registered in
+    sys.modules: its dataclass and its forked workers look themselves up there)."""
+    pytest.importorskip("megatron.core")
+    spec = importlib.util.spec_from_file_location("preprocess_data", PREPROCESS_TOOL)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["preprocess_data"] = module
+    spec.loader.exec_module(module)
+    return module
