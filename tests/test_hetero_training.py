@@ -52,13 +52,12 @@ def _reference(rank: int, world: int, argv: list[str], iterations: int):
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
     from megatron.dynapipe.arguments import parse_args
-    from megatron.dynapipe.data import build_dataset
     from megatron.dynapipe.hetero_training import hetero_job
     from megatron.dynapipe.model import build_stage_model
-    from megatron.dynapipe.training import data_path, global_batch_sampler
+    from megatron.dynapipe.training import datasets, global_batch_sampler
 
     args = parse_args(argv)
-    dataset = build_dataset(data_path(args), max_seqlen=args.seq_length, seed=args.seed)
+    dataset = datasets(args).train
     spec = hetero_job(args, dataset.vocab_size, dataset.lengths(), 4).spec
     cpu_compat.install()
     ps.initialize(1, 1, 1)

@@ -8,11 +8,13 @@ data order and plans).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -27,7 +29,7 @@ TINY = [
     "--dynamic-micro-batching", "--tokens-per-global-batch", "2048",
     "--data-path", "synthetic:flan", "--hidden-dropout", "0", "--attention-dropout", "0",
     "--lr", "1e-2", "--lr-decay-style", "constant", "--dynapipe-memory-limit", "0.01",
-    "--log-interval", "1",
+    "--log-interval", "1", "--eval-iters", "0",
 ]  # fmt: skip
 
 
@@ -52,6 +54,44 @@ def test_loss_falls_and_resume_continues_the_same_run(tmp_path: Path) -> None:
     resume = [*TINY, "--train-iters", "4", "--load", ckpt, "--planner-workers", "0"]
     resumed = run_ranks(_train, 2, resume, timeout_s=120)
     assert resumed[0] == pytest.approx(losses[2:], rel=1e-6)
+
+
+def _jsonl(path: Path, texts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    return path
+
+
+def test_bpe_blend_with_split_trains_and_evaluates(gpt2_bpe, preprocess_tool, tmp_path, capfd):
+    """Megatron's data path end to end: a GPT-2 BPE, two corpora preprocessed with upstream's
+    flags, a weighted blend of their prefixes split 8,1,1, validation during and after
+    training and the test split at the end, in Megatron's report lines."""
+    from megatron.dynapipe.data import stdlib_files
+
+    files = stdlib_files()
+    prefixes = []
+    for name, part in (("code", files[60:90]), ("more", files[90:110])):
+        jsonl = _jsonl(tmp_path / f"{name}.jsonl", [f.read_text() for f in part])
+        flags = ["--input", str(jsonl), "--output-prefix", str(tmp_path / name)]
+        assert preprocess_tool.main([*flags, *gpt2_bpe.flags(), "--append-eod"]) == 0
+        prefixes.append(str(tmp_path / f"{name}_text_document"))
+    model = [f for f in TINY if f not in ("--data-path", "synthetic:flan")]
+    model = model[: model.index("--tokens-per-global-batch")] + model[model.index("2048") + 1 :]
+    argv = [
+        *model, *gpt2_bpe.flags(), "--data-path", "0.7", prefixes[0], "0.3", prefixes[1],
+        "--split", "8,1,1", "--global-batch-size", "8", "--train-iters", "4",
+        "--eval-interval", "2", "--eval-iters", "2",
+    ]  # fmt: skip
+    losses = run_ranks(_train, 2, argv, timeout_s=180)[0]
+    out = capfd.readouterr().out
+    assert len(losses) == 4 and all(np.isfinite(losses)), losses
+    for line in (
+        "validation loss at iteration 2 | lm loss value:",
+        "validation loss at iteration 4 | lm loss value:",
+        "validation loss at iteration 4 on validation set | lm loss value:",
+        "test loss at iteration 4 on test set | lm loss value:",
+    ):
+        assert line in out, out[-3000:]
+    assert "lm loss PPL:" in out
 
 
 def test_corrupt_checkpoint_is_named(tmp_path: Path) -> None:

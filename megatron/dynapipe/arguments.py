@@ -112,7 +112,8 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         "--dynapipe-timeout",
         type=float,
         default=600.0,
-        help="seconds a rank waits for a plan or a peer before failing with an error",
+        help="seconds a rank waits for a plan or a peer before failing with an error (default: "
+        "Megatron's --distributed-timeout-minutes when given, else 600)",
     )
     h = parser.add_argument_group("heterogeneous jobs")
     h.add_argument(
@@ -457,6 +458,8 @@ def _check_dynapipe(args: argparse.Namespace, given: dict[str, str]) -> None:
         args.batching = "dynamic" if args.dynamic_micro_batching else "padding"
     if args.seq_length is None:
         raise ArgumentError("--seq-length is required (the longest training sequence)")
+    if "distributed_timeout_minutes" in given and "dynapipe_timeout" not in given:
+        args.dynapipe_timeout = 60.0 * args.distributed_timeout_minutes  # Megatron's timeout
     _check_batch(args, given)
     _check_recompute(args, given)
 

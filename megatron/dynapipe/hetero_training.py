@@ -52,7 +52,7 @@ from dynapipe_planner.strategy.selection import SelectionConfig, StrategyRecipe
 from . import cpu_compat, hetero_checkpointing
 from . import parallel_state as ps
 from .checkpointing import TrainState
-from .data import build_dataset, rank_microbatches
+from .data import rank_microbatches
 from .device_speed import parse_device_speed
 from .executor import PlanExecutor
 from .hetero_plan_file import load_hetero_plan
@@ -69,7 +69,7 @@ from .strategy_candidates import (
 )
 from .strategy_models import StrategyModels
 from .strategy_switch import DisaggregatedOptimizer
-from .training import data_path, global_batch_sampler, log_rank0, read_checkpoint
+from .training import datasets, global_batch_sampler, log_rank0, read_checkpoint
 
 TIMES = ("pull", "propagation", "push", "optimizer")
 
@@ -207,13 +207,20 @@ def pretrain_hetero(
     tests' reference); `strategies_out` collects each iteration's strategy name."""
     cpu_compat.install()
     world = dist.get_world_size() if dist.is_initialized() else int(os.environ["WORLD_SIZE"])
-    dataset = build_dataset(data_path(args), max_seqlen=args.seq_length, seed=args.seed)
+    splits = datasets(args)
+    dataset = splits.train
     job = hetero_job(args, dataset.vocab_size, dataset.lengths(), world)
     ps.initialize_strategies(
         job.candidates.layouts,
         tied_embeddings=not args.untie_embeddings_and_output_weights,
         timeout_s=args.dynapipe_timeout,
     )
+    if splits.valid is not None and args.eval_iters > 0:
+        log_rank0(
+            dist.get_rank(),
+            "evaluation (--eval-iters) is not implemented for --dynamic-strategies and "
+            "--hetero-plan jobs yet; training without it",
+        )
     try:
         return _train(args, job, dataset, initial_weights, strategies_out)
     finally:

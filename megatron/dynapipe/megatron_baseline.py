@@ -66,10 +66,16 @@ class MegatronPackingBaseline:
         self._forward_backward = get_forward_backward_func()
 
     def run(
-        self, plan: ExecutionPlan, batches: Mapping[int, MicroBatchTensors], *, iteration: int = 0
+        self,
+        plan: ExecutionPlan,
+        batches: Mapping[int, MicroBatchTensors],
+        *,
+        iteration: int = 0,
+        forward_only: bool = False,
     ) -> IterationResult:
         """Forward and backward of this replica's micro-batches of `plan`, in plan order, then
-        `finalize_model_grads`; the optimiser step is the caller's."""
+        `finalize_model_grads`; the optimiser step is the caller's. `forward_only`: the
+        schedule's evaluation mode (forward passes only, no gradients)."""
         ordered = []
         for mb in plan.microbatches:
             if mb.replica != ps.replica():
@@ -81,7 +87,7 @@ class MegatronPackingBaseline:
                     f"{self.micro_batch_size} rows of {self.seq_length} (use --batching packing)"
                 )
             ordered.append(with_empty_rows(batches[mb.id], self.micro_batch_size, self.pad_id))
-        if "recompute" in plan.stats:
+        if "recompute" in plan.stats and not forward_only:
             apply_recompute(self.model, self.config, plan.stats["recompute"])
         reports = self._forward_backward(
             forward_step_func=gpt_forward_step,
@@ -90,6 +96,7 @@ class MegatronPackingBaseline:
             num_microbatches=len(ordered),
             seq_length=self.seq_length,
             micro_batch_size=self.micro_batch_size,
+            forward_only=forward_only,
         )
         # Last stage only: one (loss sum, real tokens) report per micro-batch.
         totals = sum((r["lm loss"].double() for r in reports), torch.zeros(2, dtype=torch.float64))

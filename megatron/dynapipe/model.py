@@ -61,10 +61,19 @@ def layout_free_tp(world_size: int) -> int:
 
 
 def padded_vocab_size(args: argparse.Namespace, vocab_size: int, tp: int) -> int:
-    """The vocabulary padded as Megatron pads it: each of the `tp` shards a multiple of
-    `--make-vocab-size-divisible-by` rows."""
+    """The vocabulary padded as Megatron pads it: `--padded-vocab-size` when given, else each
+    of the `tp` shards a multiple of `--make-vocab-size-divisible-by` rows."""
     from megatron.training.vocab_utils import calculate_padded_vocab_size
 
+    if args.padded_vocab_size is not None:
+        if args.padded_vocab_size < vocab_size or args.padded_vocab_size % tp:
+            from .arguments import ArgumentError
+
+            raise ArgumentError(
+                f"--padded-vocab-size {args.padded_vocab_size}: must hold the tokenizer's "
+                f"{vocab_size} tokens and split evenly over tensor-parallel degree {tp}"
+            )
+        return args.padded_vocab_size
     return calculate_padded_vocab_size(
         vocab_size, args.make_vocab_size_divisible_by, tp, logging_enabled=False
     )

@@ -33,14 +33,17 @@ from dynapipe_planner.plan import ExecutionPlan
 from . import checkpointing, cpu_compat
 from . import parallel_state as ps
 from .checkpointing import TrainState
-from .data import GlobalBatchSampler, build_dataset, rank_microbatches
+from .data import GlobalBatchSampler, rank_microbatches
+from .datasets import DataSplits, build_datasets
 from .device_speed import parse_device_speed
+from .evaluation import Evaluator, validation_line
 from .executor import PlanExecutor
 from .liveness import Liveness
 from .megatron_baseline import MegatronPackingBaseline
 from .model import build_stage_model, padded_vocab_size
 from .model_flags import model_spec
 from .plan_source import PLANNING_RANK, open_plan_source, planner_recipe
+from .tokenizer import build_tokenizer
 
 log = logging.getLogger("dynapipe")
 
@@ -100,23 +103,20 @@ def _world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
 
 
-def global_batch_sampler(args: argparse.Namespace, lengths: np.ndarray) -> GlobalBatchSampler:
+def global_batch_sampler(
+    args: argparse.Namespace, lengths: np.ndarray, samples: int | None = None
+) -> GlobalBatchSampler:
     """Global batches as the flags define them: a token budget (--tokens-per-global-batch) or
-    Megatron's --global-batch-size samples."""
+    `samples` samples (default: Megatron's --global-batch-size)."""
     if args.tokens_per_global_batch is not None:
         return GlobalBatchSampler(lengths, args.tokens_per_global_batch, args.seed)
-    return GlobalBatchSampler(lengths, seed=args.seed, samples_per_batch=args.global_batch_size)
+    samples = samples or args.global_batch_size
+    return GlobalBatchSampler(lengths, seed=args.seed, samples_per_batch=samples)
 
 
-def data_path(args: argparse.Namespace) -> str | None:
-    """The one dataset `--data-path` names (None: the built-in corpus)."""
-    if not args.data_path:
-        return None
-    if len(args.data_path) > 1:
-        from .arguments import ArgumentError
-
-        raise ArgumentError("--data-path: blends of several datasets are not supported yet")
-    return args.data_path[0]
+def datasets(args: argparse.Namespace) -> DataSplits:
+    """The train, validation and test data the flags name, tokenized by their tokenizer."""
+    return build_datasets(args, build_tokenizer(args))
 
 
 def read_checkpoint(args: argparse.Namespace, read: Callable):
@@ -136,7 +136,8 @@ def _train(args: argparse.Namespace, tp: int, probe: IterationProbe | None) -> l
     rank = dist.get_rank()
     for note in args.dynapipe_notes:
         log_rank0(rank, note)
-    dataset = build_dataset(data_path(args), max_seqlen=args.seq_length, seed=args.seed)
+    splits = datasets(args)
+    dataset = splits.train
     spec = model_spec(args, padded_vocab_size(args, dataset.vocab_size, tp))
     sampler = global_batch_sampler(args, dataset.lengths())
     checkpoint = read_checkpoint(args, checkpointing.read)
@@ -176,6 +177,12 @@ def _train(args: argparse.Namespace, tp: int, probe: IterationProbe | None) -> l
             speeds = parse_device_speed(getattr(args, "device_speed", None), dist.get_world_size())
             executor.slowdown = speeds[rank]
         log_rank0(rank, f"dataset {dataset.name}: {len(dataset)} samples; model {spec.to_dict()}")
+        evaluators = _evaluators(args, splits, spec, plans.store)
+
+        def evaluate(split: str, where: str) -> None:
+            loss = evaluators[split].evaluate(executor, model, tp)
+            log_rank0(rank, validation_line(split, where, loss))
+
         losses = []
         started_at = time.monotonic()
         if args.manual_gc:  # Megatron's --manual-gc: collect at chosen iterations only
@@ -211,6 +218,9 @@ def _train(args: argparse.Namespace, tp: int, probe: IterationProbe | None) -> l
                 and (state.iteration % args.manual_gc_interval == 0)
             ):
                 gc.collect()
+            interval = args.eval_interval
+            if "validation" in evaluators and interval and state.iteration % interval == 0:
+                evaluate("validation", f"iteration {state.iteration}")
             stop = _exit_reason(args, state.iteration, started_at)
             if args.save and (
                 (args.save_interval and state.iteration % args.save_interval == 0)
@@ -221,8 +231,36 @@ def _train(args: argparse.Namespace, tp: int, probe: IterationProbe | None) -> l
                     checkpointing.save(args.save, state, model, optimizer, scheduler, sampler)
             if stop:
                 log_rank0(rank, f"exiting after iteration {state.iteration}: {stop}")
-                break
+                return losses
+        for split in evaluators:  # Megatron evaluates both held-out splits after training
+            evaluate(split, f"iteration {state.iteration} on {split} set")
     return losses
+
+
+def _evaluators(args: argparse.Namespace, splits: DataSplits, spec, store) -> dict[str, Evaluator]:
+    """An evaluator per held-out split that has data, when --eval-iters asks for any."""
+    rank = dist.get_rank()
+    held_out = {"validation": splits.valid, "test": splits.test}
+    if args.eval_iters <= 0:
+        return {}
+    if splits.valid is None and args.eval_interval:
+        log_rank0(rank, "--eval-interval: no validation data (see --split); not evaluating")
+    evaluators = {}
+    for name, data in held_out.items():
+        if data is None:
+            continue
+        samples = args.eval_global_batch_size
+        recipe = planner_recipe(args, spec, ps.num_replicas()) if rank == PLANNING_RANK else None
+        evaluators[name] = Evaluator(
+            name,
+            data,
+            global_batch_sampler(args, data.lengths(), samples),
+            recipe,
+            store,
+            iterations=args.eval_iters,
+            timeout_s=args.dynapipe_timeout,
+        )
+    return evaluators
 
 
 def _exit_reason(args: argparse.Namespace, iteration: int, started_at: float) -> str | None:
