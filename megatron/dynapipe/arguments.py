@@ -41,9 +41,16 @@ class ArgumentError(SystemExit):
     """A flag the runtime refuses: printed as one line, exit status 2."""
 
     def __init__(self, message: str) -> None:
-        program = os.path.basename(sys.argv[0]) or "megatron.dynapipe"
-        print(f"{program}: error: {message}", file=sys.stderr, flush=True)
+        if _first_rank():  # every rank parses; one prints
+            program = os.path.basename(sys.argv[0]) or "megatron.dynapipe"
+            print(f"{program}: error: {message}", file=sys.stderr, flush=True)
         super().__init__(2)
+
+
+def _first_rank() -> bool:
+    if torch.distributed.is_initialized():
+        return torch.distributed.get_rank() == 0
+    return os.environ.get("RANK", "0") == "0"
 
 
 def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
