@@ -137,9 +137,16 @@ def _shard(full: np.ndarray, param: torch.Tensor, name: str, tp_rank: int, tp: i
     return torch.from_numpy(tp_slice(full, name, tp_rank, tp, param.partition_dim))
 
 
-def stage_model_like_reference(tp: int, pp: int, weights: dict, flags: tuple[str, ...] = GPT):
+def stage_model_like_reference(
+    tp: int,
+    pp: int,
+    weights: dict,
+    flags: tuple[str, ...] = GPT,
+    overlap_grad_reduce: bool = False,
+):
     """This rank's stage (parallel state initialised) with the reference's weights, wrapped in
-    Megatron DDP with `finalize_model_grads`; returns (config, model, {local: reference name})."""
+    Megatron DDP with `finalize_model_grads` and its no-sync rule, as training wraps it;
+    returns (config, model, {local: reference name})."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 
@@ -154,7 +161,9 @@ def stage_model_like_reference(tp: int, pp: int, weights: dict, flags: tuple[str
         for name, param in model.named_parameters():
             names[name] = _reference_name(name, offset, tied)
             param.copy_(_shard(weights[names[name]], param, names[name], ps.tp_rank(), tp))
-    model = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
+    ddp = DistributedDataParallelConfig(overlap_grad_reduce=overlap_grad_reduce)
+    model = DistributedDataParallel(config, ddp, model)
+    config.no_sync_func = model.no_sync
     config.finalize_model_grads_func = finalize_model_grads
     return config, model, names
 

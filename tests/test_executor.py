@@ -47,8 +47,13 @@ def _pipelined(
     weights: dict,
     flags: tuple[str, ...] = GPT,
     forward_only: bool = False,
+    first_plan: ExecutionPlan | None = None,
 ):
-    """One iteration of `plan`; returns ((loss sum, real tokens), stage gradients)."""
+    """One iteration of `plan`; returns ((loss sum, real tokens), stage gradients).
+
+    With a `first_plan`, an iteration of it runs first (its gradients are then zeroed) under
+    `--overlap-grad-reduce`, whose DDP learns in its first iteration how many gradients each
+    parameter receives before its bucket may start reducing."""
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
     from megatron.dynapipe.data import rank_microbatches
@@ -57,10 +62,13 @@ def _pipelined(
     cpu_compat.install()
     ps.initialize(tp, pp, world // (tp * pp))
     try:
-        config, model, names = stage_model_like_reference(tp, pp, weights, flags)
+        overlap = first_plan is not None
+        config, model, names = stage_model_like_reference(tp, pp, weights, flags, overlap)
         executor = PlanExecutor.for_this_rank(
             model, config, device=torch.device("cpu"), timeout_s=30
         )
+        if first_plan is not None:
+            executor.run(first_plan, rank_microbatches(first_plan, ps.replica(), DATA))
         model.zero_grad_buffer()
         batches = rank_microbatches(plan, ps.replica(), DATA)
         result = executor.run(plan, batches, forward_only=forward_only)
@@ -92,6 +100,15 @@ def test_llama_from_megatron_flags_equals_reference() -> None:
     plan = make_plan(2, 2, 2, memory=500_000)  # TP=2 halves each rank's share of the model
     results = run_ranks(_pipelined, 8, 2, 2, plan, llama[1], LLAMA)
     assert_matches_reference(llama, results, 2)
+
+
+def test_overlapped_gradient_reduction_equals_reference(reference) -> None:
+    """--overlap-grad-reduce: DDP starts reducing buckets in each stage's last backward pass,
+    also when an iteration has more micro-batches than the first one had."""
+    few, many = make_plan(1, 2, 2), make_plan(1, 2, 2, memory=600_000)
+    assert len(many.microbatches) > len(few.microbatches)
+    results = run_ranks(_pipelined, 4, 1, 2, many, reference[1], GPT, False, few)
+    assert_matches_reference(reference, results, 1)
 
 
 def test_forward_only_gives_the_reference_loss_and_no_gradient(reference) -> None:

@@ -338,11 +338,6 @@ _UNSUPPORTED: dict[str, tuple[Callable[[object], bool], str]] = {
         "sequence parallelism is not supported yet: DynaPipe's executor sends whole "
         "activations between stages",
     ),
-    "overlap_grad_reduce": (
-        lambda v: v,
-        "overlapped gradient reduction is not supported yet: DynaPipe's executor reduces "
-        "gradients once, after the last micro-batch",
-    ),
     "overlap_param_gather": (
         lambda v: v,
         "overlapped parameter gathers are not supported yet",

@@ -286,6 +286,8 @@ class PlanExecutor:
         reports: list[dict[str, torch.Tensor]] = []
         tokens = torch.zeros((), dtype=torch.int64)
         loss_sum = 0.0
+        backwards = [i for i, ins in enumerate(instructions) if ins.op == "BackwardPass"]
+        last_backward = backwards[-1] if backwards else -1
         for index, ins in enumerate(instructions):
             state = states.setdefault(ins.mb, _MicroBatchState())
             if ins.op == "ForwardPass":
@@ -295,7 +297,8 @@ class PlanExecutor:
                     tokens += result[0]
                     loss_sum += float(state.output.detach())
             elif ins.op == "BackwardPass":
-                paced(self.slowdown, self._backward, state)
+                with self._grad_sync(index == last_backward):
+                    paced(self.slowdown, self._backward, state)
             elif ins.op == "FreeBuffer":
                 state.input = state.output = state.output_grad = None
             elif ins.op.endswith("Start"):
@@ -307,6 +310,13 @@ class PlanExecutor:
             elif ins.op.startswith("Wait"):
                 self._wait(ins, state)
         return IterationResult(reports, int(tokens), loss_sum)
+
+    def _grad_sync(self, last: bool) -> contextlib.AbstractContextManager[object]:
+        """Megatron's gradient-sync rule (`config.no_sync_func`, as its schedules use it): DDP
+        reduces gradients only in this stage's last backward pass, where with
+        `--overlap-grad-reduce` the buckets start reducing while the pass still runs."""
+        no_sync = getattr(self.config, "no_sync_func", None)
+        return contextlib.nullcontext() if last or no_sync is None else no_sync()
 
     # ---- instructions ----------------------------------------------------------------------
 

@@ -281,6 +281,7 @@ def _model_and_optimizer(args: argparse.Namespace, vocab_size: int):
 
     config, model = build_stage_model(args, vocab_size)
     model = DistributedDataParallel(config, get_megatron_ddp_config(args), model)
+    config.no_sync_func = model.no_sync  # reduce gradients in each stage's last backward only
     config.finalize_model_grads_func = finalize_model_grads
     optimizer, scheduler = _optimizer(args, model)
     return config, model, optimizer, scheduler
