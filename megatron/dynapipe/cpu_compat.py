@@ -43,6 +43,15 @@ def _record() -> None:
         frame = frame.f_back
 
 
+def _called_from_megatron_core() -> bool:
+    """Whether the torch call being handled was made by megatron-core's own code (the frame
+    above the function mode and torch's dispatch)."""
+    frame = sys._getframe(2)
+    while frame is not None and "/torch/" in frame.f_code.co_filename.replace("\\", "/"):
+        frame = frame.f_back
+    return frame is not None and "/megatron/core/" in frame.f_code.co_filename.replace("\\", "/")
+
+
 def _is_cuda(device: Any) -> bool:
     if isinstance(device, torch.device):
         return device.type == "cuda"
@@ -61,6 +70,15 @@ class _CudaToCpu(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            # megatron-core tells fp32, fp16 and bf16 tensors apart by their legacy type names
+            # (`param.type() == "torch.cuda.FloatTensor"` in its optimisers and gradient
+            # clipping); on the CPU those names lack ".cuda", so it sees CUDA's names.
+            name = func(*args)
+            if name.startswith("torch.") and _called_from_megatron_core():
+                _record()
+                return name.replace("torch.", "torch.cuda.", 1)
+            return name
         if func is torch.Tensor.cuda:
             _record()
             return args[0]

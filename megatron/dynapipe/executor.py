@@ -338,8 +338,11 @@ class PlanExecutor:
         return num_tokens.detach().cpu(), report
 
     def _backward(self, state: _MicroBatchState) -> None:
-        grad = None if self.is_last else state.output_grad
-        torch.autograd.backward(state.output, grad_tensors=grad)
+        output, grad = state.output, state.output_grad
+        if self.is_last:  # the loss, scaled as megatron-core's schedules scale it (fp16)
+            scale = getattr(self.config, "grad_scale_func", None)
+            output, grad = (scale(output) if scale is not None else output), None
+        torch.autograd.backward(output, grad_tensors=grad)
         if not self.is_first:
             state.input_grad = state.input.grad
 

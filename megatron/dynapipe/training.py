@@ -27,6 +27,7 @@ import torch.distributed as dist
 from megatron.core.distributed import DistributedDataParallel
 from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 from megatron.core.optimizer import get_megatron_optimizer
+from megatron.core.transformer.module import Float16Module
 
 from dynapipe_planner.plan import ExecutionPlan
 
@@ -58,10 +59,6 @@ def _optimizer(args: argparse.Namespace, model: torch.nn.Module):
     )
 
     config, overrides = get_megatron_optimizer_config(args)
-    if config.clip_grad > 0 and not torch.cuda.is_available():
-        if dist.get_rank() == 0:
-            log.warning("gradient clipping needs CUDA in megatron-core 0.19; disabled on CPU")
-        config.clip_grad = 0.0
     optimizer = get_megatron_optimizer(config, [model], config_overrides=overrides)
     set_args(args)  # Megatron's scheduler reads the flags from its global
     return optimizer, get_optimizer_param_scheduler(optimizer)
@@ -198,8 +195,9 @@ def _train(args: argparse.Namespace, tp: int, probe: IterationProbe | None) -> l
             with liveness.step(iteration):
                 with probe(iteration, plan) if probe else contextlib.nullcontext():
                     result = executor.run(plan, batches, iteration=iteration)
-                _, grad_norm, _ = optimizer.step()
-                scheduler.step(increment=args.global_batch_size)
+                stepped, grad_norm, _ = optimizer.step()
+                if stepped:  # as Megatron: a step skipped for overflow does not advance the LR
+                    scheduler.step(increment=args.global_batch_size)
                 measured_s = time.perf_counter() - started
                 loss, tokens = _global_loss(result.loss_sum, result.num_tokens, tp)
             losses.append(loss)
@@ -211,6 +209,9 @@ def _train(args: argparse.Namespace, tp: int, probe: IterationProbe | None) -> l
                 line += f" | learning rate {lr:.3E}"
                 if grad_norm is not None:
                     line += f" | grad norm {grad_norm:.3f}"
+                if args.fp16:  # Megatron's dynamic loss scaling skips steps that overflow
+                    line += f" | loss scale {optimizer.get_loss_scale().item():.1f}"
+                    line += "" if stepped else " | skipped (overflow)"
                 log_rank0(rank, line)
             if (
                 args.manual_gc
@@ -280,10 +281,13 @@ def _model_and_optimizer(args: argparse.Namespace, vocab_size: int):
     from megatron.training.training import get_megatron_ddp_config
 
     config, model = build_stage_model(args, vocab_size)
+    if config.fp16 or config.bf16:  # as Megatron's get_model: half-precision inputs and outputs
+        model = Float16Module(config, model)
     model = DistributedDataParallel(config, get_megatron_ddp_config(args), model)
     config.no_sync_func = model.no_sync  # reduce gradients in each stage's last backward only
     config.finalize_model_grads_func = finalize_model_grads
     optimizer, scheduler = _optimizer(args, model)
+    config.grad_scale_func = optimizer.scale_loss  # fp16's loss scale, as Megatron sets it
     return config, model, optimizer, scheduler
 
 
