@@ -96,7 +96,7 @@ def _training_argv(args: argparse.Namespace) -> list[str]:
         "--train-iters", str(args.iterations), "--data-path", args.data_path,
         "--dynapipe-cost-model", args.cost_table,
         "--dynapipe-memory-limit", str(args.memory_limit),
-        "--log-interval", "10",
+        "--log-interval", "10", "--split", "1,0,0", "--eval-iters", "0",
     ]  # fmt: skip
 
 

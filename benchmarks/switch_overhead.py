@@ -68,6 +68,7 @@ def _common(args: argparse.Namespace) -> list[str]:
         "--data-path", args.data_path, "--dynamic-micro-batching",
         "--dynapipe-memory-limit", str(args.memory_limit_gb),
         "--hidden-dropout", "0", "--attention-dropout", "0", "--lr", "1e-3", "--log-interval", "1",
+        "--split", "1,0,0", "--eval-iters", "0",  # every document trains, as before #16
         "--lr-decay-style", "constant", "--device-speed", args.device_speed,
         "--train-iters", str(args.warmup_iters + args.measured_iters),
     ]  # fmt: skip
