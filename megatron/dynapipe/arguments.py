@@ -204,7 +204,7 @@ def parse_megatron_args(
         args.rank = torch.distributed.get_rank()
         args.world_size = torch.distributed.get_world_size()
     given = given_flags(argv, extra_args_provider)
-    unsupported(args, given)
+    unsupported(args, given, extra_args_provider)
     cpu_defaults(args, given)
     if before_validation is not None:
         before_validation(args)
@@ -235,7 +235,7 @@ def _megatron_complaint(error: Exception) -> str:
 def given_flags(argv: Sequence[str], extra_args_provider: ExtraArgs) -> dict[str, str]:
     """The flags `argv` names, by destination (what the user set on purpose, as opposed to
     defaults), each with the option string the user typed."""
-    options = _option_dests(extra_args_provider)
+    options = _parser(extra_args_provider)[0]
     given = {}
     for token in argv:
         name = token.split("=", 1)[0]
@@ -245,14 +245,17 @@ def given_flags(argv: Sequence[str], extra_args_provider: ExtraArgs) -> dict[str
 
 
 @functools.cache
-def _option_dests(extra_args_provider: ExtraArgs) -> dict[str, str]:
-    """Option string -> destination for every flag of the full parser."""
+def _parser(extra_args_provider: ExtraArgs) -> tuple[dict[str, str], dict[str, object]]:
+    """Of the full parser: option string -> destination, and destination -> default."""
     from megatron.training.arguments import add_megatron_arguments
 
     parser = extra_args_provider(
         add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
     )
-    return {option: action.dest for action in parser._actions for option in action.option_strings}
+    options = {
+        option: action.dest for action in parser._actions for option in action.option_strings
+    }
+    return options, {action.dest: action.default for action in parser._actions}
 
 
 @contextlib.contextmanager
@@ -284,73 +287,49 @@ def _megatron_checks_on_cpu(megatron_arguments) -> Iterator[None]:
         megatron_arguments.get_device_arch_version = saved
 
 
-# Megatron features this runtime does not run, by destination: (refused when, why).
-_UNSUPPORTED: dict[str, tuple[Callable[[object], bool], str]] = {
-    "context_parallel_size": (
-        lambda v: v != 1,
-        "context parallelism is not supported: DynaPipe's executor runs whole sequences "
-        "on each tensor-parallel group",
-    ),
-    "num_layers_per_virtual_pipeline_stage": (
-        lambda v: v is not None,
-        "interleaved (virtual) pipeline stages are not supported by DynaPipe's schedules",
-    ),
-    "num_virtual_stages_per_pipeline_rank": (
-        lambda v: v is not None,
-        "interleaved (virtual) pipeline stages are not supported by DynaPipe's schedules",
-    ),
-    "num_experts": (
-        lambda v: v is not None,
-        "mixture-of-experts models are not supported by the planner's cost models",
-    ),
-    "rampup_batch_size": (
-        lambda v: v is not None,
-        "batch-size ramp-up is not supported yet: every iteration plans one global batch size",
-    ),
-    "step_batch_size_schedule": (
-        lambda v: v is not None,
-        "batch-size schedules are not supported yet: every iteration plans one global batch "
-        "size (use --global-batch-size)",
-    ),
-    "ckpt_format": (
-        lambda v: True,
-        "checkpoints are written in DynaPipe's own format until dist_checkpointing lands; "
-        "drop --ckpt-format",
-    ),
-    "use_checkpoint_args": (
-        lambda v: v,
-        "DynaPipe's checkpoints do not store arguments; give the model flags",
-    ),
-    "yaml_cfg": (lambda v: v is not None, "YAML configs are not supported; give flags"),
-    "tensorboard_dir": (
-        lambda v: v is not None,
-        "TensorBoard logging is not implemented; the iteration lines carry the metrics",
-    ),
-    "profile": (
-        lambda v: v,
-        "profiling is not implemented; use tools/profile_costs.py for cost tables",
-    ),
-    "fp8": (lambda v: v is not None, "fp8 needs TransformerEngine on Hopper or newer GPUs"),
-    "fp8_param_gather": (lambda v: v, "fp8 needs TransformerEngine on Hopper or newer GPUs"),
-    "fp4": (lambda v: v is not None, "fp4 needs TransformerEngine on Blackwell GPUs"),
-    "sequence_parallel": (
-        lambda v: v,
-        "sequence parallelism is not supported yet: DynaPipe's executor sends whole "
-        "activations between stages",
-    ),
-    "overlap_param_gather": (
-        lambda v: v,
-        "overlapped parameter gathers are not supported yet",
-    ),
-    "use_megatron_fsdp": (lambda v: v, "Megatron FSDP is not supported by DynaPipe's executor"),
-    "use_torch_fsdp2": (lambda v: v, "torch FSDP2 is not supported by DynaPipe's executor"),
+# Megatron features this runtime does not run, by destination: why. A flag is refused when
+# given with a value other than Megatron's default (--context-parallel-size 1 is fine).
+_UNSUPPORTED: dict[str, str] = {
+    "context_parallel_size": "context parallelism is not supported: DynaPipe's executor runs "
+    "whole sequences on each tensor-parallel group",
+    "num_layers_per_virtual_pipeline_stage": "interleaved (virtual) pipeline stages are not "
+    "supported by DynaPipe's schedules",
+    "num_virtual_stages_per_pipeline_rank": "interleaved (virtual) pipeline stages are not "
+    "supported by DynaPipe's schedules",
+    "num_experts": "mixture-of-experts models are not supported by the planner's cost models",
+    "rampup_batch_size": "batch-size ramp-up is not supported yet: every iteration plans one "
+    "global batch size",
+    "step_batch_size_schedule": "batch-size schedules are not supported yet: every iteration "
+    "plans one global batch size (use --global-batch-size)",
+    "ckpt_format": "checkpoints are written in DynaPipe's own format until dist_checkpointing "
+    "lands; drop --ckpt-format",
+    "use_checkpoint_args": "DynaPipe's checkpoints do not store arguments; give the model flags",
+    "yaml_cfg": "YAML configs are not supported; give flags",
+    "tensorboard_dir": "TensorBoard logging is not implemented; the iteration lines carry the "
+    "metrics",
+    "profile": "profiling is not implemented; use tools/profile_costs.py for cost tables",
+    "fp8": "fp8 needs TransformerEngine on Hopper or newer GPUs",
+    "fp8_param_gather": "fp8 needs TransformerEngine on Hopper or newer GPUs",
+    "fp4": "fp4 needs TransformerEngine on Blackwell GPUs",
+    "sequence_parallel": "sequence parallelism is not supported yet: DynaPipe's executor sends "
+    "whole activations between stages",
+    "overlap_param_gather": "overlapped parameter gathers are not supported yet",
+    "use_megatron_fsdp": "Megatron FSDP is not supported by DynaPipe's executor",
+    "use_torch_fsdp2": "torch FSDP2 is not supported by DynaPipe's executor",
 }
+# Refused with any value, Megatron's default included: DynaPipe writes none of these formats.
+_REFUSED_WITH_ANY_VALUE = frozenset({"ckpt_format"})
 
 
-def unsupported(args: argparse.Namespace, given: dict[str, str]) -> None:
+def unsupported(
+    args: argparse.Namespace, given: dict[str, str], extra_args_provider: ExtraArgs
+) -> None:
     """Stop on the first flag given on purpose that this runtime cannot honour."""
-    for dest, (refused, why) in _UNSUPPORTED.items():
-        if dest in given and refused(getattr(args, dest)):
+    defaults = _parser(extra_args_provider)[1]
+    for dest, why in _UNSUPPORTED.items():
+        if dest in given and (
+            dest in _REFUSED_WITH_ANY_VALUE or getattr(args, dest) != defaults[dest]
+        ):
             raise ArgumentError(f"{given[dest]}: {why}")
 
 
