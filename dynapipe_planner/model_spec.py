@@ -30,13 +30,6 @@ class ModelSpec:
     vocab_size: int
     kv_channels: int = 0
     max_position_embeddings: int = 8192
-    # Llama-style variations (Megatron's --group-query-attention --num-query-groups, --swiglu,
-    # --disable-bias-linear, --normalization, --position-embedding-type); the defaults are GPT's.
-    num_query_groups: int = 0  # K/V heads; 0: one per query head (multi-head attention)
-    gated_linear_unit: bool = False  # SwiGLU: fc1 h -> 2f (gate and up), fc2 f -> h
-    add_bias_linear: bool = True
-    normalization: str = "LayerNorm"  # or "RMSNorm" (a weight, no bias)
-    position_embedding: str = "learned_absolute"  # or "rope" (no parameters)
 
     def __post_init__(self) -> None:
         if self.arch not in ("gpt", "t5"):
@@ -46,23 +39,6 @@ class ModelSpec:
         for f in ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size"):
             if getattr(self, f) <= 0:
                 raise PlanningError(f"model {self.name!r}: {f} must be positive")
-        if self.num_query_groups < 0 or (
-            self.num_query_groups and self.num_heads % self.num_query_groups
-        ):
-            raise PlanningError(
-                f"model {self.name!r}: num_query_groups {self.num_query_groups} must divide "
-                f"num_heads {self.num_heads}"
-            )
-        if self.normalization not in ("LayerNorm", "RMSNorm"):
-            raise PlanningError(
-                f"model {self.name!r}: normalization must be LayerNorm or RMSNorm, got "
-                f"{self.normalization!r}"
-            )
-        if self.position_embedding not in ("learned_absolute", "rope"):
-            raise PlanningError(
-                f"model {self.name!r}: position_embedding must be learned_absolute or rope, "
-                f"got {self.position_embedding!r}"
-            )
         if self.kv_channels == 0:
             if self.hidden_size % self.num_heads:
                 raise PlanningError(
@@ -80,35 +56,6 @@ class ModelSpec:
         """Width of the concatenated attention heads (num_heads * kv_channels)."""
         return self.num_heads * self.kv_channels
 
-    @property
-    def kv_width(self) -> int:
-        """Width of the keys (and of the values): one kv_channels-wide head per K/V group."""
-        return (self.num_query_groups or self.num_heads) * self.kv_channels
-
-    @property
-    def attention_gemm_params(self) -> int:
-        """Weights of one layer's attention projections: Q and the output (h x a each), K and V
-        (h x kv_width each). With multi-head attention, 4 h a."""
-        h = self.hidden_size
-        return 2 * h * self.attention_width + 2 * h * self.kv_width
-
-    @property
-    def mlp_gemm_params(self) -> int:
-        """Weights of one layer's MLP: fc1 (h x f, or h x 2f gated) and fc2 (f x h)."""
-        return (3 if self.gated_linear_unit else 2) * self.hidden_size * self.ffn_hidden_size
-
-    @property
-    def mlp_width(self) -> float:
-        """The width of a plain two-matrix MLP with this MLP's weights, FLOPs and activation
-        traffic: f, or 1.5 f gated (fc1's 2f outputs and the f-wide gated product)."""
-        return 1.5 * self.ffn_hidden_size if self.gated_linear_unit else self.ffn_hidden_size
-
-    def tp_divides(self, tp: int) -> bool:
-        """Whether tensor parallelism of degree `tp` splits the heads, the K/V groups and the
-        MLP evenly (as megatron-core requires)."""
-        groups = self.num_query_groups or self.num_heads
-        return self.num_heads % tp == 0 and groups % tp == 0 and self.ffn_hidden_size % tp == 0
-
     def layer_kinds(self) -> list[str]:
         """Kinds of the transformer layers in pipeline order: 'encoder' and/or 'decoder'."""
         if self.is_encoder_decoder:
@@ -116,21 +63,17 @@ class ModelSpec:
         return ["decoder"] * self.num_layers
 
     def layer_params(self, kind: str) -> int:
-        """Parameters of one transformer layer (weights, biases unless disabled, both norms)."""
+        """Parameters of one transformer layer (weights and biases, both layer norms)."""
         h, a, f = self.hidden_size, self.attention_width, self.ffn_hidden_size
-        bias = self.add_bias_linear
-        attention = self.attention_gemm_params + bias * (a + 2 * self.kv_width + h)
-        mlp = self.mlp_gemm_params + bias * ((2 * f if self.gated_linear_unit else f) + h)
-        norm = (2 if self.normalization == "LayerNorm" else 1) * h
-        params = attention + mlp + 2 * norm
+        attention = 4 * h * a + 3 * a + h
+        mlp = 2 * h * f + f + h
+        params = attention + mlp + 4 * h
         if kind == "decoder" and self.is_encoder_decoder:
-            params += attention + norm  # cross-attention and its layer norm
+            params += attention + 2 * h  # cross-attention and its layer norm
         return params
 
     def embedding_params(self) -> int:
-        """Word embeddings, plus learned position embeddings (RoPE has none)."""
-        positions = self.max_position_embeddings if self.position_embedding != "rope" else 0
-        return (self.vocab_size + positions) * self.hidden_size
+        return self.vocab_size * self.hidden_size + self.max_position_embeddings * self.hidden_size
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -151,25 +94,26 @@ def _gpt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
     return ModelSpec(name, "gpt", layers, hidden, heads, 4 * hidden, 51200)
 
 
-def _llama(
-    name: str, layers: int, hidden: int, heads: int, swiglu_width: int, kv_heads: int = 0
+def _llama(name: str, layers: int, hidden: int, heads: int, swiglu_width: int) -> ModelSpec:
+    """LLaMA-2 style shape. Its SwiGLU MLP has three h x f matrices; a two-matrix MLP of width
+    1.5 f has the same parameters and FLOPs, which is what the cost models count."""
+    return ModelSpec(name, "gpt", layers, hidden, heads, 3 * swiglu_width // 2, 32000)
+
+
+def _llama_gqa(
+    name: str, layers: int, hidden: int, heads: int, kv_heads: int, swiglu_width: int
 ) -> ModelSpec:
-    """A LLaMA shape as Megatron builds it: SwiGLU MLP, grouped-query attention with `kv_heads`
-    K/V heads (0: one per head), RMSNorm, RoPE, no biases, vocabulary 32000."""
-    return ModelSpec(
-        name,
-        "gpt",
-        layers,
-        hidden,
-        heads,
-        swiglu_width,
-        32000,
-        num_query_groups=kv_heads,
-        gated_linear_unit=True,
-        add_bias_linear=False,
-        normalization="RMSNorm",
-        position_embedding="rope",
-    )
+    """LLaMA-2 70B style shape with grouped-query attention (`kv_heads` K/V heads).
+
+    ModelSpec has no K/V-head count, so this is an approximation, stated: K and V projections
+    of width `hidden * kv_heads / heads` save `2 * hidden^2 * (1 - kv_heads / heads)` parameters
+    per layer against full multi-head attention, which ModelSpec counts; the MLP is narrowed by
+    exactly that many parameters, so parameters and GEMM FLOPs per layer match the real model.
+    Attention-score FLOPs and activations are those of full multi-head attention (a small
+    overestimate of stored K/V activations)."""
+    ffn = 3 * swiglu_width // 2
+    saved = 2 * hidden * hidden * (heads - kv_heads) // heads
+    return ModelSpec(name, "gpt", layers, hidden, heads, ffn - saved // (2 * hidden), 32000)
 
 
 # GPT-3 family shapes (Brown et al. 2020, Table 2.1), DynaPipe's T5 scaling (Table 1) and the
@@ -209,25 +153,9 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         _llama("llama2-7b", 32, 4096, 32, 11008),
         _llama("llama2-13b", 40, 5120, 40, 13824),
         _llama("llama-30b", 60, 6656, 52, 17920),
-        _llama("llama2-70b", 80, 8192, 64, 28672, kv_heads=8),
+        _llama_gqa("llama2-70b", 80, 8192, 64, 8, 28672),
     )
 }
-
-
-def megatron_shape_flags(model: ModelSpec) -> list[str]:
-    """Megatron flags for the Llama-style variations of `model` (none for a GPT shape)."""
-    flags = []
-    if model.num_query_groups:
-        flags.append(f"--group-query-attention --num-query-groups {model.num_query_groups}")
-    if model.gated_linear_unit:
-        flags.append("--swiglu")
-    if not model.add_bias_linear:
-        flags.append("--disable-bias-linear")
-    if model.normalization != "LayerNorm":
-        flags.append(f"--normalization {model.normalization}")
-    if model.position_embedding != "learned_absolute":
-        flags.append(f"--position-embedding-type {model.position_embedding}")
-    return flags
 
 
 def load_model_spec(name_or_path: str) -> ModelSpec:

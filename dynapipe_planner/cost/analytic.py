@@ -63,10 +63,10 @@ class AnalyticCostModel:
 
     def __post_init__(self) -> None:
         m, tp = self.model, self.cluster.tp
-        if not m.tp_divides(tp):
+        if m.num_heads % tp or m.ffn_hidden_size % tp:
             raise PlanningError(
-                f"TP={tp} does not divide the {m.num_heads} heads of {m.name}, its K/V groups "
-                f"or its FFN width {m.ffn_hidden_size}"
+                f"TP={tp} does not divide the {m.num_heads} heads of {m.name} or the FFN width "
+                f"{m.ffn_hidden_size}"
             )
 
     def recompute_modes(self) -> list[str]:
@@ -105,7 +105,7 @@ class AnalyticCostModel:
         return compute + score_bytes / (gpu.hbm_bandwidth * e.memory)
 
     def _elementwise_time(self, tokens):
-        h, f, tp = self.model.hidden_size, self.model.mlp_width, self.cluster.tp
+        h, f, tp = self.model.hidden_size, self.model.ffn_hidden_size, self.cluster.tp
         nbytes = 2.0 * tokens * (16 * h + 4 * f / tp)
         return nbytes / (self.cluster.gpu.hbm_bandwidth * self.efficiency.memory)
 
@@ -120,12 +120,18 @@ class AnalyticCostModel:
     def _layer(self, kind, b, s, t, recompute):
         """(forward s, backward s, stored bytes, transient bytes) of one layer."""
         m = self.model
-        h, a, heads, tp = m.hidden_size, m.attention_width, m.num_heads, self.cluster.tp
+        h, a, f, heads, tp = (
+            m.hidden_size,
+            m.attention_width,
+            m.ffn_hidden_size,
+            m.num_heads,
+            self.cluster.tp,
+        )
         launch = self.efficiency.kernels_per_layer_forward * self.cluster.gpu.kernel_launch_s
         cross = kind == "decoder" and m.is_encoder_decoder
         sq = t if (m.is_encoder_decoder and kind == "decoder") else s
         tokens = b * sq
-        gemm_flops = 2.0 * tokens * (m.attention_gemm_params + m.mlp_gemm_params) / tp
+        gemm_flops = 2.0 * tokens * (4 * h * a + 2 * h * f) / tp
         gemm = self._gemm_time(gemm_flops, tokens)
         attn = self._attention_time(b, sq, sq)
         elem = self._elementwise_time(tokens)

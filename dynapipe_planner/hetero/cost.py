@@ -101,8 +101,8 @@ class TrainingJob:
     def flops_per_sample(self) -> float:
         """Model FLOPs of one sample, forward and backward, without recomputation (for MFU)."""
         m, s = self.model, self.seqlen
-        h, a = m.hidden_size, m.attention_width
-        per_token_layer = 2 * (m.attention_gemm_params + m.mlp_gemm_params) + 4 * s * a
+        h, a, f = m.hidden_size, m.attention_width, m.ffn_hidden_size
+        per_token_layer = 2 * (4 * h * a + 2 * h * f) + 4 * s * a
         return 3.0 * s * (m.num_layers * per_token_layer + 2 * h * m.vocab_size)
 
 
@@ -205,7 +205,8 @@ class HeteroCostModel:
         return RECOMPUTE_MODES if mode == "auto" else (mode,)
 
     def valid_tp(self, tp: int) -> bool:
-        return self.job.model.tp_divides(tp)
+        m = self.job.model
+        return m.num_heads % tp == 0 and m.ffn_hidden_size % tp == 0
 
     def _gpu(self, devices: tuple[int, ...]) -> GpuSpec:
         """TP runs at the pace of its slowest member (App. A assumes one type per stage)."""
@@ -218,8 +219,8 @@ class HeteroCostModel:
         if key not in self._analytic:
             if not self.valid_tp(tp):
                 raise PlanningError(
-                    f"TP={tp} does not divide the {self.job.model.num_heads} heads, the K/V "
-                    f"groups or the FFN width of {self.job.model.name}"
+                    f"TP={tp} does not divide the {self.job.model.num_heads} heads or the FFN "
+                    f"width of {self.job.model.name}"
                 )
             # Compute only: TP communication is Eq. 3 over the real links, not the catalogue's,
             # and memory limits are the machines' (`memory_limit`), not a catalogue reserve's.

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cost.table import split_layers
-from ..model_spec import ModelSpec, megatron_shape_flags
+from ..model_spec import ModelSpec
 from ..plan import atomic_write
 from .optimizer import GiB, SearchResult
 
@@ -141,7 +141,6 @@ def runtime_flags(result: SearchResult, model: ModelSpec, seq_length: int) -> Fl
             f"--hidden-size {model.hidden_size}",
             f"--num-attention-heads {model.num_heads}",
             f"--ffn-hidden-size {model.ffn_hidden_size}",
-            *megatron_shape_flags(model),
             f"--seq-length {seq_length}",
             f"--tensor-model-parallel-size {s0.tp}",
             f"--pipeline-model-parallel-size {result.pp}",

@@ -61,7 +61,7 @@ def scheme_space(model: ModelSpec, num_gpus: int, *, max_tp: int = 8) -> list[Pa
     schemes = [
         ParallelScheme(tp, pp)
         for tp in range(1, min(max_tp, num_gpus) + 1)
-        if model.tp_divides(tp)
+        if model.num_heads % tp == 0 and model.ffn_hidden_size % tp == 0
         for pp in range(1, layers + 1)
         if layers % pp == 0 and tp * pp <= num_gpus
     ]

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import argparse
 
-from dynapipe_planner.model_spec import ModelSpec, megatron_shape_flags
+from dynapipe_planner.model_spec import ModelSpec
 
 
 def model_spec(args: argparse.Namespace, vocab_size: int, name: str = "pretrain_gpt") -> ModelSpec:
-    """The shape `args` (Megatron's parsed flags) describe, with an already padded vocabulary:
-    grouped-query attention, a gated MLP (SwiGLU), biases, the norm and the position embedding
-    as Megatron builds them, so the planner prices the model that runs."""
+    """The shape `args` (Megatron's parsed flags) describe, with an already padded vocabulary."""
     return ModelSpec(
         name,
         "gpt",
@@ -27,14 +25,6 @@ def model_spec(args: argparse.Namespace, vocab_size: int, name: str = "pretrain_
         vocab_size,
         kv_channels=args.kv_channels,
         max_position_embeddings=args.max_position_embeddings,
-        num_query_groups=args.num_query_groups if args.group_query_attention else 0,
-        gated_linear_unit=args.swiglu,
-        add_bias_linear=args.add_bias_linear,
-        normalization=args.normalization,
-        # Every other type (rope, yarn, mrope, none) adds no parameters: priced as rope.
-        position_embedding=(
-            "learned_absolute" if args.position_embedding_type == "learned_absolute" else "rope"
-        ),
     )
 
 
@@ -44,10 +34,10 @@ def dtype_name(args: argparse.Namespace) -> str:
 
 
 def spec_flags(spec: ModelSpec) -> list[str]:
-    """Megatron flags that describe `spec`."""
+    """Megatron flags that describe `spec` (a GPT: learned positions, GeLU, LayerNorm)."""
     if spec.is_encoder_decoder:
         raise ValueError(f"model {spec.name!r} is encoder-decoder; the runtime trains GPT models")
-    shape = [
+    return [
         "--num-layers", str(spec.num_layers),
         "--hidden-size", str(spec.hidden_size),
         "--num-attention-heads", str(spec.num_heads),
@@ -55,7 +45,6 @@ def spec_flags(spec: ModelSpec) -> list[str]:
         "--kv-channels", str(spec.kv_channels),
         "--max-position-embeddings", str(spec.max_position_embeddings),
     ]  # fmt: skip
-    return shape + [token for flag in megatron_shape_flags(spec) for token in flag.split()]
 
 
 def spec_args(spec: ModelSpec, seq_length: int, *flags: str) -> argparse.Namespace:
