@@ -4,10 +4,12 @@ Time per layer = GEMMs + attention core (quadratic in sequence length) + memory-
 element-wise work + tensor-parallel all-reduces + kernel launches. GEMMs and attention run at
 an efficiency that saturates with the tokens of the micro-batch and the width of each TP shard,
 so small micro-batches are slow per token, as on real GPUs; without that term every planner
-would pick micro-batches of one sample. FLOP counts follow Narayanan et al. (SC'21); activation
-bytes follow Korthikanti et al. ("Reducing Activation Recomputation", 2022), both public
-formulas. Used for paper-scale studies on machines without a GPU (DynaPipe seed §3 "Cost
-models" uses profiling instead; see `profiled.py`).
+would pick micro-batches of one sample. FLOP counts follow Narayanan et al. (SC'21) over the
+layer's own GEMM shapes (grouped-query attention, gated MLP: `ModelSpec.attention_weights`,
+`mlp_weights`); activation bytes follow Korthikanti et al. ("Reducing Activation
+Recomputation", 2022) with the same widths, both public formulas. Used for paper-scale
+studies on machines without a GPU (DynaPipe seed §3 "Cost models" uses profiling instead; see
+`profiled.py`).
 """
 
 from __future__ import annotations
@@ -122,9 +124,11 @@ class AnalyticCostModel:
         norms' inputs, the inputs of linear_qkv and linear_fc1, two dropout masks), split over
         TP with sequence parallelism; inside them, split over TP, Q, K, V and linear_proj's
         input, 8 h at the paper's width n d = h, with K and V at g / n of it under GQA; and the
-        MLP's: the paper's 16 h for a GeLU MLP (GeLU's and linear_fc2's inputs at its f = 4 h),
-        for a gated MLP linear_fc1's 2 f outputs (the gated activation's input) and
-        linear_fc2's f inputs, 6 f."""
+        MLP's: for a gated MLP linear_fc1's 2 f outputs (the gated activation's input) and
+        linear_fc2's f inputs, 6 f; for a GeLU MLP the paper's 16 h (GeLU's and linear_fc2's
+        inputs at its f = 4 h). That is exact for every GPT preset; wider GeLU MLPs (the T5
+        presets' f = 64 h) keep more than it says, left as it is so their plans keep their
+        costs."""
         m, tp = self.model, self.cluster.tp
         h = m.hidden_size
         attention = 4 * h + 4 * h * m.num_query_groups / m.num_heads

@@ -31,7 +31,7 @@ weights, fp32 gradients and fp32 master weights and moments (2 + 4 + 12 bytes), 
 sharded over the pipelines here (9 bytes a parameter at D_dp = 4 against Eq. 11's 8). And Eq. 11
 keeps one micro-batch's layer input (B_mb S H B_type) where 1F1B keeps up to depth - j of them
 at stage j. Together these are why the paper's Table 2 plan (18 Llama 30B layers on a TP=4
-stage of 24 GB 4090s, first of four stages) needs 25.2 GiB here, of 21.6 GiB usable.
+stage of 24 GB 4090s, first of four stages) needs 25.1 GiB here, of 21.6 GiB usable.
 
 Recomputation: App. A assumes full recomputation on every stage (the default here). With
 `TrainingJob(recompute="auto")` each stage runs the fastest mode (none, selective, full) whose
