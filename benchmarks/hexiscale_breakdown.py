@@ -41,8 +41,8 @@ def breakdown(cost: HeteroCostModel, plan: HeteroPlan) -> dict[str, float]:
     """MFU points per term (see the module docstring); they sum to 100."""
     est = cost.estimate(plan)
     job, m, c = cost.job, cost.job.model, cost.cluster
-    h, a, f, s = m.hidden_size, m.attention_width, m.ffn_hidden_size, job.seqlen
-    layer_flops = 3.0 * s * (2 * (4 * h * a + 2 * h * f) + 4 * s * a) * job.micro_batch_size
+    h, a, s = m.hidden_size, m.attention_width, job.seqlen
+    layer_flops = 3.0 * s * job.layer_flops_per_token() * job.micro_batch_size
     # What each mode computes again in the backward pass: the whole forward, or (selective)
     # the attention scores and their product with the values.
     recomputed = {"full": layer_flops / 3, "selective": 4.0 * s * s * a * job.micro_batch_size}

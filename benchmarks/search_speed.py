@@ -55,7 +55,7 @@ from galvatron_reference import env as galvatron_env
 from galvatron_reference import profiles
 
 from dynapipe_planner.cluster import get_gpu
-from dynapipe_planner.model_spec import MODEL_PRESETS, ModelSpec
+from dynapipe_planner.model_spec import MODEL_PRESETS, ModelSpec, llama_spec
 from dynapipe_planner.search import (
     CostInputs,
     LayerStrategy,
@@ -81,7 +81,7 @@ MODELS: dict[int, ModelSpec] = {
     24: MODEL_PRESETS["gpt-1.3b"],
     32: MODEL_PRESETS["llama-7b"],
     48: _gpt("gpt-48l-3.8b", 48, 2560, 32),
-    64: ModelSpec("llama-64l-7b", "gpt", 64, 3072, 24, 3 * 8192 // 2, 32000),
+    64: llama_spec("llama-64l-7b", 64, 3072, 24, 8192),
     96: _gpt("gpt-96l-4.8b", 96, 2048, 16),
 }
 

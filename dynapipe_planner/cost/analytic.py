@@ -4,10 +4,12 @@ Time per layer = GEMMs + attention core (quadratic in sequence length) + memory-
 element-wise work + tensor-parallel all-reduces + kernel launches. GEMMs and attention run at
 an efficiency that saturates with the tokens of the micro-batch and the width of each TP shard,
 so small micro-batches are slow per token, as on real GPUs; without that term every planner
-would pick micro-batches of one sample. FLOP counts follow Narayanan et al. (SC'21); activation
-bytes follow Korthikanti et al. ("Reducing Activation Recomputation", 2022), both public
-formulas. Used for paper-scale studies on machines without a GPU (DynaPipe seed §3 "Cost
-models" uses profiling instead; see `profiled.py`).
+would pick micro-batches of one sample. FLOP counts follow Narayanan et al. (SC'21) over the
+layer's own GEMM shapes (grouped-query attention, gated MLP: `ModelSpec.attention_weights`,
+`mlp_weights`); activation bytes follow Korthikanti et al. ("Reducing Activation
+Recomputation", 2022) with the same widths, both public formulas. Used for paper-scale
+studies on machines without a GPU (DynaPipe seed §3 "Cost models" uses profiling instead; see
+`profiled.py`).
 """
 
 from __future__ import annotations
@@ -62,12 +64,7 @@ class AnalyticCostModel:
     sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
-        m, tp = self.model, self.cluster.tp
-        if m.num_heads % tp or m.ffn_hidden_size % tp:
-            raise PlanningError(
-                f"TP={tp} does not divide the {m.num_heads} heads of {m.name} or the FFN width "
-                f"{m.ffn_hidden_size}"
-            )
+        self.model.check_tp(self.cluster.tp)
 
     def recompute_modes(self) -> list[str]:
         return list(RECOMPUTE_MODES)
@@ -105,8 +102,12 @@ class AnalyticCostModel:
         return compute + score_bytes / (gpu.hbm_bandwidth * e.memory)
 
     def _elementwise_time(self, tokens):
-        h, f, tp = self.model.hidden_size, self.model.ffn_hidden_size, self.cluster.tp
-        nbytes = 2.0 * tokens * (16 * h + 4 * f / tp)
+        """Memory-bound passes over the layer's activations; the MLP's activation function reads
+        and writes 2 f values a token (GeLU: f in, f out), a gated one 3 f (gate and up in, their
+        product out), hence 4 f or 6 f of traffic over the forward's element-wise kernels."""
+        m, tp = self.model, self.cluster.tp
+        ffn = (6 if m.gated_linear_unit else 4) * m.ffn_hidden_size
+        nbytes = 2.0 * tokens * (16 * m.hidden_size + ffn / tp)
         return nbytes / (self.cluster.gpu.hbm_bandwidth * self.efficiency.memory)
 
     def _allreduce_time(self, tokens, count):
@@ -117,38 +118,49 @@ class AnalyticCostModel:
         ring = 2.0 * (tp - 1) / tp * nbytes / self.cluster.tp_bandwidth
         return count * (ring + self.cluster.gpu.link_latency_s)
 
+    def _stored_per_token(self) -> float:
+        """Bytes one layer keeps per token for its backward pass, attention scores aside
+        (Korthikanti et al. §4.1, 2-byte values): 10 h outside the tensor-parallel regions (the
+        norms' inputs, the inputs of linear_qkv and linear_fc1, two dropout masks), split over
+        TP with sequence parallelism; inside them, split over TP, Q, K, V and linear_proj's
+        input, 8 h at the paper's width n d = h, with K and V at g / n of it under GQA; and the
+        MLP's: for a gated MLP linear_fc1's 2 f outputs (the gated activation's input) and
+        linear_fc2's f inputs, 6 f; for a GeLU MLP the paper's 16 h (GeLU's and linear_fc2's
+        inputs at its f = 4 h). That is exact for every GPT preset; wider GeLU MLPs (the T5
+        presets' f = 64 h) keep more than it says, left as it is so their plans keep their
+        costs."""
+        m, tp = self.model, self.cluster.tp
+        h = m.hidden_size
+        attention = 4 * h + 4 * h * m.num_query_groups / m.num_heads
+        mlp = 6 * m.ffn_hidden_size if m.gated_linear_unit else 16 * h
+        return (10 * h if not self.sequence_parallel else 10 * h / tp) + (attention + mlp) / tp
+
     def _layer(self, kind, b, s, t, recompute):
-        """(forward s, backward s, stored bytes, transient bytes) of one layer."""
+        """(forward s, backward s, stored bytes, transient bytes) of one layer. Its GEMMs run
+        two FLOPs per weight entry and token (`ModelSpec.attention_weights`, `mlp_weights`)."""
         m = self.model
-        h, a, f, heads, tp = (
-            m.hidden_size,
-            m.attention_width,
-            m.ffn_hidden_size,
-            m.num_heads,
-            self.cluster.tp,
-        )
+        h, a, heads, tp = m.hidden_size, m.attention_width, m.num_heads, self.cluster.tp
         launch = self.efficiency.kernels_per_layer_forward * self.cluster.gpu.kernel_launch_s
         cross = kind == "decoder" and m.is_encoder_decoder
         sq = t if (m.is_encoder_decoder and kind == "decoder") else s
         tokens = b * sq
-        gemm_flops = 2.0 * tokens * (4 * h * a + 2 * h * f) / tp
+        gemm_flops = 2.0 * tokens * (m.attention_weights() + m.mlp_weights()) / tp
         gemm = self._gemm_time(gemm_flops, tokens)
         attn = self._attention_time(b, sq, sq)
         elem = self._elementwise_time(tokens)
         comm = self._allreduce_time(tokens, 2)
-        dense = (10 * h if not self.sequence_parallel else 10 * h / tp) + 24 * h / tp
         scores = 0.0 if self.flash_attention else 5.0 * heads * sq / tp
         act_core = sq * b * scores
-        act_rest = sq * b * dense
+        act_rest = sq * b * self._stored_per_token()
         if cross:
             src_tokens = b * s
             # Q/output projections run over the target tokens, K/V over the encoder output.
             gemm += self._gemm_time(2.0 * 2 * tokens * h * a / tp, tokens)
-            gemm += self._gemm_time(2.0 * 2 * src_tokens * h * a / tp, src_tokens)
+            gemm += self._gemm_time(2.0 * 2 * src_tokens * h * m.kv_width / tp, src_tokens)
             attn += self._attention_time(b, sq, s)
             elem += self._elementwise_time(tokens) * 0.5
             comm += self._allreduce_time(tokens, 1)
-            act_rest += sq * b * (4 * h + 8 * h / tp) + 4.0 * s * b * a / tp
+            act_rest += sq * b * (4 * h + 8 * h / tp) + 4.0 * s * b * m.kv_width / tp
             act_core += 0.0 if self.flash_attention else 5.0 * heads * sq * s * b / tp
             launch *= 1.5
         forward = gemm + attn + elem + comm + launch
@@ -201,13 +213,16 @@ class AnalyticCostModel:
 
     # ---- stages --------------------------------------------------------------------------
     def static_bytes(self, layer_kinds: list[str], first: bool, last: bool) -> float:
-        """Weights (bf16), fp32 gradients and fp32 Adam state (master, m, v) of one stage."""
+        """Weights (bf16), fp32 gradients and fp32 Adam state (master, m, v) of one stage. The
+        last stage holds the output layer, which only a single stage with tied embeddings
+        shares with the embedding (`ModelSpec.num_params` says what else is left out)."""
         m, tp = self.model, self.cluster.tp
         params = sum(m.layer_params(k) for k in layer_kinds)
         if first:
             params += m.embedding_params()
-        if last and (self.cluster.num_stages > 1 or not first):
-            params += m.vocab_size * m.hidden_size
+        own_output = m.untie_embeddings_and_output_weights or self.cluster.num_stages > 1
+        if last and (own_output or not first):
+            params += m.output_params()
         optimizer = 12.0 / (self.cluster.num_replicas if self.distributed_optimizer else 1)
         return params / tp * (2 + 4 + optimizer)
 

@@ -31,7 +31,7 @@ weights, fp32 gradients and fp32 master weights and moments (2 + 4 + 12 bytes), 
 sharded over the pipelines here (9 bytes a parameter at D_dp = 4 against Eq. 11's 8). And Eq. 11
 keeps one micro-batch's layer input (B_mb S H B_type) where 1F1B keeps up to depth - j of them
 at stage j. Together these are why the paper's Table 2 plan (18 Llama 30B layers on a TP=4
-stage of 24 GB 4090s, first of four stages) needs 25.2 GiB here, of 21.6 GiB usable.
+stage of 24 GB 4090s, first of four stages) needs 25.1 GiB here, of 21.6 GiB usable.
 
 Recomputation: App. A assumes full recomputation on every stage (the default here). With
 `TrainingJob(recompute="auto")` each stage runs the fastest mode (none, selective, full) whose
@@ -98,12 +98,18 @@ class TrainingJob:
     def num_micro_batches(self) -> int:
         return self.global_batch // self.micro_batch_size
 
+    def layer_flops_per_token(self) -> int:
+        """Forward FLOPs of one token through one transformer layer: its GEMMs (two per weight
+        entry, `ModelSpec.attention_weights` and `mlp_weights`) and the attention core over
+        the job's sequence (Q K^T and the product with V, 2 s n d each)."""
+        m = self.model
+        return 2 * (m.attention_weights() + m.mlp_weights()) + 4 * self.seqlen * m.attention_width
+
     def flops_per_sample(self) -> float:
         """Model FLOPs of one sample, forward and backward, without recomputation (for MFU)."""
         m, s = self.model, self.seqlen
-        h, a, f = m.hidden_size, m.attention_width, m.ffn_hidden_size
-        per_token_layer = 2 * (4 * h * a + 2 * h * f) + 4 * s * a
-        return 3.0 * s * (m.num_layers * per_token_layer + 2 * h * m.vocab_size)
+        per_token_layer = self.layer_flops_per_token()
+        return 3.0 * s * (m.num_layers * per_token_layer + 2 * m.hidden_size * m.vocab_size)
 
 
 @dataclass(frozen=True)
@@ -205,8 +211,7 @@ class HeteroCostModel:
         return RECOMPUTE_MODES if mode == "auto" else (mode,)
 
     def valid_tp(self, tp: int) -> bool:
-        m = self.job.model
-        return m.num_heads % tp == 0 and m.ffn_hidden_size % tp == 0
+        return self.job.model.supports_tp(tp)
 
     def _gpu(self, devices: tuple[int, ...]) -> GpuSpec:
         """TP runs at the pace of its slowest member (App. A assumes one type per stage)."""
@@ -217,11 +222,7 @@ class HeteroCostModel:
     def _model(self, gpu: GpuSpec, tp: int) -> AnalyticCostModel:
         key = (gpu, tp)
         if key not in self._analytic:
-            if not self.valid_tp(tp):
-                raise PlanningError(
-                    f"TP={tp} does not divide the {self.job.model.num_heads} heads or the FFN "
-                    f"width of {self.job.model.name}"
-                )
+            self.job.model.check_tp(tp)
             # Compute only: TP communication is Eq. 3 over the real links, not the catalogue's,
             # and memory limits are the machines' (`memory_limit`), not a catalogue reserve's.
             compute_gpu = replace(gpu, intra_node_bandwidth=math.inf, link_latency_s=0.0)
@@ -384,7 +385,7 @@ class HeteroCostModel:
             total += m.embedding_params() / tp * per_param + in_flight * stored
         if last:
             _, _, stored, out_transient = self.part(gpu, tp, "output", "none")
-            total += m.vocab_size * m.hidden_size / tp * per_param + in_flight * stored
+            total += m.output_params() / tp * per_param + in_flight * stored
             total += out_transient
         return total
 
@@ -479,7 +480,7 @@ class HeteroCostModel:
             holders = [next(s for s in p.stages if s.layers[0] <= a < s.layers[1]) for p in pipes]
             groups.append((holders, params))
         groups.append(([p.stages[0] for p in pipes], m.embedding_params()))
-        groups.append(([p.stages[-1] for p in pipes], m.vocab_size * m.hidden_size))
+        groups.append(([p.stages[-1] for p in pipes], m.output_params()))
         machine = self.cluster.device_machine
         # A machine's link carries the traffic of every device on it whose DP group leaves it.
         leaving: dict[int, set[int]] = {}
@@ -533,7 +534,7 @@ class HeteroCostModel:
             holders.append((where, m.layer_params("decoder")))
         for ends, params in (
             ([p.stages[0] for p in pipelines], m.embedding_params()),
-            ([p.stages[-1] for p in pipelines], m.vocab_size * m.hidden_size),
+            ([p.stages[-1] for p in pipelines], m.output_params()),
         ):
             holders.append(({int(machine[d]) for s in ends for d in s.devices}, params))
         sent = np.zeros(len(self.cluster.machines))

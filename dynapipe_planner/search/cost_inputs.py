@@ -253,7 +253,7 @@ def analytic_cost_inputs(
         overlap_slowdown=overlap_slowdown,
         link_latency_s=gpu.link_latency_s,
         embedding_param_bytes=2.0 * model.embedding_params(),
-        output_param_bytes=2.0 * model.vocab_size * model.hidden_size,
+        output_param_bytes=2.0 * model.output_params(),
         output_forward_s_per_sample=output_fwd,
         output_activation_bytes_per_sample=output_act,
         seq_length=seq_length,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cost.table import split_layers
+from ..megatron_model import model_flags
 from ..model_spec import ModelSpec
 from ..plan import atomic_write
 from .optimizer import GiB, SearchResult
@@ -118,6 +119,17 @@ def megatron_flags(result: SearchResult, model: ModelSpec) -> Flags:
     return out
 
 
+def _flag_items(tokens: list[str]) -> list[str]:
+    """Command-line tokens as this module lists flags: each flag with its value, if any."""
+    items: list[str] = []
+    for token in tokens:
+        if token.startswith("--") or not items:
+            items.append(token)
+        else:
+            items[-1] += f" {token}"
+    return items
+
+
 def runtime_flags(result: SearchResult, model: ModelSpec, seq_length: int) -> Flags:
     """Flags for our `pretrain_gpt.py` (even layer split, one recompute mode, no ZeRO-3)."""
     notes = _uniform(result)
@@ -137,10 +149,7 @@ def runtime_flags(result: SearchResult, model: ModelSpec, seq_length: int) -> Fl
     return Flags(
         True,
         [
-            f"--num-layers {model.num_layers}",
-            f"--hidden-size {model.hidden_size}",
-            f"--num-attention-heads {model.num_heads}",
-            f"--ffn-hidden-size {model.ffn_hidden_size}",
+            *_flag_items(model_flags(model)),
             f"--seq-length {seq_length}",
             f"--tensor-model-parallel-size {s0.tp}",
             f"--pipeline-model-parallel-size {result.pp}",

@@ -53,15 +53,15 @@ class ParallelScheme:
 
 
 def scheme_space(model: ModelSpec, num_gpus: int, *, max_tp: int = 8) -> list[ParallelScheme]:
-    """The scheme space of §5.1: TP dividing the heads and FFN width (at most `max_tp`, one
-    NVLink island), PP dividing the layer count, TP x PP <= N."""
+    """The scheme space of §5.1: TP dividing the heads, K/V groups and FFN width (at most
+    `max_tp`, one NVLink island), PP dividing the layer count, TP x PP <= N."""
     if num_gpus < 1:
         raise PlanningError(f"scheme space needs at least one GPU, got {num_gpus}")
     layers = model.num_layers
     schemes = [
         ParallelScheme(tp, pp)
         for tp in range(1, min(max_tp, num_gpus) + 1)
-        if model.num_heads % tp == 0 and model.ffn_hidden_size % tp == 0
+        if model.supports_tp(tp)
         for pp in range(1, layers + 1)
         if layers % pp == 0 and tp * pp <= num_gpus
     ]
