@@ -139,12 +139,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.core")
     import torch
 
+    from dynapipe_planner.megatron_model import spec_from_args
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
     from megatron.dynapipe.cost_profiler import ProfileGrid, device_name, profile_cost_table
     from megatron.dynapipe.data import BYTE_VOCAB_SIZE
     from megatron.dynapipe.model import padded_vocab_size
-    from megatron.dynapipe.model_flags import model_spec
 
     args = parse_args(argv)
     torch.set_num_threads(args.cpu_threads)
@@ -159,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if torch.cuda.is_available()
             else torch.device("cpu")
         )
-        shape = model_spec(args, vocab_size, "profiled_gpt").to_dict()
+        shape = spec_from_args(args, vocab_size, "profiled_gpt").to_dict()
         print(f"profiling {shape} on {device_name(device)}", flush=True)
         table = profile_cost_table(
             args,

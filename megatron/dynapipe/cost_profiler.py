@@ -35,6 +35,7 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
 from dynapipe_planner.cost.profiled import FORMAT
+from dynapipe_planner.megatron_model import spec_from_args
 
 from .executor import masked_token_loss
 from .memory import (
@@ -44,7 +45,7 @@ from .memory import (
     release_megatron_workspace,
 )
 from .model import build_gpt_model
-from .model_flags import dtype_name, model_spec
+from .model_flags import dtype_name
 
 COMPONENTS = ("embedding", "decoder_layer", "lm_head")
 
@@ -305,7 +306,7 @@ def profile_cost_table(
         "version": 1,
         "device": device_name(device),
         "dtype": dtype_name(args),
-        "model": model_spec(args, vocab_size, "profiled_gpt").to_dict(),
+        "model": spec_from_args(args, vocab_size, "profiled_gpt").to_dict(),
         "profile": {"warmup": warmup, "repeats": repeats, "max_tokens": grid.max_tokens},
         "entries": entries,
     }

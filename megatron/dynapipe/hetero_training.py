@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from dynapipe_planner.cluster import GiB, GpuSpec, get_gpu
 from dynapipe_planner.devices import emulated_cluster
+from dynapipe_planner.megatron_model import spec_from_args
 from dynapipe_planner.model_spec import ModelSpec
 from dynapipe_planner.plan import ReplicaLayout
 from dynapipe_planner.planner import PlannerConfig
@@ -58,7 +59,7 @@ from .executor import PlanExecutor
 from .hetero_plan_file import load_hetero_plan
 from .liveness import Liveness
 from .model import build_stage_model, layout_free_tp, padded_vocab_size
-from .model_flags import dtype_name, model_spec
+from .model_flags import dtype_name
 from .plan_source import PLANNING_RANK, open_plan_source
 from .strategy_candidates import (
     CandidateSet,
@@ -95,7 +96,7 @@ def describe(layouts: list[ReplicaLayout]) -> str:
 def hetero_job(args: argparse.Namespace, vocab_size: int, lengths: np.ndarray, world: int):
     """The candidate strategies (or the static layout), the model spec with a vocabulary every
     strategy's TP degrees divide, and the planner recipe."""
-    base = model_spec(args, padded_vocab_size(args, vocab_size, 1))
+    base = spec_from_args(args, padded_vocab_size(args, vocab_size, 1))
     memory = int(args.dynapipe_memory_limit * GiB) if args.dynapipe_memory_limit else 0
     dtype = dtype_name(args)
     dropped: list[str] = []

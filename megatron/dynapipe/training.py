@@ -29,6 +29,7 @@ from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.transformer.module import Float16Module
 
+from dynapipe_planner.megatron_model import spec_from_args
 from dynapipe_planner.plan import ExecutionPlan
 
 from . import checkpointing, cpu_compat
@@ -42,7 +43,6 @@ from .executor import PlanExecutor
 from .liveness import Liveness
 from .megatron_baseline import MegatronPackingBaseline
 from .model import build_stage_model, padded_vocab_size
-from .model_flags import model_spec
 from .plan_source import PLANNING_RANK, open_plan_source, planner_recipe
 from .tokenizer import build_tokenizer
 
@@ -135,7 +135,7 @@ def _train(args: argparse.Namespace, tp: int, probe: IterationProbe | None) -> l
         log_rank0(rank, note)
     splits = datasets(args)
     dataset = splits.train
-    spec = model_spec(args, padded_vocab_size(args, dataset.vocab_size, tp))
+    spec = spec_from_args(args, padded_vocab_size(args, dataset.vocab_size, tp))
     sampler = global_batch_sampler(args, dataset.lengths())
     checkpoint = read_checkpoint(args, checkpointing.read)
     if checkpoint is not None:
