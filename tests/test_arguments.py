@@ -95,3 +95,8 @@ def test_gpu_only_defaults_are_switched_off_with_a_note() -> None:
     assert args.transformer_impl == "local"
     assert not args.bias_gelu_fusion and not args.apply_rope_fusion
     assert any("local layer spec" in note for note in args.dynapipe_notes)
+
+
+def test_argparse_errors_are_one_line_without_megatrons_usage(capsys) -> None:
+    line = _refused(capsys, "--tokenizer-type", "Foo")
+    assert "--tokenizer-type" in line and "'Foo'" in line

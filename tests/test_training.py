@@ -94,6 +94,39 @@ def test_bpe_blend_with_split_trains_and_evaluates(gpt2_bpe, preprocess_tool, tm
     assert "lm loss PPL:" in out
 
 
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--data-path", "/nonexistent/prefix"], "/nonexistent/prefix.idx"),
+        (["--data-path", "x", "/tmp/a", "0.5", "/tmp/b"], "blend weight 'x'"),
+        (
+            [
+                "--tokenizer-type",
+                "GPT2BPETokenizer",
+                "--vocab-file",
+                "/no.json",
+                "--merge-file",
+                "/no",
+            ],
+            "--vocab-file /no.json",
+        ),
+    ],
+)
+def test_pretrain_gpt_bad_data_is_one_line_and_exit_2(flags, named, capsys, monkeypatch):
+    """pretrain_gpt.py's user errors end the run before any process group exists."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pretrain_gpt", ROOT / "pretrain_gpt.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    model = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4"]
+    model += ["--seq-length", "128", "--train-iters", "1"]
+    monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *model, *flags])
+    assert script.main() == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0], lines
+
+
 def test_corrupt_checkpoint_is_named(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     run_ranks(_train, 2, [*TINY, "--train-iters", "1", "--save", str(ckpt)], timeout_s=120)

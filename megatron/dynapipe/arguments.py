@@ -28,6 +28,7 @@ import re
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
+from typing import NoReturn
 
 import torch
 
@@ -199,7 +200,9 @@ def parse_megatron_args(
     from megatron.training import arguments as megatron_arguments
 
     with _command_line(argv):
-        args = megatron_arguments.parse_args(extra_args_provider=extra_args_provider)
+        args = megatron_arguments.parse_args(
+            extra_args_provider=lambda parser: _one_line_errors(extra_args_provider(parser))
+        )
     if torch.distributed.is_initialized():  # forked test ranks have no RANK/WORLD_SIZE
         args.rank = torch.distributed.get_rank()
         args.world_size = torch.distributed.get_world_size()
@@ -221,6 +224,17 @@ def parse_megatron_args(
     except (AssertionError, ValueError) as error:
         raise ArgumentError(_megatron_complaint(error)) from None
     return args
+
+
+def _one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """argparse prints Megatron's whole usage (hundreds of flags) before an error, on every
+    rank; say only the error, once."""
+
+    def error(message: str) -> NoReturn:
+        raise ArgumentError(message)
+
+    parser.error = error
+    return parser
 
 
 def _megatron_complaint(error: Exception) -> str:

@@ -88,10 +88,11 @@ def pretrain(args: argparse.Namespace, probe: IterationProbe | None = None) -> l
 
         return pretrain_hetero(args)
     cpu_compat.install()
+    splits = datasets(args)  # bad data or tokenizer files stop the job before any group exists
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     ps.initialize(tp, pp, max(1, _world_size() // (tp * pp)), timeout_s=args.dynapipe_timeout)
     try:
-        return _train(args, tp, probe)
+        return _train(args, splits, tp, probe)
     finally:
         ps.destroy()
 
@@ -129,11 +130,12 @@ def read_checkpoint(args: argparse.Namespace, read: Callable):
     return read(args.load)
 
 
-def _train(args: argparse.Namespace, tp: int, probe: IterationProbe | None) -> list[float]:
+def _train(
+    args: argparse.Namespace, splits: DataSplits, tp: int, probe: IterationProbe | None
+) -> list[float]:
     rank = dist.get_rank()
     for note in args.dynapipe_notes:
         log_rank0(rank, note)
-    splits = datasets(args)
     dataset = splits.train
     spec = spec_from_args(args, padded_vocab_size(args, dataset.vocab_size, tp))
     sampler = global_batch_sampler(args, dataset.lengths())
