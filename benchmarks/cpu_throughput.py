@@ -60,7 +60,8 @@ def _model_args(args: argparse.Namespace) -> list[str]:
     return [
         "--num-layers", str(args.num_layers), "--hidden-size", str(args.hidden_size),
         "--num-attention-heads", str(args.num_attention_heads),
-        "--seq-length", str(args.seq_length), "--pipeline-model-parallel-size", "2",
+        "--seq-length", str(args.seq_length),
+        "--pipeline-model-parallel-size", str(args.pipeline_model_parallel_size),
         "--tokens-per-global-batch", str(args.tokens_per_global_batch),
         "--data-path", args.data_path, "--seed", str(args.seed),
         "--hidden-dropout", "0", "--attention-dropout", "0",
@@ -74,7 +75,8 @@ def run_method(label: str, method_args: list[str], args: argparse.Namespace) -> 
     """One torchrun of pretrain_gpt.py (`torchrun_runs.run`); keeps the iterations after the
     warm-up, as numbers."""
     load_before = os.getloadavg()[0]
-    rows = run(label, 2, [*_model_args(args), *method_args], args.warmup_iters, args.measured_iters)
+    argv = [*_model_args(args), *method_args, *args.extra_args.split()]
+    rows = run(label, args.nproc_per_node, argv, args.warmup_iters, args.measured_iters)
     iterations = [
         {k: float(v.replace(",", "")) for k, v in row.items() if v is not None} for row in rows
     ]
@@ -97,6 +99,13 @@ def main() -> None:
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--num-attention-heads", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument(
+        "--nproc-per-node", type=int, default=2, help="ranks (one GPU each where CUDA is)"
+    )
+    parser.add_argument("--pipeline-model-parallel-size", type=int, default=2)
+    parser.add_argument(
+        "--extra-args", default="", help="pretrain_gpt.py flags for every method, e.g. '--bf16'"
+    )
     parser.add_argument("--warmup-iters", type=int, default=1)
     parser.add_argument("--measured-iters", type=int, default=3)
     parser.add_argument(
@@ -115,8 +124,15 @@ def main() -> None:
         help="extra pretrain_gpt.py flags for DynaPipe, e.g. '--dynapipe-memory-limit 1'",
     )
     args = parser.parse_args()
+    import torch
+
+    where = (
+        f"{args.nproc_per_node} x {torch.cuda.get_device_name()} (nccl)"
+        if torch.cuda.is_available()
+        else f"{os.cpu_count()} CPUs (gloo, OMP_NUM_THREADS=1 per rank)"
+    )
     print(
-        f"PP=2 on {os.cpu_count()} CPUs (gloo, OMP_NUM_THREADS=1 per rank); GPT "
+        f"PP={args.pipeline_model_parallel_size}, {args.nproc_per_node} ranks on {where}; GPT "
         f"{args.num_layers} layers x {args.hidden_size} hidden; {args.data_path} truncated at "
         f"{args.seq_length}; {args.tokens_per_global_batch:,} tokens per global batch; median "
         f"of {args.measured_iters} iterations after {args.warmup_iters} warm-up per run, "

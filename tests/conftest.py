@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import subprocess
 import sys
 import unittest.mock
 import warnings
@@ -20,6 +21,26 @@ from types import ModuleType
 from typing import NamedTuple
 
 import pytest
+
+
+def _cuda_available() -> bool:
+    """Asked in a child process: initialising CUDA here would break the forked GPU ranks."""
+    probe = "import torch; print(torch.cuda.is_available())"
+    try:
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    except OSError:
+        return False
+    return out.stdout.strip() == "True"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The GPU lane (`-m gpu`) is collected everywhere and skipped where there is no GPU."""
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if gpu_items and not _cuda_available():
+        skip = pytest.mark.skip(reason="GPU lane: no CUDA device here")
+        for item in gpu_items:
+            item.add_marker(skip)
+
 
 BPE_VOCAB_SIZE = 500
 BPE_TRAINING_FILES = 50

@@ -1,4 +1,4 @@
-"""Fork-after-import gloo launcher for multi-rank tests.
+"""Fork-after-import launcher for multi-rank tests (gloo; NCCL for the GPU lane).
 
 Importing torch and megatron-core costs seconds per process on small machines, so the test
 process imports them once and forks the ranks. Each rank runs single-threaded, joins a gloo
@@ -25,15 +25,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(fn: Callable[..., Any], rank: int, world: int, port: int, conn, args) -> None:
+def _rank_main(
+    fn: Callable[..., Any], rank: int, world: int, port: int, conn, args, backend: str
+) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
         dist.init_process_group(
-            "gloo",
+            backend,
             init_method=f"tcp://127.0.0.1:{port}",
             rank=rank,
             world_size=world,
@@ -55,18 +59,24 @@ def run_ranks(
     *args: Any,
     timeout_s: float = 90.0,
     may_die: Collection[int] = (),
+    backend: str = "gloo",
 ) -> list[Any]:
-    """Run `fn(rank, world_size, *args)` on `world_size` forked gloo ranks; return the results.
+    """Run `fn(rank, world_size, *args)` on `world_size` forked ranks; return the results.
+
+    `backend="nccl"` spawns the ranks instead and gives rank r GPU r.
 
     `fn` and `args` reach the ranks through fork (no pickling); results must be picklable.
     Ranks in `may_die` (fault tests) may end without a result; theirs is then None.
     """
-    ctx = mp.get_context("fork")
+    # CUDA cannot be used in a forked child once the parent has touched it (importing
+    # megatron-core may), so NCCL ranks start fresh: their fn and args must pickle.
+    ctx = mp.get_context("spawn" if backend == "nccl" else "fork")
     port = free_port()
     procs, conns = [], {}
     for rank in range(world_size):
         recv, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_rank_main, args=(fn, rank, world_size, port, send, args))
+        rank_args = (fn, rank, world_size, port, send, args, backend)
+        proc = ctx.Process(target=_rank_main, args=rank_args)
         proc.start()
         send.close()
         procs.append(proc)

@@ -93,18 +93,20 @@ def reference(rank: int, world: int, flags: tuple[str, ...] = GPT) -> tuple[floa
     cpu_compat.install()
     ps.initialize(1, 1, 1)
     try:
-        _, model = build_stage(flags)
-        weights = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
-        total = torch.zeros(())
+        _, model = build_stage(flags)  # on the GPU where there is one
+        device = next(model.parameters()).device
+        weights = {n: p.detach().cpu().numpy().copy() for n, p in model.named_parameters()}
+        total = torch.zeros((), device=device)
         for i in range(len(LENGTHS)):
-            t = torch.as_tensor(DATA.tokens(i), dtype=torch.int64)[None]
+            t = torch.as_tensor(DATA.tokens(i), dtype=torch.int64, device=device)[None]
             n = t.shape[1] - 1
-            mask = torch.ones(1, 1, n, n, dtype=torch.bool).triu(1)
-            per_token = model(t[:, :-1], torch.arange(n)[None], mask, labels=t[:, 1:])
+            mask = torch.ones(1, 1, n, n, dtype=torch.bool, device=device).triu(1)
+            positions = torch.arange(n, device=device)[None]
+            per_token = model(t[:, :-1], positions, mask, labels=t[:, 1:])
             total = total + per_token.sum()
         loss = total / int(LENGTHS.sum())
         loss.backward()
-        grads = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
+        grads = {n: p.grad.cpu().numpy().copy() for n, p in model.named_parameters()}
         return float(loss), weights, grads
     finally:
         ps.destroy()
@@ -173,7 +175,7 @@ def stage_gradients(model, names: dict, tp: int) -> dict:
     from megatron.dynapipe import parallel_state as ps
 
     return {
-        names[n]: (p.main_grad.numpy().copy(), ps.tp_rank(), tp, getattr(p, "partition_dim", 0))
+        names[n]: (p.main_grad.cpu().numpy(), ps.tp_rank(), tp, getattr(p, "partition_dim", 0))
         for n, p in model.module.named_parameters()
     }
 

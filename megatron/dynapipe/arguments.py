@@ -347,14 +347,15 @@ def unsupported(
             raise ArgumentError(f"{given[dest]}: {why}")
 
 
-# Fused kernels Megatron uses by default; they need CUDA (apex, TransformerEngine or triton).
-_GPU_FUSIONS = (
-    "masked_softmax_fusion",
+# Fused kernels Megatron uses by default. These come from TransformerEngine (or apex) builds:
+# without one, megatron-core would fail on the first bf16 softmax, rotary embedding or weight
+# gradient, or (persist_layer_norm) when the local spec builds torch's LayerNorm.
+_KERNEL_FUSIONS = ("masked_softmax_fusion", "apply_rope_fusion", "gradient_accumulation_fusion")
+# These are torch.jit/triton fusions: any CUDA device runs them, a CPU does not.
+_CUDA_FUSIONS = (
     "bias_gelu_fusion",
     "bias_swiglu_fusion",
     "bias_dropout_fusion",
-    "apply_rope_fusion",
-    "gradient_accumulation_fusion",
     "gradient_reduce_div_fusion",
 )
 
@@ -403,19 +404,30 @@ def cpu_defaults(args: argparse.Namespace, given: dict[str, str]) -> None:
         if args.transformer_impl != "local":
             args.transformer_impl = "local"
             notes.append("TransformerEngine is not installed: megatron-core's local layer spec")
-    if not torch.cuda.is_available():
-        fusions = [name for name in _GPU_FUSIONS if getattr(args, name)]
-        for name in fusions:
-            setattr(args, name, False)
         args.no_persist_layer_norm = True
+        notes += _switch_off(args, _KERNEL_FUSIONS, "no TransformerEngine")
+    if not torch.cuda.is_available():
+        notes += _switch_off(args, _CUDA_FUSIONS, "no CUDA")
         args.use_cpu_initialization = True
-        if fusions:
-            notes.append(f"no CUDA: fused kernels off ({', '.join(fusions)})")
     args.dynapipe_notes = notes
+
+
+def _switch_off(args: argparse.Namespace, fusions: tuple[str, ...], why: str) -> list[str]:
+    """Turn the named fusions off; the note to print, if any was on."""
+    on = [name for name in fusions if getattr(args, name)]
+    for name in on:
+        setattr(args, name, False)
+    return [f"{why}: fused kernels off ({', '.join(on)})"] if on else []
 
 
 def _check_dynapipe(args: argparse.Namespace, given: dict[str, str]) -> None:
     """DynaPipe's own flags against each other and against Megatron's."""
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if torch.cuda.is_available() and per_node > torch.cuda.device_count():
+        raise ArgumentError(
+            f"{per_node} processes on this node but {torch.cuda.device_count()} CUDA devices: "
+            "NCCL needs one GPU per process (lower --nproc-per-node)"
+        )
     if args.baseline:
         if args.device_speed:
             raise ArgumentError(

@@ -275,7 +275,8 @@ class PlanExecutor:
         if not forward_only:
             finalize = getattr(self.config, "finalize_model_grads_func", None)
             if finalize is not None:  # counts tokens once per pipeline, sums them over pipelines
-                finalize([self.model], num_tokens=torch.tensor(result.num_tokens))
+                device = next(self.model.parameters()).device  # NCCL reduces device tensors
+                finalize([self.model], num_tokens=torch.tensor(result.num_tokens, device=device))
         release_megatron_workspace()  # the plan priced it per iteration (memory.py)
         return result
 

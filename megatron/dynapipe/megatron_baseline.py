@@ -99,5 +99,6 @@ class MegatronPackingBaseline:
             forward_only=forward_only,
         )
         # Last stage only: one (loss sum, real tokens) report per micro-batch.
-        totals = sum((r["lm loss"].double() for r in reports), torch.zeros(2, dtype=torch.float64))
+        zero = torch.zeros(2, dtype=torch.float64)
+        totals = sum((r["lm loss"].double().cpu() for r in reports), zero)
         return IterationResult(reports, round(float(totals[1])), float(totals[0]))
