@@ -40,6 +40,8 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("dynapipe").setLevel(logging.INFO)
     logging.getLogger("megatron.core.models.gpt.gpt_model").setLevel(logging.ERROR)
+    # megatron-1f1b builds its GPTDataset indices in memory on purpose (megatron_samples).
+    logging.getLogger("megatron.core.datasets.gpt_dataset").setLevel(logging.ERROR)
     try:
         pretrain(parse_args())
     except (*USER_ERRORS, PlanningError) as error:

@@ -116,7 +116,7 @@ def test_a_rank_that_hangs_ends_the_job_within_the_timeout(tmp_path, layout, p2p
 def _planner_hangs(rank: int, world: int) -> tuple[str, float]:
     from stalled_planner import NeverAnswers
 
-    from megatron.dynapipe import plan_source, training
+    from megatron.dynapipe import iterations, plan_source
 
     recipe = plan_source.planner_recipe
 
@@ -124,7 +124,7 @@ def _planner_hangs(rank: int, world: int) -> tuple[str, float]:
         real = recipe(*args)
         return dataclasses.replace(real, cost_model=NeverAnswers(real.cost_model))
 
-    training.planner_recipe = stalled_recipe
+    iterations.planner_recipe = stalled_recipe
     asked: list[float] = []
     get = plan_source.PlanSource.get
 

@@ -53,8 +53,9 @@ def _reference(rank: int, world: int, argv: list[str], iterations: int):
     from megatron.dynapipe import parallel_state as ps
     from megatron.dynapipe.arguments import parse_args
     from megatron.dynapipe.hetero_training import hetero_job
+    from megatron.dynapipe.iterations import global_batch_sampler
     from megatron.dynapipe.model import build_stage_model
-    from megatron.dynapipe.training import datasets, global_batch_sampler
+    from megatron.dynapipe.training import datasets
 
     args = parse_args(argv)
     dataset = datasets(args).train

@@ -1,16 +1,20 @@
-"""The in-program baseline: fixed-length packing through megatron-core's own 1F1B schedule.
+"""The in-program baselines through megatron-core's own 1F1B schedule.
 
-On forked gloo ranks with PP=2, one global batch packed into rows of the full sequence length
-and run by `get_forward_backward_func()` gives the loss and every parameter gradient of the
-single-process non-pipelined reference, with one row per micro-batch and with three (the last
-micro-batch then topped up with a padding row); megatron-core's 1F1B schedule is what ran.
-`pretrain_gpt.py --baseline megatron-1f1b` trains (the loss falls on PP=2).
+`packing-1f1b`: on forked gloo ranks with PP=2, one global batch packed into rows of the full
+sequence length and run by `get_forward_backward_func()` gives the loss and every parameter
+gradient of the single-process non-pipelined reference, with one row per micro-batch and with
+three (the last micro-batch then topped up with a padding row); megatron-core's 1F1B schedule
+is what ran. `megatron-1f1b`: its fixed-length samples are exactly what megatron-core's
+GPTDataset cuts from the same documents written as a Megatron indexed dataset, and each data-
+parallel rank takes Megatron's share of a global batch. `pretrain_gpt.py` trains with either
+(the loss falls on PP=2, with evaluation for megatron-1f1b).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -63,7 +67,7 @@ def _megatron_baseline(rank: int, world: int, pp: int, mbs: int, plan: Execution
 
 
 @pytest.mark.parametrize("mbs", [1, 3])
-def test_megatron_1f1b_packing_equals_reference(reference, mbs: int) -> None:
+def test_packing_1f1b_equals_reference(reference, mbs: int) -> None:
     plan = make_plan(1, 2, 1, "packing", micro_batch_size=mbs)
     assert all(mb.seqlen == MAX_SEQLEN and mb.num_rows <= mbs for mb in plan.microbatches)
     if mbs == 3:
@@ -83,25 +87,81 @@ def _train(rank: int, world: int, argv: list[str]) -> list[float]:
     return pretrain(parse_args(argv))
 
 
-def test_pretrain_with_megatron_baseline_learns() -> None:
+@pytest.mark.parametrize(
+    "baseline",
+    [
+        ["--baseline", "packing-1f1b"],
+        ["--baseline", "megatron-1f1b", "--split", "8,1,1", "--eval-interval", "2"],
+    ],
+    ids=["packing-1f1b", "megatron-1f1b"],
+)
+def test_pretrain_with_megatron_baseline_learns(baseline: list[str]) -> None:
     argv = [
         "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
-        "--seq-length", "128", "--pipeline-model-parallel-size", "2",
-        "--baseline", "megatron-1f1b", "--micro-batch-size", "2",
+        "--seq-length", "128", "--pipeline-model-parallel-size", "2", "--micro-batch-size", "2",
         "--tokens-per-global-batch", "2048", "--data-path", "synthetic:flan",
-        "--hidden-dropout", "0", "--attention-dropout", "0",
+        "--hidden-dropout", "0", "--attention-dropout", "0", "--eval-iters", "1",
         "--lr", "1e-2", "--lr-decay-style", "constant", "--train-iters", "4", "--log-interval", "1",
+        *baseline,
     ]  # fmt: skip
     losses = run_ranks(_train, 2, argv, timeout_s=120)
     assert losses[0] == losses[1]
     assert losses[0][-1] < losses[0][0] - 0.1, losses[0]
 
 
-def test_baseline_flag_implies_packing_and_rejects_other_batching() -> None:
+def _parse(*flags: str):
     from megatron.dynapipe.arguments import parse_args
 
     common = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4"]
-    common += ["--seq-length", "128", "--global-batch-size", "8", "--train-iters", "1"]
-    assert parse_args([*common, "--baseline", "megatron-1f1b"]).batching == "packing"
-    with pytest.raises(SystemExit):
-        parse_args([*common, "--baseline", "megatron-1f1b", "--dynamic-micro-batching"])
+    return parse_args([*common, "--seq-length", "128", "--train-iters", "1", *flags])
+
+
+def test_baseline_flags() -> None:
+    assert _parse("--global-batch-size", "8", "--baseline", "packing-1f1b").batching == "packing"
+    tokens = ["--tokens-per-global-batch", "1100", "--micro-batch-size", "2"]
+    assert _parse(*tokens, "--baseline", "megatron-1f1b").global_batch_size == 8  # 1100 // 128
+    for baseline in ("megatron-1f1b", "packing-1f1b"):
+        with pytest.raises(SystemExit):
+            _parse("--baseline", baseline, "--dynamic-micro-batching")
+
+
+def test_megatron_global_batch_must_split_into_micro_batches(capsys) -> None:
+    with pytest.raises(SystemExit) as stop:
+        _parse("--tokens-per-global-batch", "1000", "--baseline", "megatron-1f1b",
+               "--micro-batch-size", "3")  # fmt: skip
+    assert stop.value.code == 2
+    assert "global batch of 7 samples" in capsys.readouterr().err
+
+
+def test_fixed_length_samples_are_megatron_cores(tmp_path: Path) -> None:
+    """The same documents written by megatron-core's IndexedDatasetBuilder and read by its
+    IndexedDataset give GPTDataset the same windows as our samples do."""
+    import argparse
+
+    from megatron.core.datasets.gpt_dataset import GPTDataset
+    from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+    from megatron.core.datasets.utils import Split
+
+    from megatron.dynapipe.megatron_samples import fixed_length_samples, rank_microbatches
+
+    args = argparse.Namespace(
+        seed=7, seq_length=16, reset_position_ids=True, reset_attention_mask=True,
+        eod_mask_loss=True,
+    )  # fmt: skip
+    ours = fixed_length_samples(DATA, args, 30, "train")
+    builder = IndexedDatasetBuilder(str(tmp_path / "docs.bin"), dtype=np.int32)
+    for i in range(len(DATA)):
+        builder.add_document(DATA.tokens(i), [len(DATA.tokens(i))])
+    builder.finalize(str(tmp_path / "docs.idx"))
+    indexed = IndexedDataset(str(tmp_path / "docs"))
+    theirs = GPTDataset(indexed, None, np.arange(len(DATA), dtype=np.int32), 30, Split.train,
+                        ours.config)  # fmt: skip
+    assert len(ours) == len(theirs) >= 30
+    for i in range(len(ours)):
+        for key, value in theirs[i].items():
+            torch.testing.assert_close(ours[i][key], value, msg=f"sample {i} {key}")
+    # Megatron's sampler: rank 1 of 2 takes rows 2-3, then 6-7, of global batch 1 (8 samples).
+    mbs = rank_microbatches(ours, 1, global_batch_size=8, micro_batch_size=2, dp_rank=1, dp_size=2)
+    expected = [[10, 11], [14, 15]]
+    for mb, rows in zip(mbs, expected, strict=True):
+        torch.testing.assert_close(mb.tokens, torch.stack([ours[r]["tokens"] for r in rows]))

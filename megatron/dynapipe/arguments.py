@@ -35,7 +35,7 @@ import torch
 from dynapipe_planner.cluster import GPU_PRESETS
 from dynapipe_planner.planner import BATCHING, RECOMPUTE, SCHEDULES
 
-BASELINES = ("megatron-1f1b",)
+BASELINES = ("megatron-1f1b", "packing-1f1b")
 
 
 class ArgumentError(SystemExit):
@@ -81,10 +81,11 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         "--baseline",
         choices=BASELINES,
         default=None,
-        help="train a baseline instead of DynaPipe's executor: megatron-1f1b packs each global "
-        "batch into rows of exactly --seq-length tokens (first-fit-decreasing), "
-        "--micro-batch-size rows per micro-batch, run by megatron-core's own schedule "
-        "(get_forward_backward_func: 1F1B on PP>1); implies --batching packing",
+        help="train a baseline instead of DynaPipe's executor, through megatron-core's own "
+        "schedule (get_forward_backward_func: 1F1B on PP>1) with --micro-batch-size rows of "
+        "--seq-length tokens per micro-batch: megatron-1f1b trains Megatron's fixed-length "
+        "samples (megatron-core's GPTDataset over the same documents); packing-1f1b packs each "
+        "global batch's samples into rows first-fit-decreasing (implies --batching packing)",
     )
     g.add_argument(
         "--dynapipe-recompute",
@@ -435,9 +436,10 @@ def _check_dynapipe(args: argparse.Namespace, given: dict[str, str]) -> None:
             )
         if args.dynamic_micro_batching or args.batching not in (None, "packing"):
             raise ArgumentError(
-                f"--baseline {args.baseline} trains packing; drop the other batching"
+                f"--baseline {args.baseline} batches as Megatron does; drop the other batching"
             )
-        args.batching = "packing"
+        if args.baseline == "packing-1f1b":
+            args.batching = "packing"
     if args.dynamic_strategies or args.hetero_plan:
         if args.dynamic_strategies and args.hetero_plan:
             raise ArgumentError("--dynamic-strategies and --hetero-plan exclude each other")
@@ -465,10 +467,26 @@ def _check_dynapipe(args: argparse.Namespace, given: dict[str, str]) -> None:
         args.batching = "dynamic" if args.dynamic_micro_batching else "padding"
     if args.seq_length is None:
         raise ArgumentError("--seq-length is required (the longest training sequence)")
+    if args.baseline == "megatron-1f1b":
+        _megatron_global_batch(args)
     if "distributed_timeout_minutes" in given and "dynapipe_timeout" not in given:
         args.dynapipe_timeout = 60.0 * args.distributed_timeout_minutes  # Megatron's timeout
     _check_batch(args, given)
     _check_recompute(args, given)
+
+
+def _megatron_global_batch(args: argparse.Namespace) -> None:
+    """--baseline megatron-1f1b trains --global-batch-size fixed-length samples; a token budget
+    becomes that many whole samples. Either way it splits into micro-batches evenly."""
+    if args.tokens_per_global_batch is not None:
+        args.global_batch_size = args.tokens_per_global_batch // args.seq_length
+    per_step = args.micro_batch_size * args.data_parallel_size
+    if args.global_batch_size < per_step or args.global_batch_size % per_step:
+        raise ArgumentError(
+            f"--baseline megatron-1f1b: a global batch of {args.global_batch_size} samples of "
+            f"{args.seq_length} tokens does not split into micro-batches of "
+            f"{args.micro_batch_size} x {args.data_parallel_size} data-parallel ranks"
+        )
 
 
 def _check_batch(args: argparse.Namespace, given: dict[str, str]) -> None:

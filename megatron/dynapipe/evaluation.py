@@ -6,22 +6,27 @@ next as Megatron's validation iterator does. The batches are planned like traini
 the planning rank, and each rank runs its plan forward only (`PlanExecutor.run(...,
 forward_only=True)`: no autograd, no backward passes or gradient transfers), with dropout off.
 The loss is the per-token loss over all evaluated tokens, printed in Megatron's validation
-line with its perplexity.
+line with its perplexity. `--baseline megatron-1f1b` evaluates Megatron's fixed-length samples
+of the split instead (`FixedLengthEvaluator`), through megatron-core's schedule, forward only.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from megatron.core.datasets.gpt_dataset import GPTDataset
 
 from dynapipe_planner.service import PlannerRecipe
 
 from . import parallel_state as ps
 from .data import VariableLengthDataset, rank_microbatches
-from .executor import PlanExecutor
+from .executor import IterationResult, PlanExecutor
+from .megatron_baseline import MegatronFixedLengthBaseline
+from .megatron_samples import rank_microbatches as fixed_length_microbatches
 from .plan_distribution import PlanChannel
 from .plan_source import PLANNING_RANK
 
@@ -30,7 +35,8 @@ class Evaluator:
     """Evaluates one held-out split (`name`: "validation" or "test") on every rank.
 
     `recipe` builds the planner on the planning rank (None elsewhere); `store` is the job's
-    plan store, where evaluation plans travel under their own keys.
+    plan store, where evaluation plans travel under their own keys; `runner` runs plans
+    (`PlanExecutor`, or `MegatronPackingBaseline`).
     """
 
     def __init__(
@@ -40,12 +46,14 @@ class Evaluator:
         sampler,
         recipe: PlannerRecipe | None,
         store: dist.Store,
+        runner: PlanExecutor,
         *,
         iterations: int,
         timeout_s: float,
     ) -> None:
         rank, world = dist.get_rank(), dist.get_world_size()
         self.name, self.dataset, self.sampler, self.iterations = name, dataset, sampler, iterations
+        self.runner = runner
         self._planner = recipe.build() if recipe is not None else None
         self._channel = PlanChannel(
             store,
@@ -57,23 +65,17 @@ class Evaluator:
         )
         self._planned = 0  # plans published so far: the keys of this split's channel
 
-    def evaluate(self, executor: PlanExecutor, model: torch.nn.Module, tp: int) -> float:
+    def evaluate(self, model: torch.nn.Module) -> float:
         """The per-token loss of the next `iterations` batches of the split."""
-        loss_sum, tokens = 0.0, 0
-        model.eval()
-        try:
+
+        def batches() -> Iterator[IterationResult]:
             for _ in range(self.iterations):
                 _, batch = next(self.sampler)
                 plan = self._plan(batch)
-                batches = rank_microbatches(plan, ps.replica(), self.dataset)
-                result = executor.run(plan, batches, iteration=self._planned, forward_only=True)
-                loss_sum += result.loss_sum
-                tokens += result.num_tokens
-        finally:
-            model.train()
-        totals = torch.tensor([loss_sum, float(tokens)], dtype=torch.float64, device=_device())
-        dist.all_reduce(totals)
-        return float(totals[0]) / max(float(totals[1]), 1.0)  # TP shards repeat both alike
+                rows = rank_microbatches(plan, ps.replica(), self.dataset)
+                yield self.runner.run(plan, rows, iteration=self._planned, forward_only=True)
+
+        return _loss(model, batches())
 
     def _plan(self, batch: np.ndarray):
         key = self._planned
@@ -82,6 +84,58 @@ class Evaluator:
             lengths = self.dataset.lengths()[batch]
             self._channel.publish(key, self._planner.plan(lengths, batch))
         return self._channel.fetch(key)
+
+
+class FixedLengthEvaluator:
+    """Evaluates one held-out split of Megatron's fixed-length samples (a GPTDataset),
+    continuing through them from one evaluation to the next."""
+
+    def __init__(
+        self,
+        name: str,
+        samples: GPTDataset,
+        runner: MegatronFixedLengthBaseline,
+        *,
+        global_batch_size: int,
+        micro_batch_size: int,
+        iterations: int,
+    ) -> None:
+        self.name, self.samples, self.runner, self.iterations = name, samples, runner, iterations
+        self.global_batch_size, self.micro_batch_size = global_batch_size, micro_batch_size
+        self._next_batch = 0
+
+    def evaluate(self, model: torch.nn.Module) -> float:
+        """The per-token loss of the next `iterations` global batches of the split."""
+
+        def batches() -> Iterator[IterationResult]:
+            for _ in range(self.iterations):
+                rows = fixed_length_microbatches(
+                    self.samples,
+                    self._next_batch,
+                    global_batch_size=self.global_batch_size,
+                    micro_batch_size=self.micro_batch_size,
+                    dp_rank=ps.replica(),
+                    dp_size=ps.num_replicas(),
+                )
+                self._next_batch += 1
+                yield self.runner.run(rows, forward_only=True)
+
+        return _loss(model, batches())
+
+
+def _loss(model: torch.nn.Module, results: Iterator[IterationResult]) -> float:
+    """Per-token loss over `results` of every rank, run with the model in evaluation mode."""
+    loss_sum, tokens = 0.0, 0
+    model.eval()
+    try:
+        for result in results:
+            loss_sum += result.loss_sum
+            tokens += result.num_tokens
+    finally:
+        model.train()
+    totals = torch.tensor([loss_sum, float(tokens)], dtype=torch.float64, device=_device())
+    dist.all_reduce(totals)
+    return float(totals[0]) / max(float(totals[1]), 1.0)  # TP shards repeat both alike
 
 
 def validation_line(name: str, where: str, loss: float) -> str:

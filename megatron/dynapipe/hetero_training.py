@@ -57,6 +57,7 @@ from .data import rank_microbatches
 from .device_speed import parse_device_speed
 from .executor import PlanExecutor
 from .hetero_plan_file import load_hetero_plan
+from .iterations import global_batch_sampler
 from .liveness import Liveness
 from .model import build_stage_model, layout_free_tp, padded_vocab_size
 from .model_flags import dtype_name
@@ -70,7 +71,7 @@ from .strategy_candidates import (
 )
 from .strategy_models import StrategyModels
 from .strategy_switch import DisaggregatedOptimizer
-from .training import datasets, global_batch_sampler, log_rank0, read_checkpoint
+from .training import datasets, log_rank0, read_checkpoint
 
 TIMES = ("pull", "propagation", "push", "optimizer")
 

@@ -1,31 +1,32 @@
-"""The baseline DynaPipe is measured against, inside the same program: fixed-length packing run
-by megatron-core's own pipeline schedule (seed `dynapipe.txt` §2.2 "packing", §8 baselines).
+"""The baselines DynaPipe is measured against, inside the same program: megatron-core's own
+pipeline schedule (seed `dynapipe.txt` §2.2 "packing", §8 baselines).
 
-Megatron-LM trains variable-length data by packing samples into rows of exactly `--seq-length`
-tokens and running `--micro-batch-size` rows per micro-batch through
-`get_forward_backward_func()` (1F1B when PP > 1). Measuring DynaPipe against a separate program
-would compare two code bases; here both methods share the model, DDP, optimiser, data and loss,
-and differ only in what makes an iteration's forward and backward passes:
+Measuring DynaPipe against a separate program would compare two code bases; here every method
+shares the model, DDP, optimiser, data and loss, and differs only in what makes an iteration's
+forward and backward passes. Both baselines run `--micro-batch-size` rows of exactly
+`--seq-length` tokens per micro-batch through `get_forward_backward_func()` (1F1B when PP > 1),
+fixed shapes as megatron-core's schedule sends them (`variable_seq_lengths` off, as in
+Megatron-LM), with DDP's gradient reduction deferred to the last micro-batch and Megatron's
+per-token loss normalised by the global batch's real tokens in `finalize_model_grads`
+(`calculate_per_token_loss`), as in `PlanExecutor`. What the rows hold:
 
-- the rows are the planner's packing baseline (first-fit-decreasing,
-  `dynapipe_planner.microbatch.baselines.packing_groups`), read from the plan's micro-batch list;
-  the plan's schedule and communication are ignored, megatron-core's schedule decides both;
-- every micro-batch has exactly `micro_batch_size` rows of `seq_length` tokens, because
-  megatron-core's schedule sends fixed shapes (`variable_seq_lengths` off, as in Megatron-LM):
-  a global batch's last micro-batch is topped up with rows of padding (computed like any row;
-  the logged padding efficiency, real tokens / (packed rows x seq-length), leaves them out);
-- samples in a row are kept apart by block-diagonal causal masks and per-sample position ids
-  (`megatron.dynapipe.data`), which megatron-core's local attention computes in full;
-- activations are recomputed as the plan's `stats["recompute"]` says, as in `PlanExecutor`
-  (megatron-core's own recompute settings, which its schedule honours);
-- the loss is Megatron's per-token form, normalised by the global batch's real tokens in
-  `finalize_model_grads` (`calculate_per_token_loss`), as in `PlanExecutor`: for the same samples
-  both compute the same gradients.
+- `--baseline megatron-1f1b` (`MegatronFixedLengthBaseline`): what Megatron-LM trains,
+  megatron-core's GPTDataset windows over the concatenated documents (`megatron_samples`);
+  recomputation as Megatron's flags say (none by default);
+- `--baseline packing-1f1b` (`MegatronPackingBaseline`): the planner's packing baseline
+  (first-fit-decreasing, `dynapipe_planner.microbatch.baselines.packing_groups`), read from the
+  plan's micro-batch list, samples kept apart by block-diagonal causal masks and per-sample
+  position ids (`megatron.dynapipe.data`), which megatron-core's local attention computes in
+  full; a global batch's last micro-batch is topped up with rows of padding (computed like any
+  row; the logged padding efficiency, real tokens / (packed rows x seq-length), leaves them
+  out); the plan's schedule and communication are ignored, megatron-core's schedule decides
+  both; activations are recomputed as the plan's `stats["recompute"]` says. For the same
+  samples it computes the same gradients as `PlanExecutor`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -39,7 +40,66 @@ from .executor import IterationResult, PlanRejected, gpt_forward_step
 from .recompute import apply_recompute
 
 
-class MegatronPackingBaseline:
+class _MegatronSchedule:
+    """megatron-core's schedule over fixed-shape micro-batches of one stage model."""
+
+    def __init__(
+        self, model: torch.nn.Module, config: TransformerConfig, *, seq_length: int, rows: int
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.seq_length = seq_length
+        self.micro_batch_size = rows
+        # What Megatron-LM's training sets up for its schedule: fixed tensor shapes, and DDP's
+        # gradient reduction deferred to the last micro-batch.
+        config.variable_seq_lengths = False
+        config.no_sync_func = getattr(model, "no_sync", None)
+        self._forward_backward = get_forward_backward_func()
+
+    def _schedule(
+        self, microbatches: Sequence[MicroBatchTensors], forward_only: bool
+    ) -> IterationResult:
+        reports = self._forward_backward(
+            forward_step_func=gpt_forward_step,
+            data_iterator=iter(microbatches),
+            model=[self.model],
+            num_microbatches=len(microbatches),
+            seq_length=self.seq_length,
+            micro_batch_size=self.micro_batch_size,
+            forward_only=forward_only,
+        )
+        # Last stage only: one (loss sum, real tokens) report per micro-batch.
+        zero = torch.zeros(2, dtype=torch.float64)
+        totals = sum((r["lm loss"].double().cpu() for r in reports), zero)
+        return IterationResult(reports, round(float(totals[1])), float(totals[0]))
+
+
+class MegatronFixedLengthBaseline(_MegatronSchedule):
+    """Megatron's fixed-length samples (`megatron_samples.rank_microbatches`) through
+    megatron-core's schedule, recomputing activations in `recompute` mode throughout."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: TransformerConfig,
+        *,
+        seq_length: int,
+        micro_batch_size: int,
+        recompute: str,
+    ) -> None:
+        super().__init__(model, config, seq_length=seq_length, rows=micro_batch_size)
+        self.recompute = recompute
+        apply_recompute(model, config, recompute)
+
+    def run(
+        self, microbatches: Sequence[MicroBatchTensors], *, forward_only: bool = False
+    ) -> IterationResult:
+        """Forward and backward of this rank's micro-batches of a global batch, then
+        `finalize_model_grads`; the optimiser step is the caller's."""
+        return self._schedule(microbatches, forward_only)
+
+
+class MegatronPackingBaseline(_MegatronSchedule):
     """Runs a packing plan's micro-batches on this rank through megatron-core's schedule.
 
     A drop-in for `PlanExecutor` in the training loop: same `run(plan, batches)` and result.
@@ -54,16 +114,8 @@ class MegatronPackingBaseline:
         micro_batch_size: int,
         pad_id: int,
     ) -> None:
-        self.model = model
-        self.config = config
-        self.seq_length = seq_length
-        self.micro_batch_size = micro_batch_size
+        super().__init__(model, config, seq_length=seq_length, rows=micro_batch_size)
         self.pad_id = pad_id
-        # What Megatron-LM's training sets up for its schedule: fixed tensor shapes, and DDP's
-        # gradient reduction deferred to the last micro-batch.
-        config.variable_seq_lengths = False
-        config.no_sync_func = getattr(model, "no_sync", None)
-        self._forward_backward = get_forward_backward_func()
 
     def run(
         self,
@@ -89,16 +141,4 @@ class MegatronPackingBaseline:
             ordered.append(with_empty_rows(batches[mb.id], self.micro_batch_size, self.pad_id))
         if "recompute" in plan.stats and not forward_only:
             apply_recompute(self.model, self.config, plan.stats["recompute"])
-        reports = self._forward_backward(
-            forward_step_func=gpt_forward_step,
-            data_iterator=iter(ordered),
-            model=[self.model],
-            num_microbatches=len(ordered),
-            seq_length=self.seq_length,
-            micro_batch_size=self.micro_batch_size,
-            forward_only=forward_only,
-        )
-        # Last stage only: one (loss sum, real tokens) report per micro-batch.
-        zero = torch.zeros(2, dtype=torch.float64)
-        totals = sum((r["lm loss"].double().cpu() for r in reports), zero)
-        return IterationResult(reports, round(float(totals[1])), float(totals[0]))
+        return self._schedule(ordered, forward_only)

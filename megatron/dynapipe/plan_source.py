@@ -124,7 +124,7 @@ def open_plan_source(
     planning the sampler's batches from its current position up to `stop_iteration`; the other
     ranks pass None. Every rank must call this together (it exchanges the store's port)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    store = _open_store(rank, world, timeout_s)
+    store = open_store(rank, world, timeout_s)
     service = None
     if rank == PLANNING_RANK:
         if recipe is None:
@@ -151,7 +151,7 @@ def _work_items(
         yield iteration, lengths[batch], batch
 
 
-def _open_store(rank: int, world: int, timeout_s: float) -> dist.Store:
+def open_store(rank: int, world: int, timeout_s: float) -> dist.Store:
     """The plan store, served by the planning rank on a port the OS picks (a fixed one such as
     MASTER_PORT + 1 may be taken) and announced to the others over the world group."""
     if world == 1:

@@ -1,13 +1,14 @@
 """The training loop of `pretrain_gpt.py`: one plan per iteration, run by every rank's executor.
 
-Each iteration takes the next global batch (a token budget, not a sample count), gets its plan
+Each iteration takes the next global batch (a token budget or a sample count), gets its plan
 (micro-batches, schedule and communication of every pipeline; seed `dynapipe.txt` §3), planned
 ahead of time on rank 0 and fetched by the others (`plan_source`), builds this rank's
-micro-batch tensors from it, runs the plan, steps the optimiser and logs what a Megatron user
-watches plus what DynaPipe changes: real tokens/s, padding efficiency, the planner's predicted
-iteration time next to the measured one, the planner's time for the plan and how long training
-waited for it. A step that fails because a peer died names that rank and the iteration
-(`liveness`); every wait is bounded by `--dynapipe-timeout`.
+micro-batch tensors from it (`iterations`; `--baseline megatron-1f1b` takes Megatron's
+fixed-length samples instead, with no planner), runs it, steps the optimiser and logs what a
+Megatron user watches plus what DynaPipe changes: real tokens/s, padding efficiency, the
+planner's predicted iteration time next to the measured one, the planner's time for the plan
+and how long training waited for it. A step that fails because a peer died names that rank and
+the iteration (`liveness`); every wait is bounded by `--dynapipe-timeout`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import sys
 import time
 from collections.abc import Callable
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from megatron.core.distributed import DistributedDataParallel
@@ -35,15 +35,12 @@ from dynapipe_planner.plan import ExecutionPlan
 from . import checkpointing, cpu_compat
 from . import parallel_state as ps
 from .checkpointing import TrainState
-from .data import GlobalBatchSampler, rank_microbatches
 from .datasets import DataSplits, build_datasets
-from .device_speed import parse_device_speed
-from .evaluation import Evaluator, validation_line
-from .executor import PlanExecutor
+from .evaluation import validation_line
+from .iterations import Iteration, iterations_for
 from .liveness import Liveness
-from .megatron_baseline import MegatronPackingBaseline
 from .model import build_stage_model, padded_vocab_size
-from .plan_source import PLANNING_RANK, open_plan_source, planner_recipe
+from .plan_source import PLANNING_RANK
 from .tokenizer import build_tokenizer
 
 log = logging.getLogger("dynapipe")
@@ -101,17 +98,6 @@ def _world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
 
 
-def global_batch_sampler(
-    args: argparse.Namespace, lengths: np.ndarray, samples: int | None = None
-) -> GlobalBatchSampler:
-    """Global batches as the flags define them: a token budget (--tokens-per-global-batch) or
-    `samples` samples (default: Megatron's --global-batch-size)."""
-    if args.tokens_per_global_batch is not None:
-        return GlobalBatchSampler(lengths, args.tokens_per_global_batch, args.seed)
-    samples = samples or args.global_batch_size
-    return GlobalBatchSampler(lengths, seed=args.seed, samples_per_batch=samples)
-
-
 def datasets(args: argparse.Namespace) -> DataSplits:
     """The train, validation and test data the flags name, tokenized by their tokenizer."""
     return build_datasets(args, build_tokenizer(args))
@@ -138,21 +124,11 @@ def _train(
         log_rank0(rank, note)
     dataset = splits.train
     spec = spec_from_args(args, padded_vocab_size(args, dataset.vocab_size, tp))
-    sampler = global_batch_sampler(args, dataset.lengths())
     checkpoint = read_checkpoint(args, checkpointing.read)
-    if checkpoint is not None:
-        sampler.load_state_dict(checkpoint.sampler_state)
-    # Rank 0's planner workers start here and plan the first iterations while the model builds.
-    plans = open_plan_source(
-        planner_recipe(args, spec, ps.num_replicas()) if rank == PLANNING_RANK else None,
-        sampler,
-        dataset.lengths(),
-        stop_iteration=args.train_iters,
-        num_workers=args.planner_workers,
-        timeout_s=args.dynapipe_timeout,
-    )
-    liveness = Liveness(plans.store, rank, dist.get_world_size(), server_rank=PLANNING_RANK)
-    with plans, liveness:
+    sampler_state = checkpoint.sampler_state if checkpoint is not None else None
+    iterations = iterations_for(args, splits, spec, sampler_state)
+    liveness = Liveness(iterations.store, rank, dist.get_world_size(), server_rank=PLANNING_RANK)
+    with iterations, liveness:
         config, model, optimizer, scheduler = _model_and_optimizer(args, spec.vocab_size)
         state = TrainState()
         if checkpoint is not None:
@@ -161,25 +137,14 @@ def _train(
             log_rank0(rank, f"resumed from {args.load} at iteration {state.iteration}")
         cuda = torch.cuda.is_available()
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        if args.baseline == "megatron-1f1b":  # the plans' packed rows, megatron-core's schedule
-            executor = MegatronPackingBaseline(
-                model,
-                config,
-                seq_length=args.seq_length,
-                micro_batch_size=args.micro_batch_size,
-                pad_id=dataset.pad_id,
-            )
-        else:
-            executor = PlanExecutor.for_this_rank(
-                model, config, device=device, timeout_s=args.dynapipe_timeout
-            )
-            speeds = parse_device_speed(getattr(args, "device_speed", None), dist.get_world_size())
-            executor.slowdown = speeds[rank]
+        iterations.bind(model, config, device)
         log_rank0(rank, f"dataset {dataset.name}: {len(dataset)} samples; model {spec.to_dict()}")
-        evaluators = _evaluators(args, splits, spec, plans.store)
+        evaluators = iterations.evaluators()
+        if args.eval_iters > 0 and splits.valid is None and args.eval_interval:
+            log_rank0(rank, "--eval-interval: no validation data (see --split); not evaluating")
 
         def evaluate(split: str, where: str) -> None:
-            loss = evaluators[split].evaluate(executor, model, tp)
+            loss = evaluators[split].evaluate(model)
             log_rank0(rank, validation_line(split, where, loss))
 
         losses = []
@@ -188,15 +153,13 @@ def _train(
             gc.disable()
         while state.iteration < args.train_iters:
             iteration = state.iteration
-            _, batch = next(sampler)
-            plan, waited_s = plans.get(iteration, batch)
-            batches = rank_microbatches(plan, ps.replica(), dataset)
+            work = iterations.next(iteration)
             model.zero_grad_buffer()
             optimizer.zero_grad()
             started = time.perf_counter()
             with liveness.step(iteration):
-                with probe(iteration, plan) if probe else contextlib.nullcontext():
-                    result = executor.run(plan, batches, iteration=iteration)
+                with probe(iteration, work.plan) if probe else contextlib.nullcontext():
+                    result = work.run()
                 stepped, grad_norm, _ = optimizer.step()
                 if stepped:  # as Megatron: a step skipped for overflow does not advance the LR
                     scheduler.step(increment=args.global_batch_size)
@@ -206,7 +169,7 @@ def _train(
             state.iteration += 1
             state.consumed_tokens += tokens
             if state.iteration % args.log_interval == 0 or state.iteration == args.train_iters:
-                line = _iteration_line(args, state, plan.stats, loss, tokens, measured_s, waited_s)
+                line = _iteration_line(args, state, work, loss, tokens, measured_s)
                 lr = optimizer.param_groups[0]["lr"]
                 line += f" | learning rate {lr:.3E}"
                 if grad_norm is not None:
@@ -231,39 +194,13 @@ def _train(
                 or stop
             ):
                 with liveness.step(iteration):
-                    checkpointing.save(args.save, state, model, optimizer, scheduler, sampler)
+                    checkpointing.save(args.save, state, model, optimizer, scheduler, iterations)
             if stop:
                 log_rank0(rank, f"exiting after iteration {state.iteration}: {stop}")
                 return losses
         for split in evaluators:  # Megatron evaluates both held-out splits after training
             evaluate(split, f"iteration {state.iteration} on {split} set")
     return losses
-
-
-def _evaluators(args: argparse.Namespace, splits: DataSplits, spec, store) -> dict[str, Evaluator]:
-    """An evaluator per held-out split that has data, when --eval-iters asks for any."""
-    rank = dist.get_rank()
-    held_out = {"validation": splits.valid, "test": splits.test}
-    if args.eval_iters <= 0:
-        return {}
-    if splits.valid is None and args.eval_interval:
-        log_rank0(rank, "--eval-interval: no validation data (see --split); not evaluating")
-    evaluators = {}
-    for name, data in held_out.items():
-        if data is None:
-            continue
-        samples = args.eval_global_batch_size
-        recipe = planner_recipe(args, spec, ps.num_replicas()) if rank == PLANNING_RANK else None
-        evaluators[name] = Evaluator(
-            name,
-            data,
-            global_batch_sampler(args, data.lengths(), samples),
-            recipe,
-            store,
-            iterations=args.eval_iters,
-            timeout_s=args.dynapipe_timeout,
-        )
-    return evaluators
 
 
 def _exit_reason(args: argparse.Namespace, iteration: int, started_at: float) -> str | None:
@@ -293,21 +230,27 @@ def _model_and_optimizer(args: argparse.Namespace, vocab_size: int):
     return config, model, optimizer, scheduler
 
 
-def _iteration_line(args, state, stats, loss, tokens, measured_s, waited_s) -> str:
-    """`recompute`: the plan's recomputation mode; `planning`: the planner's time for this plan
-    (spent ahead of training when planner workers run); `waited`: how long the loop waited for
-    the plan (rank 0's view)."""
+def _iteration_line(args, state, work: Iteration, loss, tokens, measured_s) -> str:
+    """`recompute`: the recomputation mode; with a planner, `predicted` is the plan's iteration
+    time, `planning` the planner's time for this plan (spent ahead of training when planner
+    workers run) and `waited` how long the loop waited for the plan (rank 0's view)."""
+    stats = work.stats
     width = len(str(args.train_iters))
     done = state.iteration / args.train_iters
     bar = "#" * int(20 * done) + "." * (20 - int(20 * done))
-    return (
+    line = (
         f"[{bar}] iteration {state.iteration:>{width}}/{args.train_iters} | lm loss {loss:.4f} | "
         f"tokens/s {tokens / measured_s:,.0f} | padding eff {stats['padding_efficiency']:.3f} | "
         f"micro-batches {stats['num_microbatches']} | recompute {stats['recompute']} | "
-        f"iteration {measured_s * 1e3:,.0f} ms "
-        f"(predicted {stats['predicted_iteration_s'] * 1e3:,.0f} ms on {args.dynapipe_gpu}) | "
-        f"planning {stats['planning_time_s'] * 1e3:,.1f} ms (waited {waited_s * 1e3:,.1f} ms)"
+        f"iteration {measured_s * 1e3:,.0f} ms"
     )
+    if work.plan is not None:
+        line += (
+            f" (predicted {stats['predicted_iteration_s'] * 1e3:,.0f} ms on "
+            f"{args.dynapipe_gpu}) | planning {stats['planning_time_s'] * 1e3:,.1f} ms "
+            f"(waited {work.waited_s * 1e3:,.1f} ms)"
+        )
+    return line
 
 
 def log_rank0(rank: int, message: str) -> None:

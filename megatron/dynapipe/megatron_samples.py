@@ -1,0 +1,108 @@
+"""Megatron's fixed-length samples, what `--baseline megatron-1f1b` trains on.
+
+Megatron-LM pretrains on megatron-core's `GPTDataset`: the documents of a split are shuffled
+(per epoch, seeded), concatenated, and cut into windows of `--seq-length` + 1 tokens that
+ignore document boundaries (unless `--reset-attention-mask` / `--reset-position-ids` say
+otherwise, and `--eod-mask-loss` drops the loss on end-of-document tokens). The baseline builds
+those windows with that class, over the same split (and blend) DynaPipe trains on: each of the
+split's samples (a document, or a `--seq-length` chunk of a longer one, `data.py`) is one of
+the GPTDataset's documents, read through the low-level interface megatron-core's own mock
+data offers (`sequence_lengths`, `get`). The indices are built in memory on every rank from the
+seed, as megatron-core does for mock data, so no rank waits for another's cache files.
+
+Global batch k holds GPTDataset samples [k B, (k + 1) B); data-parallel rank r takes, of
+each run of `micro_batch_size` x DP samples, the r-th `micro_batch_size` (Megatron's
+pretraining sampler), so micro-batch j of rank r is samples
+k B + j (m DP) + r m ... + m - 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+from megatron.core.datasets.utils import Split
+
+from .data import MicroBatchTensors, SampleDataset
+
+
+class _SamplesAsDocuments:
+    """A split's samples as the documents of a GPTDataset (each with its n_i + 1 tokens)."""
+
+    def __init__(self, dataset: SampleDataset) -> None:
+        self._dataset = dataset
+        self.sequence_lengths = (np.asarray(dataset.lengths()) + 1).astype(np.int32)
+
+    def __len__(self) -> int:
+        return self.sequence_lengths.size
+
+    def get(self, idx: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+        end = None if length is None else offset + length
+        return self._dataset.tokens(int(idx))[offset:end]
+
+
+@dataclass(frozen=True)
+class _TokenIds:
+    """What GPTDatasetConfig reads of a tokenizer. There is no padding in the windows (every
+    token is real), so no token id stands for it."""
+
+    eod: int
+    vocab_size: int
+    pad: int = -1
+
+    @property
+    def unique_identifiers(self) -> dict[str, int]:
+        """Part of the dataset's description, as megatron-core's tokenizers give it."""
+        return {"eod": self.eod, "vocab_size": self.vocab_size}
+
+
+def fixed_length_samples(
+    dataset: SampleDataset, args: argparse.Namespace, num_samples: int, split: str
+) -> GPTDataset:
+    """megatron-core's GPTDataset of `num_samples` windows over `dataset` (split "train",
+    "valid" or "test"), with Megatron's flags for masks and positions."""
+    config = GPTDatasetConfig(
+        random_seed=args.seed,
+        sequence_length=args.seq_length,
+        tokenizer=_TokenIds(eod=dataset.eod_id, vocab_size=dataset.vocab_size),
+        reset_position_ids=args.reset_position_ids,
+        reset_attention_mask=args.reset_attention_mask,
+        eod_mask_loss=args.eod_mask_loss,
+    )  # no blend: megatron-core builds the indices in memory, caching nothing
+    documents = _SamplesAsDocuments(dataset)
+    indices = np.arange(len(documents), dtype=np.int32)
+    return GPTDataset(documents, None, indices, num_samples, Split[split], config)
+
+
+def microbatch(samples: list[dict[str, torch.Tensor]]) -> MicroBatchTensors:
+    """GPTDataset samples as one micro-batch of `megatron.dynapipe.data` tensors."""
+    loss_mask = torch.stack([s["loss_mask"] for s in samples]).float()
+    return MicroBatchTensors(
+        tokens=torch.stack([s["tokens"] for s in samples]),
+        labels=torch.stack([s["labels"] for s in samples]),
+        loss_mask=loss_mask,
+        position_ids=torch.stack([s["position_ids"] for s in samples]),
+        attention_mask=torch.stack([s["attention_mask"] for s in samples]),
+        num_tokens=int(loss_mask.sum()),
+    )
+
+
+def rank_microbatches(
+    samples: GPTDataset,
+    batch: int,
+    *,
+    global_batch_size: int,
+    micro_batch_size: int,
+    dp_rank: int,
+    dp_size: int,
+) -> list[MicroBatchTensors]:
+    """Data-parallel rank `dp_rank`'s micro-batches of global batch `batch` (module docstring)."""
+    start = batch * global_batch_size
+    stride = micro_batch_size * dp_size
+    return [
+        microbatch([samples[first + i] for i in range(micro_batch_size)])
+        for first in range(start + dp_rank * micro_batch_size, start + global_batch_size, stride)
+    ]
