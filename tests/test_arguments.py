@@ -43,7 +43,6 @@ def test_megatron_flags_keep_megatron_meaning_and_defaults() -> None:
             "--num-layers-per-virtual-pipeline-stage",
         ),
         (["--fp8-format", "hybrid"], "--fp8-format"),
-        (["--ckpt-format", "torch_dist"], "--ckpt-format"),
         (["--tensorboard-dir", "tb"], "--tensorboard-dir"),
         (["--sequence-parallel"], "--sequence-parallel"),
         (["--step-batch-size-schedule", "0:8"], "--step-batch-size-schedule"),

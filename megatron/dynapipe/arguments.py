@@ -316,9 +316,8 @@ _UNSUPPORTED: dict[str, str] = {
     "global batch size",
     "step_batch_size_schedule": "batch-size schedules are not supported yet: every iteration "
     "plans one global batch size (use --global-batch-size)",
-    "ckpt_format": "checkpoints are written in DynaPipe's own format until dist_checkpointing "
-    "lands; drop --ckpt-format",
-    "use_checkpoint_args": "DynaPipe's checkpoints do not store arguments; give the model flags",
+    "use_checkpoint_args": "taking the model flags from a checkpoint is not supported yet; give "
+    "the model flags",
     "yaml_cfg": "YAML configs are not supported; give flags",
     "tensorboard_dir": "TensorBoard logging is not implemented; the iteration lines carry the "
     "metrics",
@@ -332,8 +331,6 @@ _UNSUPPORTED: dict[str, str] = {
     "use_megatron_fsdp": "Megatron FSDP is not supported by DynaPipe's executor",
     "use_torch_fsdp2": "torch FSDP2 is not supported by DynaPipe's executor",
 }
-# Refused with any value, Megatron's default included: DynaPipe writes none of these formats.
-_REFUSED_WITH_ANY_VALUE = frozenset({"ckpt_format"})
 
 
 def unsupported(
@@ -342,9 +339,7 @@ def unsupported(
     """Stop on the first flag given on purpose that this runtime cannot honour."""
     defaults = _parser(extra_args_provider)[1]
     for dest, why in _UNSUPPORTED.items():
-        if dest in given and (
-            dest in _REFUSED_WITH_ANY_VALUE or getattr(args, dest) != defaults[dest]
-        ):
+        if dest in given and getattr(args, dest) != defaults[dest]:
             raise ArgumentError(f"{given[dest]}: {why}")
 
 

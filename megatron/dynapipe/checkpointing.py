@@ -1,21 +1,36 @@
-"""Save and resume training: weights, optimiser, LR schedule, data position and RNG, per rank.
+"""Save and resume training in Megatron-LM's checkpoint format, with Megatron's own code.
 
-Layout (Megatron-like): `<dir>/iter_<NNNNNNN>/rank_<RRRRR>.pt` and `<dir>/latest_iteration.txt`.
-Each rank writes its own shard to a temporary name and renames it, and rank 0 moves the
-`latest` marker only after every rank has finished, so a crash mid-save leaves the previous
-checkpoint in force. The data sampler's position is saved too: a resumed run sees exactly the
-global batches the uninterrupted run would have seen.
+`save` hands the model, optimiser and LR schedule to `megatron.training.checkpointing.
+save_checkpoint`: with `--ckpt-format torch_dist` (Megatron's default) that is a megatron-core
+`dist_checkpointing` directory `<save>/iter_<NNNNNNN>/` built from the model's and optimiser's
+`sharded_state_dict`, and `<save>/latest_checkpointed_iteration.txt`; `--ckpt-format torch`
+writes Megatron's legacy `mp_rank_*/model_optim_rng.pt` files. `load` hands the same objects to
+Megatron's `load_checkpoint`. A Megatron-LM run therefore continues under DynaPipe, a DynaPipe
+run continues under Megatron-LM, and megatron-core's `dist_checkpointing.load` reads the
+weights into a freshly built model. Megatron writes the tracker file only after every rank has
+written its part, so a save that dies half-way leaves the previous checkpoint in force.
+
+The data position lives where Megatron keeps it, in the saved arguments: `consumed_train_samples`
+(Megatron's), plus DynaPipe's sampler place (`dynapipe_data_position`: global batches of a
+token budget vary in size, so a sample count alone does not locate them) and the real tokens
+consumed. `resume_point` reads them before the model exists, so planning starts while the
+model is built. A checkpoint without DynaPipe's position (written by Megatron-LM) resumes the
+sampler at the checkpoint's iteration.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+# The files of DynaPipe's layout-independent checkpoints (heterogeneous jobs, `hetero`).
 LATEST = "latest_iteration.txt"
 
 
@@ -24,41 +39,184 @@ class TrainState:
     """Where training stands, besides the weights and the optimiser."""
 
     iteration: int = 0
+    consumed_samples: int = 0
     consumed_tokens: int = 0
+    floating_point_operations: float = 0.0
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, truncated or from a different job layout; names the path."""
 
 
-def _shard_path(directory: Path, iteration: int, rank: int) -> Path:
-    return directory / f"iter_{iteration:07d}" / f"rank_{rank:05d}.pt"
+@dataclass(frozen=True)
+class ResumePoint:
+    """A checkpoint's place in training, read before the model is built."""
+
+    directory: Path
+    state: TrainState
+    data_position: dict | None  # DynaPipe's sampler place; None in Megatron-LM's checkpoints
+
+
+def _megatron():
+    from megatron.training import checkpointing
+
+    return checkpointing
+
+
+def has_checkpoint(directory: str | os.PathLike) -> bool:
+    """Whether `directory` holds a Megatron-format checkpoint (its tracker file)."""
+    return _megatron().checkpoint_exists(str(directory))
+
+
+def resume_point(args: argparse.Namespace) -> ResumePoint | None:
+    """The checkpoint `--load` names, or None to start from scratch: no --load, or (as
+    Megatron does) a --load directory without a checkpoint yet."""
+    if not args.load:
+        return None
+    directory = Path(args.load)
+    if not has_checkpoint(directory):
+        if (directory / LATEST).is_file():
+            raise CheckpointError(
+                f"--load {directory} holds a heterogeneous job's layout-independent checkpoint; "
+                "resume it with --dynamic-strategies or --hetero-plan"
+            )
+        if args.exit_on_missing_checkpoint:
+            raise CheckpointError(f"--load {directory}: no checkpoint there")
+        return None
+    saved = _saved_args(directory)
+    state = TrainState(
+        iteration=int(getattr(saved, "iteration", 0) or 0),
+        consumed_samples=int(getattr(saved, "consumed_train_samples", 0) or 0),
+        consumed_tokens=int(getattr(saved, "dynapipe_consumed_tokens", 0) or 0),
+    )
+    return ResumePoint(directory, state, getattr(saved, "dynapipe_data_position", None))
+
+
+def _tracked_iteration(directory: Path) -> tuple[int, bool]:
+    """The iteration (or release) Megatron's tracker file names; a bad one is named."""
+    tracker = Path(_megatron().get_checkpoint_tracker_filename(str(directory)))
+    text = tracker.read_text().strip()
+    if text == "release":
+        return 0, True
+    try:
+        iteration = int(text)
+    except ValueError:
+        iteration = -1
+    if iteration < 0:
+        raise CheckpointError(f"{tracker} does not hold an iteration number: {text[:40]!r}")
+    return iteration, False
+
+
+def _saved_args(directory: Path) -> argparse.Namespace:
+    """The arguments (and iteration) the latest checkpoint in `directory` was saved with,
+    read without the model: the common state of a dist_checkpointing directory, or the first
+    legacy file. Both are unpickled with `weights_only=True` (megatron-core registers the
+    argument types as safe)."""
+    from megatron.core import dist_checkpointing
+
+    iteration, release = _tracked_iteration(directory)
+    base = Path(
+        _megatron().get_checkpoint_name(str(directory), iteration, release, return_base_dir=True)
+    )
+    if not base.is_dir():
+        raise CheckpointError(f"checkpoint directory {base} is missing")
+    with _named(base):
+        if dist_checkpointing.check_is_distributed_checkpoint(str(base)):
+            common = dist_checkpointing.load_common_state_dict(str(base))
+        else:
+            first = _megatron().find_checkpoint_rank_0(str(directory), iteration, release)
+            if first is None:
+                raise CheckpointError(f"{base} holds neither a torch_dist nor a torch checkpoint")
+            common = torch.load(first, map_location="cpu", weights_only=True)
+    saved = common.get("args") or argparse.Namespace()
+    saved.iteration = 0 if release else common.get("iteration", iteration)
+    return saved
+
+
+@contextlib.contextmanager
+def _named(path: Path) -> Iterator[None]:
+    """Any failure to read `path` becomes a CheckpointError naming it, or the damaged file in
+    it (a torch_dist shard shorter than its metadata says). torch.distributed.checkpoint's
+    CheckpointException is a BaseException, and Megatron's loader calls sys.exit on some bad
+    checkpoints; both are caught too."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except (Exception, CheckpointException, SystemExit) as err:  # many types for bad files
+        damaged = _damaged_file(path)
+        if damaged is not None:
+            raise CheckpointError(
+                f"checkpoint {damaged} is corrupt: shorter than {path / '.metadata'} records"
+            ) from err
+        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise CheckpointError(f"checkpoint {path} cannot be loaded: {first_line}") from err
+
+
+def _damaged_file(base: Path) -> Path | None:
+    """The first file of a torch_dist directory shorter than its `.metadata` records."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    if not (base / ".metadata").is_file():
+        return None
+    try:
+        storage = FileSystemReader(str(base)).read_metadata().storage_data
+    except Exception:
+        return base / ".metadata"
+    needed: dict[str, int] = {}
+    for info in storage.values():
+        needed[info.relative_path] = max(
+            needed.get(info.relative_path, 0), info.offset + info.length
+        )
+    for name, size in sorted(needed.items()):
+        path = base / name
+        if not path.is_file() or path.stat().st_size < size:
+            return path
+    return None
 
 
 def save(
-    directory: str | os.PathLike, state: TrainState, model, optimizer, scheduler, sampler
-) -> Path:
-    """Write this rank's shard of iteration `state.iteration`; returns its path."""
-    directory = Path(directory)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    path = _shard_path(directory, state.iteration, rank)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "iteration": state.iteration,
-        "consumed_tokens": state.consumed_tokens,
-        "world_size": world,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "sampler": sampler.state_dict(),
-        "rng": rng_state(),
-    }
-    save_atomically(payload, path)
+    args: argparse.Namespace,
+    state: TrainState,
+    model: torch.nn.Module,
+    optimizer,
+    scheduler,
+    data_position: dict | None,
+) -> None:
+    """Megatron's save_checkpoint of iteration `state.iteration` (a collective)."""
+    args.consumed_train_samples = state.consumed_samples
+    args.dynapipe_consumed_tokens = state.consumed_tokens
+    args.dynapipe_data_position = data_position
+    _megatron().save_checkpoint(
+        state.iteration, [model], optimizer, scheduler, state.floating_point_operations
+    )
+
+
+def load(
+    args: argparse.Namespace, point: ResumePoint, model: torch.nn.Module, optimizer, scheduler
+) -> TrainState:
+    """Megatron's load_checkpoint: weights, optimiser, LR schedule and random streams."""
+    base = Path(
+        _megatron().get_checkpoint_name(
+            str(point.directory), point.state.iteration, False, return_base_dir=True
+        )
+    )
+    with _named(base):
+        iteration, flops = _megatron().load_checkpoint([model], optimizer, scheduler)
+    if iteration != point.state.iteration:
+        raise CheckpointError(
+            f"{point.directory} changed while loading: iteration {point.state.iteration} was "
+            f"tracked, {iteration} loaded"
+        )
     dist.barrier()
-    if rank == 0:
-        mark_latest(directory, state.iteration)
-    dist.barrier()
-    return path
+    return TrainState(
+        iteration,
+        point.state.consumed_samples,
+        point.state.consumed_tokens,
+        float(flops or 0.0),
+    )
 
 
 def rng_state() -> dict:
@@ -84,92 +242,3 @@ def set_rng_state(state: dict) -> None:
         tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
-
-
-def save_atomically(payload: dict, path: Path) -> None:
-    """torch.save next to `path`, then rename: a crash never leaves half a checkpoint."""
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
-
-
-def mark_latest(directory: Path, iteration: int) -> None:
-    """Point `LATEST` at `iteration` (atomically), once its files are all written."""
-    marker = directory / LATEST
-    tmp_marker = marker.with_suffix(".tmp")
-    tmp_marker.write_text(f"{iteration}\n")
-    os.replace(tmp_marker, marker)
-
-
-@dataclass
-class ReadCheckpoint:
-    """A checkpoint file read but not yet applied: the data position is needed before the
-    model exists, so that planning can start while the model is built."""
-
-    path: Path
-    payload: dict
-
-    @property
-    def state(self) -> TrainState:
-        return TrainState(self.payload["iteration"], self.payload["consumed_tokens"])
-
-    @property
-    def sampler_state(self) -> dict:
-        return self.payload["sampler"]
-
-
-class Checkpoint(ReadCheckpoint):
-    """One rank's shard of a homogeneous job."""
-
-    def restore(self, model, optimizer, scheduler) -> None:
-        """Load weights, optimiser, LR schedule and the RNG (after the model drew its init)."""
-        model.load_state_dict(self.payload["model"])
-        optimizer.load_state_dict(self.payload["optimizer"])
-        scheduler.load_state_dict(self.payload["scheduler"])
-        set_rng_state(self.payload["rng"])
-
-
-def has_checkpoint(directory: str | os.PathLike) -> bool:
-    """Whether `directory` holds a checkpoint (its `LATEST` marker)."""
-    return (Path(directory) / LATEST).is_file()
-
-
-def latest_iteration(directory: Path) -> int:
-    """The iteration `LATEST` names in `directory`."""
-    marker = directory / LATEST
-    try:
-        return int(marker.read_text().strip())
-    except FileNotFoundError as err:
-        raise CheckpointError(f"no checkpoint in {directory}: {marker} is missing") from err
-    except ValueError as err:
-        raise CheckpointError(f"{marker} does not hold an iteration number") from err
-
-
-def load_payload(path: Path, what: str) -> dict:
-    """torch.load a checkpoint file; a missing or damaged one is a CheckpointError naming it."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except FileNotFoundError as err:
-        raise CheckpointError(f"{what} {path} is missing") from err
-    except Exception as err:  # torch raises several types for a truncated or foreign file
-        raise CheckpointError(f"{what} {path} is corrupt: {err}") from err
-
-
-def read(directory: str | os.PathLike) -> Checkpoint:
-    """This rank's shard of the latest checkpoint in `directory`."""
-    directory = Path(directory)
-    iteration = latest_iteration(directory)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    path = _shard_path(directory, iteration, rank)
-    if not path.exists() and (path.parent / "full_state.pt").exists():
-        raise CheckpointError(
-            f"{path.parent} holds a heterogeneous job's full_state.pt; resume it with "
-            "--dynamic-strategies or --hetero-plan"
-        )
-    payload = load_payload(path, "checkpoint shard")
-    if payload.get("world_size") != world:
-        raise CheckpointError(
-            f"checkpoint {path} was written by {payload.get('world_size')} ranks, this job has "
-            f"{world}"
-        )
-    return Checkpoint(path, payload)

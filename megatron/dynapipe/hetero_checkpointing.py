@@ -10,34 +10,27 @@ Every rank's random streams (dropout) are saved too; a job of the same rank coun
 starts them from the seed, and says so. A job whose TP degrees pad the vocabulary differently
 gets the padding rows fitted (`strategy_switch.fit_vocab_rows`), and says so too.
 
-Layout: the homogeneous checkpoints' directory (`<dir>/iter_<NNNNNNN>/`, `<dir>/latest_
-iteration.txt`, see `checkpointing`), with one file `full_state.pt` written by rank 0 under a
-temporary name and renamed, the `latest` marker moved only after that, so a crash mid-save
-leaves the previous checkpoint in force. Every rank reads the same file on resume.
+Layout: `<dir>/iter_<NNNNNNN>/` and `<dir>/latest_iteration.txt`, with one file
+`full_state.pt` written by rank 0 under a temporary name and renamed, the `latest` marker moved
+only after that, so a crash mid-save leaves the previous checkpoint in force. Every rank
+reads the same file on resume.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
-from .checkpointing import (
-    CheckpointError,
-    ReadCheckpoint,
-    TrainState,
-    latest_iteration,
-    load_payload,
-    mark_latest,
-    rng_state,
-    save_atomically,
-    set_rng_state,
-)
+from .checkpointing import LATEST, CheckpointError, TrainState, rng_state, set_rng_state
 from .strategy_switch import DisaggregatedOptimizer
 
 FULL_STATE = "full_state.pt"
 FORMAT = "dynapipe-full-fp32-v1"
+MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"  # a homogeneous job's checkpoint
 
 
 def _path(directory: Path, iteration: int) -> Path:
@@ -74,8 +67,63 @@ def save(
     return path
 
 
-class FullCheckpoint(ReadCheckpoint):
-    """A layout-independent checkpoint: full master weights and optimiser states."""
+def save_atomically(payload: dict, path: Path) -> None:
+    """torch.save next to `path`, then rename: a crash never leaves half a checkpoint."""
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def mark_latest(directory: Path, iteration: int) -> None:
+    """Point `LATEST` at `iteration` (atomically), once its files are all written."""
+    marker = directory / LATEST
+    tmp_marker = marker.with_suffix(".tmp")
+    tmp_marker.write_text(f"{iteration}\n")
+    os.replace(tmp_marker, marker)
+
+
+def has_checkpoint(directory: str | os.PathLike) -> bool:
+    """Whether `directory` holds a layout-independent checkpoint (its `LATEST` marker)."""
+    return (Path(directory) / LATEST).is_file()
+
+
+def latest_iteration(directory: Path) -> int:
+    """The iteration `LATEST` names in `directory`."""
+    marker = directory / LATEST
+    try:
+        return int(marker.read_text().strip())
+    except FileNotFoundError as err:
+        raise CheckpointError(f"no checkpoint in {directory}: {marker} is missing") from err
+    except ValueError as err:
+        raise CheckpointError(f"{marker} does not hold an iteration number") from err
+
+
+def load_payload(path: Path, what: str) -> dict:
+    """torch.load a checkpoint file; a missing or damaged one is a CheckpointError naming it."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except FileNotFoundError as err:
+        raise CheckpointError(f"{what} {path} is missing") from err
+    except Exception as err:  # torch raises several types for a truncated or foreign file
+        raise CheckpointError(f"{what} {path} is corrupt: {err}") from err
+
+
+@dataclass
+class FullCheckpoint:
+    """A layout-independent checkpoint read but not yet applied: full master weights and
+    optimiser states, and the data position (needed before the model exists)."""
+
+    path: Path
+    payload: dict
+
+    @property
+    def state(self) -> TrainState:
+        payload = self.payload
+        return TrainState(payload["iteration"], consumed_tokens=payload["consumed_tokens"])
+
+    @property
+    def sampler_state(self) -> dict:
+        return self.payload["sampler"]
 
     def restore(self, optimizer: DisaggregatedOptimizer) -> list[str]:
         """This rank's rows of the master weights and AdamW states (the vocabulary's padding
@@ -97,15 +145,28 @@ class FullCheckpoint(ReadCheckpoint):
         return notes
 
 
+def read_latest(args) -> FullCheckpoint | None:
+    """The checkpoint `--load` names, or None to start from scratch: no --load, or (as
+    Megatron does) a --load directory without a checkpoint yet."""
+    if not args.load:
+        return None
+    directory = Path(args.load)
+    if not has_checkpoint(directory) and not (directory / MEGATRON_TRACKER).exists():
+        if args.exit_on_missing_checkpoint:
+            raise CheckpointError(f"--load {directory}: no checkpoint there")
+        return None
+    return read(directory)
+
+
 def read(directory: str | os.PathLike) -> FullCheckpoint:
     """The latest layout-independent checkpoint in `directory`."""
     directory = Path(directory)
-    path = _path(directory, latest_iteration(directory))
-    if not path.exists() and (path.parent / "rank_00000.pt").exists():
+    if (directory / MEGATRON_TRACKER).exists() and not has_checkpoint(directory):
         raise CheckpointError(
-            f"{path.parent} holds a homogeneous job's per-rank shards; a heterogeneous job "
+            f"{directory} holds a homogeneous job's Megatron checkpoint; a heterogeneous job "
             f"resumes from {FULL_STATE} (layout-independent) checkpoints only"
         )
+    path = _path(directory, latest_iteration(directory))
     payload = load_payload(path, "checkpoint")
     if payload.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path} is not a {FORMAT} checkpoint")

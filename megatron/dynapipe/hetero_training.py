@@ -71,7 +71,7 @@ from .strategy_candidates import (
 )
 from .strategy_models import StrategyModels
 from .strategy_switch import DisaggregatedOptimizer
-from .training import datasets, log_rank0, read_checkpoint
+from .training import datasets, log_rank0
 
 TIMES = ("pull", "propagation", "push", "optimizer")
 
@@ -237,7 +237,7 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
     listed = "; ".join(f"{k}: {n}" for k, n in enumerate(names))
     log_rank0(rank, f"{len(names)} strategies: {listed}")
     sampler = global_batch_sampler(args, dataset.lengths())
-    checkpoint = read_checkpoint(args, hetero_checkpointing.read)
+    checkpoint = hetero_checkpointing.read_latest(args)
     if checkpoint is not None:
         sampler.load_state_dict(checkpoint.sampler_state)
     plans = open_plan_source(

@@ -11,7 +11,7 @@ evaluation, early exits); the methods differ in how an iteration's work is made:
   samples (`megatron_samples`) run by megatron-core's schedule; no planner runs.
 
 Both offer the same: `bind` (the runner, once the model exists), `next(iteration)`, the data
-position a checkpoint keeps (`state_dict`) and the held-out evaluators.
+position a checkpoint keeps (`data_position`) and the held-out evaluators.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dynapipe_planner.model_spec import ModelSpec
 from dynapipe_planner.plan import ExecutionPlan
 
 from . import parallel_state as ps
-from .checkpointing import CheckpointError
+from .checkpointing import CheckpointError, ResumePoint
 from .data import GlobalBatchSampler, rank_microbatches
 from .datasets import DataSplits
 from .device_speed import parse_device_speed
@@ -48,6 +48,7 @@ class Iteration:
 
     run: Callable[[], IterationResult]
     stats: dict[str, Any]
+    samples: int
     waited_s: float = 0.0
     plan: ExecutionPlan | None = None
 
@@ -67,20 +68,25 @@ class PlannedIterations:
     """DynaPipe's iterations (and packing-1f1b's): one plan per global batch.
 
     Rank 0's planner workers start when this is built and plan ahead of training while the
-    model is built. `sampler_state` resumes the data order of a checkpoint."""
+    model is built. `resume` continues the data order of a checkpoint: at DynaPipe's saved
+    sampler place, or (a checkpoint written by Megatron-LM) after as many global batches as it
+    trained."""
 
     def __init__(
         self,
         args: argparse.Namespace,
         splits: DataSplits,
         spec: ModelSpec,
-        sampler_state: dict | None = None,
+        resume: ResumePoint | None = None,
     ) -> None:
         self.args, self.splits, self.spec = args, splits, spec
         self.dataset = splits.train
         self.sampler = global_batch_sampler(args, self.dataset.lengths())
-        if sampler_state is not None:
-            self.sampler.load_state_dict(sampler_state)
+        if resume is not None and resume.data_position is not None:
+            self.sampler.load_state_dict(resume.data_position)
+        elif resume is not None:
+            for _ in range(resume.state.iteration):
+                next(self.sampler)
         self.plans = open_plan_source(
             self._recipe(),
             self.sampler,
@@ -130,11 +136,13 @@ class PlannedIterations:
         return Iteration(
             lambda: self.runner.run(plan, batches, iteration=iteration),
             plan.stats,
+            len(batch),
             waited_s,
             plan,
         )
 
-    def state_dict(self) -> dict:
+    def data_position(self) -> dict:
+        """The sampler's place, kept in a checkpoint's arguments."""
         return self.sampler.state_dict()
 
     def evaluators(self) -> dict[str, Evaluator]:
@@ -162,21 +170,20 @@ class MegatronIterations:
     [k B, (k + 1) B) of megatron-core's GPTDataset, B = --global-batch-size."""
 
     def __init__(
-        self, args: argparse.Namespace, splits: DataSplits, sampler_state: dict | None = None
+        self, args: argparse.Namespace, splits: DataSplits, resume: ResumePoint | None = None
     ) -> None:
         self.args, self.splits = args, splits
         self.batch_size = args.global_batch_size
         self.samples = fixed_length_samples(
             splits.train, args, args.train_iters * self.batch_size, "train"
         )
-        if sampler_state is not None and "consumed_samples" not in sampler_state:
+        if resume is not None and resume.data_position is not None:
             raise CheckpointError(
-                "--baseline megatron-1f1b resumes from its own checkpoints only (this one holds "
-                "DynaPipe's sampler position)"
+                f"--baseline megatron-1f1b: {resume.directory} holds DynaPipe's variable-length "
+                "data order, not Megatron's fixed-length samples"
             )
         self.store = open_store(dist.get_rank(), dist.get_world_size(), args.dynapipe_timeout)
         self.runner: MegatronFixedLengthBaseline | None = None
-        self._consumed = 0
 
     def __enter__(self) -> MegatronIterations:
         return self
@@ -203,16 +210,17 @@ class MegatronIterations:
             dp_rank=ps.replica(),
             dp_size=ps.num_replicas(),
         )
-        self._consumed = (iteration + 1) * self.batch_size
         stats = {
             "padding_efficiency": 1.0,  # every position of a window is a real token
             "num_microbatches": self.batch_size // self.args.micro_batch_size,
             "recompute": self.runner.recompute,
         }
-        return Iteration(lambda: self.runner.run(microbatches), stats)
+        return Iteration(lambda: self.runner.run(microbatches), stats, self.batch_size)
 
-    def state_dict(self) -> dict:
-        return {"consumed_samples": self._consumed}
+    def data_position(self) -> None:
+        """Megatron's data position is its consumed sample count (global batch k is samples
+        [k B, (k + 1) B)): nothing beyond Megatron's own checkpoint fields."""
+        return None
 
     def evaluators(self) -> dict[str, FixedLengthEvaluator]:
         """An evaluator per held-out split with data, over its own fixed-length samples: every
@@ -239,9 +247,9 @@ class MegatronIterations:
 
 
 def iterations_for(
-    args: argparse.Namespace, splits: DataSplits, spec: ModelSpec, sampler_state: dict | None
+    args: argparse.Namespace, splits: DataSplits, spec: ModelSpec, resume: ResumePoint | None
 ) -> PlannedIterations | MegatronIterations:
     """The iterations the flags ask for."""
     if args.baseline == "megatron-1f1b":
-        return MegatronIterations(args, splits, sampler_state)
-    return PlannedIterations(args, splits, spec, sampler_state)
+        return MegatronIterations(args, splits, resume)
+    return PlannedIterations(args, splits, spec, resume)

@@ -48,7 +48,13 @@ log = logging.getLogger("dynapipe")
 
 def _optimizer(args: argparse.Namespace, model: torch.nn.Module):
     """Megatron's optimiser and LR/weight-decay schedule, built from the flags by Megatron's own
-    helpers (`get_megatron_optimizer_config`, `get_optimizer_param_scheduler`)."""
+    helpers (`get_megatron_optimizer_config`, `get_optimizer_param_scheduler`). Megatron's
+    scheduler and checkpointing read the flags from its global, and its checkpoint loader
+    updates the micro-batch calculator (unused by DynaPipe's plans, kept at the flags' sizes)."""
+    from megatron.core.num_microbatches_calculator import (
+        destroy_num_microbatches_calculator,
+        init_num_microbatches_calculator,
+    )
     from megatron.training.global_vars import set_args
     from megatron.training.training import (
         get_megatron_optimizer_config,
@@ -57,7 +63,16 @@ def _optimizer(args: argparse.Namespace, model: torch.nn.Module):
 
     config, overrides = get_megatron_optimizer_config(args)
     optimizer = get_megatron_optimizer(config, [model], config_overrides=overrides)
-    set_args(args)  # Megatron's scheduler reads the flags from its global
+    set_args(args)
+    destroy_num_microbatches_calculator()
+    init_num_microbatches_calculator(
+        args.rank,
+        args.rampup_batch_size,
+        args.global_batch_size,
+        args.micro_batch_size,
+        args.data_parallel_size,
+        args.decrease_batch_size_if_needed,
+    )
     return optimizer, get_optimizer_param_scheduler(optimizer)
 
 
@@ -103,19 +118,6 @@ def datasets(args: argparse.Namespace) -> DataSplits:
     return build_datasets(args, build_tokenizer(args))
 
 
-def read_checkpoint(args: argparse.Namespace, read: Callable):
-    """The checkpoint `--load` names, or None to start from scratch: no --load, or (as
-    Megatron does) a --load directory without a checkpoint yet."""
-    if not args.load:
-        return None
-    if not checkpointing.has_checkpoint(args.load):
-        if args.exit_on_missing_checkpoint:
-            raise checkpointing.CheckpointError(f"--load {args.load}: no checkpoint there")
-        log_rank0(dist.get_rank(), f"no checkpoint in {args.load}: starting from scratch")
-        return None
-    return read(args.load)
-
-
 def _train(
     args: argparse.Namespace, splits: DataSplits, tp: int, probe: IterationProbe | None
 ) -> list[float]:
@@ -124,16 +126,16 @@ def _train(
         log_rank0(rank, note)
     dataset = splits.train
     spec = spec_from_args(args, padded_vocab_size(args, dataset.vocab_size, tp))
-    checkpoint = read_checkpoint(args, checkpointing.read)
-    sampler_state = checkpoint.sampler_state if checkpoint is not None else None
-    iterations = iterations_for(args, splits, spec, sampler_state)
+    resume = checkpointing.resume_point(args)
+    if args.load and resume is None:
+        log_rank0(rank, f"no checkpoint in {args.load}: starting from scratch")
+    iterations = iterations_for(args, splits, spec, resume)
     liveness = Liveness(iterations.store, rank, dist.get_world_size(), server_rank=PLANNING_RANK)
     with iterations, liveness:
         config, model, optimizer, scheduler = _model_and_optimizer(args, spec.vocab_size)
         state = TrainState()
-        if checkpoint is not None:
-            checkpoint.restore(model, optimizer, scheduler)
-            state = checkpoint.state
+        if resume is not None:
+            state = checkpointing.load(args, resume, model, optimizer, scheduler)
             log_rank0(rank, f"resumed from {args.load} at iteration {state.iteration}")
         cuda = torch.cuda.is_available()
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
@@ -167,6 +169,7 @@ def _train(
                 loss, tokens = _global_loss(result.loss_sum, result.num_tokens, tp)
             losses.append(loss)
             state.iteration += 1
+            state.consumed_samples += work.samples
             state.consumed_tokens += tokens
             if state.iteration % args.log_interval == 0 or state.iteration == args.train_iters:
                 line = _iteration_line(args, state, work, loss, tokens, measured_s)
@@ -194,7 +197,9 @@ def _train(
                 or stop
             ):
                 with liveness.step(iteration):
-                    checkpointing.save(args.save, state, model, optimizer, scheduler, iterations)
+                    checkpointing.save(
+                        args, state, model, optimizer, scheduler, iterations.data_position()
+                    )
             if stop:
                 log_rank0(rank, f"exiting after iteration {state.iteration}: {stop}")
                 return losses

@@ -1,0 +1,168 @@
+"""Checkpoints in Megatron-LM's format, checked with megatron-core's own readers.
+
+A PP=2, DP=2 job's checkpoint is a dist_checkpointing directory that megatron-core loads into a
+freshly built, unpipelined model: that model's loss on the next global batch is the loss the
+uninterrupted run reports for it. A save killed half-way leaves the previous checkpoint in
+force, and the resumed run reproduces the uninterrupted one; a truncated shard is named.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("megatron.core")
+
+from distributed import run_ranks  # noqa: E402
+from test_training import TINY  # noqa: E402
+
+ITERATIONS = 3
+
+
+def _flags(*extra: str) -> list[str]:
+    return [*TINY, "--train-iters", str(ITERATIONS), *extra]
+
+
+def _train(rank: int, world: int, argv: list[str]) -> list[float]:
+    from megatron.dynapipe.arguments import parse_args
+    from megatron.dynapipe.training import pretrain
+
+    return pretrain(parse_args(argv))
+
+
+def _loss_of_fresh_model(rank: int, world: int, argv: list[str], checkpoint: str, batch: int):
+    """Build the whole model with megatron-core's GPT builder on one process, load the
+    checkpoint with dist_checkpointing.load, and return its loss per real token over global
+    batch `batch` (each sample alone, causal attention)."""
+    from megatron.core import dist_checkpointing, tensor_parallel
+    from megatron.core import parallel_state as mpu
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.training.argument_utils import (
+        core_transformer_config_from_args,
+        gpt_config_from_args,
+    )
+    from megatron.training.models.gpt import GPTModelBuilder
+
+    from megatron.dynapipe import cpu_compat
+    from megatron.dynapipe.arguments import parse_args
+    from megatron.dynapipe.iterations import global_batch_sampler
+    from megatron.dynapipe.model import padded_vocab_size
+    from megatron.dynapipe.training import datasets
+
+    cpu_compat.install()
+    args = parse_args(argv)
+    data = datasets(args).train
+    args.padded_vocab_size = padded_vocab_size(args, data.vocab_size, 1)
+    mpu.initialize_model_parallel(1, 1)
+    tensor_parallel.model_parallel_cuda_manual_seed(args.seed)
+    config = core_transformer_config_from_args(args)
+    model = GPTModelBuilder(gpt_config_from_args(args, config)).build_model(
+        ProcessGroupCollection.use_mpu_process_groups(), pre_process=True, post_process=True
+    )
+    loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, checkpoint)
+    model.load_state_dict(loaded["model"])
+    model.eval()
+    sampler = global_batch_sampler(args, data.lengths())
+    for _ in range(batch):
+        next(sampler)
+    _, samples = next(sampler)
+    loss_sum, tokens = 0.0, 0
+    with torch.no_grad():
+        for sample in samples:
+            ids = torch.from_numpy(data.tokens(int(sample)))[None]
+            n = ids.shape[1] - 1
+            causal = torch.ones(n, n, dtype=torch.bool).triu(1)[None, None]
+            per_token = model(ids[:, :-1], torch.arange(n)[None], causal, labels=ids[:, 1:])
+            loss_sum += float(per_token.double().sum())
+            tokens += n
+    mpu.destroy_model_parallel()
+    return loss_sum / tokens
+
+
+def test_checkpoint_of_a_pp2_dp2_job_loads_into_a_fresh_megatron_core_model(tmp_path) -> None:
+    full = run_ranks(_train, 4, _flags(), timeout_s=240)[0]  # PP=2 (TINY) x DP=2
+    ckpt = tmp_path / "ckpt"
+    run_ranks(_train, 4, _flags("--exit-interval", "2", "--save", str(ckpt)), timeout_s=240)
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    directory = ckpt / "iter_0000002"
+    assert (directory / ".metadata").is_file() and (directory / "metadata.json").is_file()
+    single = list(TINY)
+    single[single.index("--pipeline-model-parallel-size") + 1] = "1"
+    argv = [*single, "--train-iters", str(ITERATIONS)]
+    loss = run_ranks(_loss_of_fresh_model, 1, argv, str(directory), 2, timeout_s=120)[0]
+    assert loss == pytest.approx(full[2], rel=1e-5)
+
+
+def _killed_during_second_save(rank: int, world: int, argv: list[str]) -> str:
+    """Rank 1 dies as the second save starts writing; the others see the failure."""
+    from megatron.core import dist_checkpointing
+
+    real_save = dist_checkpointing.save
+    saves = []
+
+    def dying_save(*args, **kwargs):
+        saves.append(1)
+        if len(saves) == 2 and rank == 1:
+            os._exit(1)
+        return real_save(*args, **kwargs)
+
+    dist_checkpointing.save = dying_save
+    try:
+        _train(rank, world, argv)
+    except Exception as err:  # the survivors' collective fails: that is the fault
+        return type(err).__name__
+    return "finished"
+
+
+def test_a_save_killed_half_way_leaves_the_last_good_checkpoint(tmp_path) -> None:
+    full = run_ranks(_train, 2, _flags(), timeout_s=180)[0]
+    ckpt = tmp_path / "ckpt"
+    save_every = _flags("--save", str(ckpt), "--save-interval", "1")
+    run_ranks(_killed_during_second_save, 2, save_every, timeout_s=180, may_die=(0, 1))
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
+    resumed = run_ranks(_train, 2, _flags("--load", str(ckpt)), timeout_s=180)[0]
+    assert resumed == pytest.approx(full[1:], rel=1e-6)
+
+
+def test_a_truncated_shard_is_named(tmp_path) -> None:
+    ckpt = tmp_path / "ckpt"
+    run_ranks(_train, 2, [*TINY, "--train-iters", "1", "--save", str(ckpt)], timeout_s=120)
+    shard = sorted((ckpt / "iter_0000001").glob("*.distcp"))[-1]
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(AssertionError, match=rf"{shard.name} is corrupt"):
+        run_ranks(_train, 2, [*TINY, "--train-iters", "2", "--load", str(ckpt)], timeout_s=120)
+
+
+def test_load_of_an_empty_directory_starts_fresh_unless_told_to_exit(tmp_path, capfd) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    fresh = run_ranks(_train, 2, [*TINY, "--train-iters", "1"], timeout_s=120)[0]
+    loaded = run_ranks(
+        _train, 2, [*TINY, "--train-iters", "1", "--load", str(empty)], timeout_s=120
+    )[0]
+    assert loaded == fresh
+    assert f"no checkpoint in {empty}: starting from scratch" in capfd.readouterr().out
+    strict = [*TINY, "--train-iters", "1", "--load", str(empty), "--exit-on-missing-checkpoint"]
+    with pytest.raises(AssertionError, match=rf"--load {empty}: no checkpoint there"):
+        run_ranks(_train, 2, strict, timeout_s=120)
+
+
+def test_tracker_that_names_no_iteration_is_named(tmp_path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    tracker = ckpt / "latest_checkpointed_iteration.txt"
+    tracker.write_text("seven\n")
+    with pytest.raises(AssertionError, match=rf"{tracker} does not hold an iteration number"):
+        run_ranks(_train, 2, [*TINY, "--train-iters", "1", "--load", str(ckpt)], timeout_s=120)
+
+
+def test_missing_iteration_directory_is_named(tmp_path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("4\n")
+    expected = Path(ckpt / "iter_0000004")
+    with pytest.raises(AssertionError, match=rf"checkpoint directory {expected} is missing"):
+        run_ranks(_train, 2, [*TINY, "--train-iters", "1", "--load", str(ckpt)], timeout_s=120)
