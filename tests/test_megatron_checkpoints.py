@@ -100,12 +100,15 @@ def _killed_during_second_save(rank: int, world: int, argv: list[str]) -> str:
     """Rank 1 dies as the second save starts writing; the others see the failure."""
     from megatron.core import dist_checkpointing
 
+    from megatron.dynapipe.checkpointing import release_writer_processes
+
     real_save = dist_checkpointing.save
     saves = []
 
     def dying_save(*args, **kwargs):
         saves.append(1)
         if len(saves) == 2 and rank == 1:
+            release_writer_processes()  # the process tree dies with the rank
             os._exit(1)
         return real_save(*args, **kwargs)
 

@@ -204,27 +204,80 @@ def parse_megatron_args(
         args = megatron_arguments.parse_args(
             extra_args_provider=lambda parser: _one_line_errors(extra_args_provider(parser))
         )
+    _before_validation(args, given_flags(argv, extra_args_provider), extra_args_provider)
+    if before_validation is not None:
+        before_validation(args)
+    _validate(megatron_arguments.validate_args, args, {})
+    return args
+
+
+def _before_validation(
+    args: argparse.Namespace, given: dict[str, str], extra_args_provider: ExtraArgs
+) -> None:
     if torch.distributed.is_initialized():  # forked test ranks have no RANK/WORLD_SIZE
         args.rank = torch.distributed.get_rank()
         args.world_size = torch.distributed.get_world_size()
-    given = given_flags(argv, extra_args_provider)
     unsupported(args, given, extra_args_provider)
     cpu_defaults(args, given)
-    if before_validation is not None:
-        before_validation(args)
-    # Defaults for flags Megatron requires: micro-batches of one sample (the planner sizes its
-    # own), position embeddings for the longest sequence, a checkpoint at the end of training.
-    defaults = {"micro_batch_size": 1}
+
+
+def _validate(validate_args: Callable, args: argparse.Namespace, defaults: dict) -> None:
+    """Megatron's `validate_args`, its failed checks one line each. Defaults for flags Megatron
+    requires: micro-batches of one sample (the planner sizes its own), position embeddings for
+    the longest sequence, a checkpoint at the end of training."""
+    from megatron.training import arguments as megatron_arguments
+
+    ours = {"micro_batch_size": 1}
     if args.seq_length is not None:
-        defaults["max_position_embeddings"] = args.seq_length
+        ours["max_position_embeddings"] = args.seq_length
     if args.train_iters is not None:
-        defaults["save_interval"] = args.train_iters
+        ours["save_interval"] = args.train_iters
     try:
         with _megatron_checks_on_cpu(megatron_arguments):
-            megatron_arguments.validate_args(args, defaults)
+            validate_args(args, {**ours, **defaults})
     except (AssertionError, ValueError) as error:
         raise ArgumentError(_megatron_complaint(error)) from None
-    return args
+
+
+def hook_megatron_parser() -> None:
+    """Make megatron.training's own `parse_args` and `validate_args` (what a Megatron-LM
+    program's `parse_and_validate_args` calls) DynaPipe's: its flags join the program's
+    `extra_args_provider`, the runtime's refusals and CPU defaults apply, and DynaPipe's checks
+    follow Megatron's. The loss is per token over the global batch
+    (`--calculate-per-token-loss`): micro-batches of any size weigh each token equally.
+    Idempotent."""
+    from megatron.training import arguments as megatron_arguments
+
+    if getattr(megatron_arguments.parse_args, "_dynapipe", False):
+        return
+    megatron_parse, megatron_validate = (
+        megatron_arguments.parse_args,
+        megatron_arguments.validate_args,
+    )
+    given: dict[str, str] = {}
+
+    def parse_args(
+        extra_args_provider: ExtraArgs | None = None, ignore_unknown_args: bool = False
+    ) -> argparse.Namespace:
+        def provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+            if extra_args_provider is not None:
+                parser = extra_args_provider(parser)
+            return _one_line_errors(add_dynapipe_args(parser))
+
+        args = megatron_parse(provider, ignore_unknown_args)
+        given.clear()
+        given.update(given_flags(sys.argv[1:], provider))
+        _before_validation(args, given, provider)
+        args.calculate_per_token_loss = True
+        return args
+
+    def validate_args(args: argparse.Namespace, defaults: dict | None = None) -> None:
+        _validate(megatron_validate, args, dict(defaults or {}))
+        _check_dynapipe(args, given)
+
+    parse_args._dynapipe = True  # type: ignore[attr-defined]
+    megatron_arguments.parse_args = parse_args
+    megatron_arguments.validate_args = validate_args
 
 
 def _one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -454,6 +507,8 @@ def _check_dynapipe(args: argparse.Namespace, given: dict[str, str]) -> None:
         raise ArgumentError("--strategy-candidates and --strategy-window need --dynamic-strategies")
     elif args.overlap_pull_push:
         raise ArgumentError("--overlap-pull-push needs --dynamic-strategies or --hetero-plan")
+    if args.seed <= 0:  # Megatron's initialisation refuses it too, later (_set_random_seed)
+        raise ArgumentError(f"--seed must be a positive integer, got {args.seed}")
     if args.max_cached_strategies < 0:
         raise ArgumentError(
             f"--max-cached-strategies must be >= 0, got {args.max_cached_strategies}"

@@ -219,6 +219,18 @@ def load(
     )
 
 
+def release_writer_processes() -> None:
+    """dist_checkpointing's torch_dist writer starts a multiprocessing manager process per
+    rank at its first save (a module global holding the write results) and never stops it;
+    stop it when training ends, so no process outlives the job."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    queue, filesystem_async._results_queue = filesystem_async._results_queue, None
+    manager = getattr(queue, "_manager", None)
+    if manager is not None:
+        manager.shutdown()
+
+
 def rng_state() -> dict:
     """This rank's random streams: the default generator (dropout outside TP regions), the
     device generator on a GPU, and megatron's TP RNG tracker (dropout inside TP regions)."""

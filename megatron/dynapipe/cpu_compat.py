@@ -5,9 +5,14 @@ stream synchronisation, the tensor-parallel RNG tracker). `install()` redirects 
 to the CPU when no GPU is present, and does nothing at all when CUDA is available, so the same
 program runs on a laptop, in CI and on a cluster.
 
-Every intercepted call records its first megatron-core frame (`megatron/core/<file>:<function>`).
-`recorded_call_sites()` returns that set; a test compares it with a checked-in list, so a
-megatron-core upgrade that adds a new CUDA call site is noticed instead of silently patched.
+`install_training()` adds what `megatron.training`'s own loop (`pretrain`) needs on top: it
+initialises without CUDA (gloo, megatron-core's groups and seeds, which it builds only when it
+sees a GPU).
+
+Every intercepted call records its first Megatron frame (`megatron/core/<file>:<function>` or
+`megatron/training/...`). `recorded_call_sites()` returns that set; a test compares it with a
+checked-in list, so a megatron-core upgrade that adds a new CUDA call site is noticed instead
+of silently patched.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -28,18 +33,20 @@ _mode: TorchFunctionMode | None = None
 
 
 def recorded_call_sites() -> set[str]:
-    """The megatron-core call sites (`megatron/core/<file>:<function>`) redirected so far."""
+    """The Megatron call sites (`megatron/core/<file>:<function>`, `megatron/training/...`)
+    redirected so far."""
     return set(_call_sites)
 
 
-def _record() -> None:
-    frame = sys._getframe(2)
+def _record(depth: int = 2) -> None:
+    frame = sys._getframe(depth)
     while frame is not None:
         path = frame.f_code.co_filename.replace("\\", "/")
-        if "/megatron/core/" in path:
-            rel = "megatron/core/" + path.rsplit("/megatron/core/", 1)[1]
-            _call_sites.add(f"{rel}:{frame.f_code.co_name}")
-            return
+        for package in ("/megatron/core/", "/megatron/training/"):
+            if package in path:
+                rel = package[1:] + path.rsplit(package, 1)[1]
+                _call_sites.add(f"{rel}:{frame.f_code.co_name}")
+                return
         frame = frame.f_back
 
 
@@ -175,3 +182,50 @@ def _patch_tensor_parallel_rng() -> None:
     # With one generator for "CPU" and "CUDA", every tracker fork changes the CPU state and
     # the tracker would warn each time.
     logging.getLogger(tp_random.__name__).setLevel(logging.ERROR)
+
+
+@contextlib.contextmanager
+def _one_cuda_device() -> Iterator[None]:
+    """megatron.training builds megatron-core's groups and seeds the TP RNG tracker only when
+    `torch.cuda.device_count() > 0`; on a CPU rank it sees one device, whose selection is a
+    no-op (the redirects above carry the rest)."""
+    cuda = torch.cuda
+    saved = cuda.device_count, cuda.set_device
+    cuda.device_count = lambda: 1
+    cuda.set_device = lambda *args, **kwargs: None
+    _record(3)
+    try:
+        yield
+    finally:
+        cuda.device_count, cuda.set_device = saved
+
+
+def install_training() -> bool:
+    """`install()`, plus megatron.training's initialisation on CPU ranks: `pretrain` calls
+    `initialize_megatron` as if CUDA were allowed to be missing, over gloo, with megatron-core's
+    groups and seeds set up as on a GPU. The warm-up of the CUDA JIT fusions is skipped: the
+    fusions are off on CPU, and its random inputs, drawn from the CPU generator here (a GPU
+    draws them from its own), would change the weights drawn after it. Idempotent; False
+    (nothing patched) with CUDA."""
+    if not install():
+        return False
+    from megatron.training import initialize as megatron_initialize
+    from megatron.training import training
+
+    megatron_initialize._warmup_jit_function = _recording(lambda *args, **kwargs: None)
+
+    initialize = training.initialize_megatron
+    if getattr(initialize, "_cpu_ranks", False):
+        return True
+
+    def initialize_on_cpu(*args: Any, **kwargs: Any) -> Any:
+        from megatron.training import get_args
+
+        get_args().distributed_backend = "gloo"  # NCCL needs GPUs
+        kwargs["allow_no_cuda"] = True
+        with _one_cuda_device():
+            return initialize(*args, **kwargs)
+
+    initialize_on_cpu._cpu_ranks = True  # type: ignore[attr-defined]
+    training.initialize_megatron = initialize_on_cpu
+    return True

@@ -789,6 +789,17 @@ class MicroBatchTensors:
         }
         return MicroBatchTensors(**moved, num_tokens=self.num_tokens)
 
+    def megatron_batch(self, device: torch.device | str) -> dict[str, torch.Tensor]:
+        """The dict a Megatron-LM `get_batch` returns (and its `forward_step` indexes), on
+        `device`."""
+        return {
+            "tokens": self.tokens.to(device),
+            "labels": self.labels.to(device),
+            "loss_mask": self.loss_mask.to(device),
+            "attention_mask": self.attention_mask.to(device),
+            "position_ids": self.position_ids.to(device),
+        }
+
 
 def _checked_rows(mb: MicroBatch, dataset: SampleDataset) -> list[list[int]]:
     """The sample ids of each row of `mb`, after checking that they exist and fit."""

@@ -17,7 +17,7 @@ position a checkpoint keeps (`data_position`) and the held-out evaluators.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,11 +30,11 @@ from dynapipe_planner.plan import ExecutionPlan
 
 from . import parallel_state as ps
 from .checkpointing import CheckpointError, ResumePoint
-from .data import GlobalBatchSampler, rank_microbatches
+from .data import GlobalBatchSampler, MicroBatchTensors, rank_microbatches
 from .datasets import DataSplits
 from .device_speed import parse_device_speed
 from .evaluation import Evaluator, FixedLengthEvaluator
-from .executor import IterationResult, PlanExecutor
+from .executor import ForwardStepFunc, IterationResult, PlanExecutor, gpt_forward_step
 from .megatron_baseline import MegatronFixedLengthBaseline, MegatronPackingBaseline
 from .megatron_samples import fixed_length_samples
 from .megatron_samples import rank_microbatches as fixed_length_microbatches
@@ -97,6 +97,7 @@ class PlannedIterations:
         )
         self.store = self.plans.store
         self.runner: PlanExecutor | MegatronPackingBaseline | None = None
+        self._megatron_batches_on: torch.device | None = None
 
     def __enter__(self) -> PlannedIterations:
         self.plans.__enter__()
@@ -111,7 +112,15 @@ class PlannedIterations:
             return None
         return planner_recipe(self.args, self.spec, ps.num_replicas())
 
-    def bind(self, model: torch.nn.Module, config, device: torch.device) -> None:
+    def bind(
+        self,
+        model: torch.nn.Module,
+        config,
+        device: torch.device,
+        forward_step_func: ForwardStepFunc | None = None,
+    ) -> None:
+        """Run plans on `model`. With a program's own `forward_step_func` (Megatron-LM's
+        loop), each micro-batch reaches it as the dict Megatron's `get_batch` returns."""
         args = self.args
         if args.baseline == "packing-1f1b":  # the plans' packed rows, megatron-core's schedule
             self.runner = MegatronPackingBaseline(
@@ -123,8 +132,13 @@ class PlannedIterations:
             )
             return
         executor = PlanExecutor.for_this_rank(
-            model, config, device=device, timeout_s=args.dynapipe_timeout
+            model,
+            config,
+            device=device,
+            timeout_s=args.dynapipe_timeout,
+            forward_step_func=forward_step_func or gpt_forward_step,
         )
+        self._megatron_batches_on = device if forward_step_func is not None else None
         speeds = parse_device_speed(getattr(args, "device_speed", None), dist.get_world_size())
         executor.slowdown = speeds[dist.get_rank()]
         self.runner = executor
@@ -133,6 +147,8 @@ class PlannedIterations:
         _, batch = next(self.sampler)
         plan, waited_s = self.plans.get(iteration, batch)
         batches = rank_microbatches(plan, ps.replica(), self.dataset)
+        if self._megatron_batches_on is not None:
+            batches = _MegatronBatches(batches, self._megatron_batches_on)
         return Iteration(
             lambda: self.runner.run(plan, batches, iteration=iteration),
             plan.stats,
@@ -163,6 +179,22 @@ class PlannedIterations:
             for name, data in held_out.items()
             if data is not None and args.eval_iters > 0
         }
+
+
+class _MegatronBatches(Mapping[int, dict]):
+    """A rank's planned micro-batches as Megatron's batch dicts, built when first read."""
+
+    def __init__(self, batches: Mapping[int, MicroBatchTensors], device: torch.device) -> None:
+        self._batches, self._device = batches, device
+
+    def __getitem__(self, mb: int) -> dict:
+        return self._batches[mb].megatron_batch(self._device)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._batches)
+
+    def __len__(self) -> int:
+        return len(self._batches)
 
 
 class MegatronIterations:

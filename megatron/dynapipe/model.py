@@ -178,6 +178,18 @@ def build_stage_model(
     )
 
 
+def _seed_as_megatron(args: argparse.Namespace) -> None:
+    """Seed the generators the weights are drawn from as megatron.training's initialisation
+    does (its own `_set_random_seed`: `--seed` + 100 x the pipeline rank, + 10 x the DP rank
+    with `--data-parallel-random-init`), so a model built here has the weights a Megatron-LM
+    program's provider gets. Megatron seeds the TP RNG tracker only when it sees a GPU; here it
+    is seeded on CPU ranks too, with the same seed."""
+    from megatron.training.initialize import _set_random_seed
+
+    _set_random_seed(args.seed, args.data_parallel_random_init)
+    tensor_parallel.model_parallel_cuda_manual_seed(torch.initial_seed())
+
+
 def build_gpt_model(
     args: argparse.Namespace,
     vocab_size: int,
@@ -202,8 +214,7 @@ def build_gpt_model(
     counts = ps.pipeline_layer_counts() if ps.is_initialized() else None
     config = transformer_config(args, tp, pp, counts, recompute)
     model_config = gpt_config_from_args(_with_vocab(args, vocab_size), config)
-    tensor_parallel.model_parallel_cuda_manual_seed(args.seed)
-    torch.manual_seed(args.seed)
+    _seed_as_megatron(args)
     model = GPTModelBuilder(model_config).build_model(
         ProcessGroupCollection.use_mpu_process_groups(),
         pre_process=pre_process,

@@ -143,6 +143,35 @@ def initialize(
     _layout = _Layout(tp, pp, dp, dist.get_rank(), owns_world_group)
 
 
+def adopt_megatron_groups() -> None:
+    """Take the groups megatron.training's initialisation built (a Megatron-LM program's
+    `pretrain`), instead of building them. Megatron's default rank order is this module's;
+    another order (`--use-tp-pp-dp-mapping`) is refused, naming it."""
+    global _layout
+    if _layout is not None:
+        raise RuntimeError("megatron.dynapipe.parallel_state is already initialised")
+    if not mpu.model_parallel_is_initialized():
+        raise RuntimeError("megatron.training has not built its groups yet")
+    layout = _Layout(
+        mpu.get_tensor_model_parallel_world_size(),
+        mpu.get_pipeline_model_parallel_world_size(),
+        mpu.get_data_parallel_world_size(),
+        dist.get_rank(),
+        owns_world_group=False,
+    )
+    megatron_place = (
+        mpu.get_tensor_model_parallel_rank(),
+        mpu.get_data_parallel_rank(),
+        mpu.get_pipeline_model_parallel_rank(),
+    )
+    if (layout.tp_rank, layout.replica, layout.stage) != megatron_place:
+        raise ValueError(
+            f"rank {layout.rank}: Megatron placed it at (tp, dp, pp) = {megatron_place}; "
+            "DynaPipe's plans need Megatron's default rank order (drop --use-tp-pp-dp-mapping)"
+        )
+    _layout = layout
+
+
 def initialize_heterogeneous(
     layouts: list[ReplicaLayout],
     *,

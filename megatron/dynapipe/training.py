@@ -106,6 +106,7 @@ def pretrain(args: argparse.Namespace, probe: IterationProbe | None = None) -> l
     try:
         return _train(args, splits, tp, probe)
     finally:
+        checkpointing.release_writer_processes()
         ps.destroy()
 
 

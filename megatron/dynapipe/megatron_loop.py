@@ -1,0 +1,185 @@
+"""DynaPipe inside megatron.training's own training loop: `import megatron.dynapipe.enable`.
+
+A Megatron-LM program keeps `megatron.training.pretrain(...)` with its model provider,
+`forward_step` and dataset provider. `install()` changes three seams of megatron.training:
+
+- its parser (`arguments.hook_megatron_parser`): DynaPipe's flags join the program's, its
+  refusals, CPU defaults and checks apply, and the loss is per token over the global batch;
+- on CPU ranks, its initialisation (`cpu_compat.install_training`): gloo, megatron-core's groups
+  and seeds as on a GPU; and its dataset-helper build, which the megatron-core wheel ships
+  prebuilt (without the Makefile `compile_helpers` runs);
+- the schedule `train()` takes from `get_forward_backward_func()`: with
+  `--dynamic-micro-batching`, `DynaPipeSchedule`. Each call takes the next global batch of
+  variable-length samples of the flags' data (`--data-path`, `--split`, the tokenizer), gets
+  its plan (planned ahead by rank 0's workers, seed `dynapipe.txt` §3, §6), and runs this
+  rank's instruction list with the program's `forward_step` (`PlanExecutor`); each planned
+  micro-batch reaches `forward_step` as the dict Megatron's `get_batch` returns. The reports
+  `forward_step`'s loss function returns go back to Megatron's `train_step`, which reduces,
+  logs and checkpoints as always. Parallel state is Megatron's (`adopt_megatron_groups`).
+  Evaluation (`forward_only`) keeps Megatron's schedule on the program's validation data.
+
+A resumed run continues the sampler after as many global batches as the checkpoint trained.
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dynapipe_planner.megatron_model import spec_from_args
+
+from . import arguments, cpu_compat
+from . import parallel_state as ps
+from .checkpointing import ResumePoint, TrainState
+from .iterations import Iteration, PlannedIterations
+from .training import datasets
+
+
+class DynaPipeSchedule:
+    """Stands where megatron-core's `forward_backward_func` stood in megatron.training's
+    `train_step`: same call, same return value (the last stage's loss reports)."""
+
+    def __init__(self, megatron_schedule: Any) -> None:
+        self.megatron_schedule = megatron_schedule
+        self.iterations: PlannedIterations | None = None
+        self.last: Iteration | None = None  # the latest iteration's plan and stats
+
+    def __call__(
+        self,
+        *,
+        forward_step_func: Any,
+        data_iterator: Any,
+        model: list[torch.nn.Module],
+        forward_only: bool = False,
+        **kwargs: Any,
+    ) -> list[dict[str, torch.Tensor]]:
+        if forward_only:
+            return self.megatron_schedule(
+                forward_step_func=forward_step_func,
+                data_iterator=data_iterator,
+                model=model,
+                forward_only=True,
+                **kwargs,
+            )
+        from megatron.training import get_args
+
+        args = get_args()
+        if self.iterations is None:
+            self.iterations = self._start(args, model, forward_step_func)
+        self.last = self.iterations.next(args.curr_iteration)
+        result = self.last.run()
+        if (args.curr_iteration + 1) % args.log_interval == 0:
+            _log_plan(args.curr_iteration + 1, self.last)
+        return result.reports
+
+    def _start(
+        self, args: Any, model: list[torch.nn.Module], forward_step_func: Any
+    ) -> PlannedIterations:
+        """Adopt Megatron's groups, open DynaPipe's data and planner, bind the executor."""
+        from megatron.core.utils import get_model_config
+
+        if len(model) != 1:
+            raise ValueError("DynaPipe's schedules do not run virtual pipeline stages")
+        ps.adopt_megatron_groups()
+        splits = datasets(args)
+        spec = spec_from_args(args, args.padded_vocab_size)
+        _check_layer_split(model[0], args)
+        resume = None
+        if args.iteration > 0:  # Megatron loaded a checkpoint: continue its data order
+            resume = ResumePoint(Path(args.load or "."), TrainState(args.iteration), None)
+        iterations = PlannedIterations(args, splits, spec, resume)
+        iterations.__enter__()
+        atexit.register(iterations.__exit__, None, None, None)
+        device = torch.device("cuda", torch.cuda.current_device()) if _cuda() else "cpu"
+        config = get_model_config(model[0])
+        iterations.bind(model[0], config, torch.device(device), forward_step_func)
+        return iterations
+
+
+def _cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def _check_layer_split(model: torch.nn.Module, args: Any) -> None:
+    """The planner prices stage j with `split_layers`' count; the program's model must hold
+    as many layers (Megatron's even split does when the stages divide the layers)."""
+    from megatron.core.utils import get_attr_wrapped_model
+
+    from dynapipe_planner.cost.table import split_layers
+
+    expected = split_layers(args.num_layers, args.pipeline_model_parallel_size)[ps.stage()]
+    held = len(get_attr_wrapped_model(model, "decoder").layers)
+    mismatch = torch.tensor([int(held != expected)])
+    dist.all_reduce(mismatch)  # every rank stops, not only the one that noticed
+    if int(mismatch):
+        counts = split_layers(args.num_layers, args.pipeline_model_parallel_size)
+        raise ValueError(
+            f"the model's pipeline stages hold other layer counts than DynaPipe's plans price "
+            f"({counts}); pass --decoder-first-pipeline-num-layers {counts[0]} "
+            f"--decoder-last-pipeline-num-layers {counts[-1]}"
+        )
+
+
+def _log_plan(iteration: int, work: Iteration) -> None:
+    """DynaPipe's part of the iteration, next to Megatron's own log line (rank 0)."""
+    if dist.get_rank() != 0:
+        return
+    stats = work.stats
+    print(
+        f" dynapipe iteration {iteration} | micro-batches {stats['num_microbatches']} | "
+        f"padding eff {stats['padding_efficiency']:.3f} | recompute {stats['recompute']} | "
+        f"predicted {stats['predicted_iteration_s'] * 1e3:,.0f} ms | planning "
+        f"{stats['planning_time_s'] * 1e3:,.1f} ms (waited {work.waited_s * 1e3:,.1f} ms)",
+        file=sys.stdout,
+        flush=True,
+    )
+
+
+def _use_prebuilt_dataset_helpers() -> None:
+    """megatron.training's initialisation runs `make` on megatron-core's dataset helpers; the
+    wheel ships them built and without a Makefile, so use the built module when it imports."""
+    from megatron.core.datasets import utils
+
+    build = utils.compile_helpers
+    if getattr(build, "_prebuilt", False):
+        return
+
+    def compile_helpers() -> None:
+        try:
+            import megatron.core.datasets.helpers_cpp  # noqa: F401
+        except ImportError:
+            build()
+
+    compile_helpers._prebuilt = True  # type: ignore[attr-defined]
+    utils.compile_helpers = compile_helpers
+
+
+def install() -> None:
+    """Enable DynaPipe in megatron.training (idempotent); see the module docstring."""
+    from megatron.training import training
+
+    arguments.hook_megatron_parser()
+    cpu_compat.install_training()
+    _use_prebuilt_dataset_helpers()
+    megatron_schedule_for = training.get_forward_backward_func
+    if getattr(megatron_schedule_for, "_dynapipe", False):
+        return
+    schedule: dict[str, DynaPipeSchedule] = {}
+
+    def get_forward_backward_func(*args: Any, **kwargs: Any) -> Any:
+        from megatron.training import get_args
+
+        megatron_schedule = megatron_schedule_for(*args, **kwargs)
+        if get_args().batching != "dynamic":
+            return megatron_schedule
+        if "dynapipe" not in schedule:
+            schedule["dynapipe"] = DynaPipeSchedule(megatron_schedule)
+        return schedule["dynapipe"]
+
+    get_forward_backward_func._dynapipe = True  # type: ignore[attr-defined]
+    training.get_forward_backward_func = get_forward_backward_func

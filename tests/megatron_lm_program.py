@@ -1,0 +1,106 @@
+"""A Megatron-LM training program as its users write one for megatron.training 0.19, plus the
+one line that enables DynaPipe. `main(argv, model)` trains a GPT from a classic
+`model_provider`, or a Llama from a `ModelConfig` in the config container (megatron.training
+0.19's preferred form), with Megatron's own `pretrain` loop, optimiser, logging and
+checkpoints. Nothing here knows about DynaPipe but the import.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+
+import torch
+from megatron.core import parallel_state as mpu
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+from megatron.core.datasets.utils import get_blend_from_list
+from megatron.core.enums import ModelType
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.training import get_args, get_tokenizer, pretrain
+from megatron.training.argument_utils import (
+    core_transformer_config_from_args,
+    gpt_config_from_args,
+    pretrain_cfg_container_from_args,
+)
+from megatron.training.arguments import parse_and_validate_args
+
+import megatron.dynapipe.enable  # noqa: F401  (the one line a Megatron-LM program adds)
+
+
+def model_provider(pre_process=True, post_process=True, vp_stage=None, config=None, **kwargs):
+    args = get_args()
+    config = core_transformer_config_from_args(args)
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(normalization=args.normalization),
+        vocab_size=args.padded_vocab_size,
+        max_sequence_length=args.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+        position_embedding_type=args.position_embedding_type,
+        rotary_base=args.rotary_base,
+    )
+
+
+def get_batch(data_iterator):
+    """Megatron's batch dict on the first and last stages; the middle stages read nothing."""
+    if not (mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage()):
+        return None, None, None, None, None
+    batch = next(data_iterator)
+    keys = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
+    return [batch[key] for key in keys]
+
+
+def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
+    losses = output_tensor.float().view(-1)
+    loss_mask = loss_mask.view(-1).float()
+    loss = torch.sum(losses * loss_mask)
+    num_tokens = loss_mask.sum().clone().detach().to(torch.int)
+    report = torch.cat([loss.clone().detach().view(1), num_tokens.view(1)])
+    return loss, num_tokens, {"lm loss": report}
+
+
+def forward_step(data_iterator, model, return_schedule_plan: bool = False):
+    tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator)
+    output = model(tokens, position_ids, attention_mask, labels=labels)
+    return output, partial(loss_func, loss_mask)
+
+
+def datasets_provider(train_val_test_num_samples, vp_stage=None):
+    args = get_args()
+    config = GPTDatasetConfig(
+        random_seed=args.seed,
+        sequence_length=args.seq_length,
+        blend=get_blend_from_list(args.data_path),
+        split=args.split,
+        tokenizer=get_tokenizer(),
+        reset_position_ids=args.reset_position_ids,
+        reset_attention_mask=args.reset_attention_mask,
+        eod_mask_loss=args.eod_mask_loss,
+        mid_level_dataset_surplus=args.mid_level_dataset_surplus,
+    )
+    kind = MockGPTDataset if args.mock_data else GPTDataset
+    return BlendedMegatronDatasetBuilder(
+        kind, train_val_test_num_samples, lambda: True, config
+    ).build()
+
+
+datasets_provider.is_distributed = True
+
+
+def main(argv: list[str], model: str = "gpt") -> None:
+    sys.argv = ["megatron_lm_program.py", *argv]
+    parse_and_validate_args()
+    args = get_args()
+    if model == "gpt":
+        container = pretrain_cfg_container_from_args(args)
+        pretrain(
+            container, datasets_provider, ModelType.encoder_or_decoder, forward_step, model_provider
+        )
+    else:
+        model_cfg = gpt_config_from_args(args, core_transformer_config_from_args(args))
+        container = pretrain_cfg_container_from_args(args, model_cfg)
+        pretrain(container, datasets_provider, ModelType.encoder_or_decoder, forward_step)

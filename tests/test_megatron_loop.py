@@ -1,0 +1,80 @@
+"""DynaPipe inside megatron.training's own `pretrain` loop (`import megatron.dynapipe.enable`).
+
+A Megatron-LM program (`megatron_lm_program.py`: its model provider, forward_step and dataset
+provider, Megatron's loop, optimiser and logging) trains on 2 CPU ranks with PP=2 and
+`--dynamic-micro-batching --pipeline-schedule adaptive`, and reports the losses our
+`pretrain_gpt.py` loop reports with the same seed and data: same weights (Megatron's seeding),
+same global batches, same plans. The CUDA call sites megatron.training reaches are known ones.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("megatron.core")
+
+from distributed import run_ranks  # noqa: E402
+
+CALL_SITES_FILE = Path(__file__).parent / "data" / "cuda_call_sites.txt"
+ITERATIONS = 3
+FLAGS = [
+    "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+    "--seq-length", "128", "--pipeline-model-parallel-size", "2",
+    "--dynamic-micro-batching", "--pipeline-schedule", "adaptive",
+    "--tokens-per-global-batch", "2048", "--mock-data", "--tokenizer-type", "NullTokenizer",
+    "--vocab-size", "255", "--hidden-dropout", "0", "--attention-dropout", "0",
+    "--lr", "1e-2", "--lr-decay-style", "constant", "--dynapipe-memory-limit", "0.01",
+    "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "1000",
+    "--train-iters", str(ITERATIONS), "--split", "100,0,0",
+]  # fmt: skip
+LLAMA = [
+    "--normalization", "RMSNorm", "--swiglu", "--group-query-attention",
+    "--num-query-groups", "2", "--position-embedding-type", "rope", "--rotary-base", "10000",
+    "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+]  # fmt: skip
+
+
+def _megatron_program(rank: int, world: int, argv: list[str], model: str) -> list[str]:
+    """Megatron's pretrain in a forked rank (the import enables DynaPipe in this process only)."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    import megatron_lm_program
+
+    from megatron.dynapipe import cpu_compat
+
+    megatron_lm_program.main(argv, model)
+    return sorted(cpu_compat.recorded_call_sites())
+
+
+def _our_loop(rank: int, world: int, argv: list[str]) -> list[float]:
+    from megatron.dynapipe.arguments import parse_args
+    from megatron.dynapipe.training import pretrain
+
+    return pretrain(parse_args(argv))
+
+
+def _megatron_losses(out: str) -> list[float]:
+    return [float(v) for v in re.findall(r"\| lm loss: ([0-9.E+-]+) \|", out)]
+
+
+@pytest.mark.parametrize("model", ["gpt", "llama"])
+def test_megatron_pretrain_with_dynapipe_equals_our_loop(model, capfd) -> None:
+    flags = FLAGS if model == "gpt" else [*FLAGS, *LLAMA]
+    sites = run_ranks(_megatron_program, 2, flags, model, timeout_s=240)
+    out = capfd.readouterr().out
+    megatron = _megatron_losses(out)
+    assert len(megatron) == ITERATIONS, out[-3000:]
+    assert f"dynapipe iteration {ITERATIONS} | micro-batches" in out
+    ours = run_ranks(_our_loop, 2, flags, timeout_s=240)[0]
+    # Megatron logs the mean loss since its last reset, and does not reset after the first
+    # iteration's line: with --log-interval 1 it prints L1, (L1 + L2) / 2, L3.
+    logged = [ours[0], (ours[0] + ours[1]) / 2, ours[2]]
+    assert megatron == pytest.approx(logged, rel=2e-6)
+    assert ours[-1] < ours[0]
+    known = set(CALL_SITES_FILE.read_text().split())
+    unknown = sorted(set().union(*map(set, sites)) - known)
+    assert not unknown, f"new CUDA call sites, add them to {CALL_SITES_FILE.name}: {unknown}"
