@@ -9,12 +9,16 @@ global batches the uninterrupted run would have seen.
 
 from __future__ import annotations
 
+import argparse
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from .log import log_rank0
 
 LATEST = "latest_iteration.txt"
 
@@ -173,3 +177,16 @@ def read(directory: str | os.PathLike) -> Checkpoint:
             f"{world}"
         )
     return Checkpoint(path, payload)
+
+
+def read_checkpoint(args: argparse.Namespace, read: Callable):
+    """The checkpoint `--load` names, or None to start from scratch: no --load, or (as
+    Megatron does) a --load directory without a checkpoint yet."""
+    if not args.load:
+        return None
+    if not has_checkpoint(args.load):
+        if args.exit_on_missing_checkpoint:
+            raise CheckpointError(f"--load {args.load}: no checkpoint there")
+        log_rank0(dist.get_rank(), f"no checkpoint in {args.load}: starting from scratch")
+        return None
+    return read(args.load)

@@ -8,12 +8,12 @@ from it under any strategy set, static layout or rank count: each rank takes its
 Every rank's random streams (dropout) are saved too; a job of the same rank count resumes them
 (exactly the uninterrupted run when it also trains the same strategies), another rank count
 starts them from the seed, and says so. A job whose TP degrees pad the vocabulary differently
-gets the padding rows fitted (`strategy_switch.fit_vocab_rows`), and says so too.
+gets the padding rows fitted (`switch.fit_vocab_rows`), and says so too.
 
 Layout: the homogeneous checkpoints' directory (`<dir>/iter_<NNNNNNN>/`, `<dir>/latest_
-iteration.txt`, see `checkpointing`), with one file `full_state.pt` written by rank 0 under a
-temporary name and renamed, the `latest` marker moved only after that, so a crash mid-save
-leaves the previous checkpoint in force. Every rank reads the same file on resume.
+iteration.txt`, see `megatron.dynapipe.checkpointing`), with one file `full_state.pt` written
+by rank 0 under a temporary name and renamed, the `latest` marker moved only after that, so a
+crash mid-save leaves the previous checkpoint in force. Every rank reads the same file on resume.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from .checkpointing import (
+from ..checkpointing import (
     CheckpointError,
     ReadCheckpoint,
     TrainState,
@@ -34,7 +34,7 @@ from .checkpointing import (
     save_atomically,
     set_rng_state,
 )
-from .strategy_switch import DisaggregatedOptimizer
+from .switch import DisaggregatedOptimizer
 
 FULL_STATE = "full_state.pt"
 FORMAT = "dynapipe-full-fp32-v1"
