@@ -27,10 +27,10 @@ warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.train
 from dynapipe_planner.errors import PlanningError  # noqa: E402
 from megatron.dynapipe.arguments import parse_args  # noqa: E402
 from megatron.dynapipe.checkpointing import CheckpointError  # noqa: E402
-from megatron.dynapipe.data import DataError  # noqa: E402
+from megatron.dynapipe.data.base import DataError  # noqa: E402
 from megatron.dynapipe.device_speed import DeviceSpeedError  # noqa: E402
-from megatron.dynapipe.hetero_plan_file import HeteroPlanError  # noqa: E402
-from megatron.dynapipe.strategy_candidates import CandidateError  # noqa: E402
+from megatron.dynapipe.hetero.candidates import CandidateError  # noqa: E402
+from megatron.dynapipe.hetero.plan_file import HeteroPlanError  # noqa: E402
 from megatron.dynapipe.training import pretrain  # noqa: E402
 
 USER_ERRORS = (DataError, CheckpointError, DeviceSpeedError, HeteroPlanError, CandidateError)

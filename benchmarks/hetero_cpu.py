@@ -200,7 +200,7 @@ def main() -> None:
         cluster_path = out / "cluster.yaml"
         cluster_path.write_text(yaml.safe_dump(cluster_description(args.slowdowns, tflops, args)))
         print(f"\ncluster ({cluster_path}):\n{cluster_path.read_text()}")
-        from megatron.dynapipe.data import BYTE_VOCAB_SIZE
+        from megatron.dynapipe.data.base import BYTE_VOCAB_SIZE
 
         spec = ModelSpec(
             "cpu-gpt", "gpt", args.num_layers, args.hidden_size, args.num_attention_heads,

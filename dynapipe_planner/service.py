@@ -5,7 +5,7 @@ DynaPipe plans every iteration on CPUs while the GPUs train on earlier ones (see
 12.9x, so it is spread over CPU cores). `PlanningService` is that planner side: `num_workers`
 processes keep the next `lookahead` iterations of a work source planned, and the training loop
 asks for each iteration's plan with `get`. Moving plans to the other ranks (the instruction store
-of §3 and §7) is the runtime's job: `megatron.dynapipe.plan_distribution`.
+of §3 and §7) is the runtime's job: `megatron.dynapipe.pipeline.plan_distribution`.
 
 Design choices and why:
 

@@ -81,7 +81,7 @@ def gpt2_bpe(tmp_path_factory: pytest.TempPathFactory) -> BpeFiles:
     token) with the `tokenizers` library on the first BPE_TRAINING_FILES stdlib files, and
     write its vocab.json and merges.txt (about a second)."""
     tokenizers = pytest.importorskip("tokenizers")
-    from megatron.dynapipe.data import stdlib_files
+    from megatron.dynapipe.data.stdlib_corpus import stdlib_files
 
     bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
     bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -34,7 +34,7 @@ LENGTHS = np.array([5, 37, 12, 3, 29, 18, 8, 44, 21, 6, 15, 33])
 
 def _dataset():
     """Random documents whose samples have exactly LENGTHS (vocabulary 64: 62 = EOD, 63 = pad)."""
-    from megatron.dynapipe.data import in_memory_dataset
+    from megatron.dynapipe.data.variable_length import in_memory_dataset
 
     rng = np.random.default_rng(0)
     documents = [np.append(rng.integers(0, 62, n), 62) for n in LENGTHS]

@@ -39,8 +39,8 @@ def _clipped_sgd_step(rank: int, world: int, plan, weights: dict):
 
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
-    from megatron.dynapipe.data import rank_microbatches
-    from megatron.dynapipe.executor import PlanExecutor
+    from megatron.dynapipe.data.microbatches import rank_microbatches
+    from megatron.dynapipe.pipeline.executor import PlanExecutor
 
     cpu_compat.install()
     ps.initialize(2, 2, 1)

@@ -1,4 +1,4 @@
-"""Datasets from Megatron's data flags (megatron.dynapipe.datasets), parsed by Megatron's own
+"""Datasets from Megatron's data flags (megatron.dynapipe.data.datasets), parsed by Megatron's own
 parser: a blend of two prefixes divided by --split holds exactly the documents Megatron's split
 rule gives each share; weighted blends follow megatron-core's blending order; per-split paths,
 --mock-data and the default stdlib corpus; data written directly by megatron-core's
@@ -18,18 +18,12 @@ import pytest
 pytest.importorskip("megatron.core")
 
 from dynapipe_planner.plan import MicroBatch
-from megatron.dynapipe.data import (
-    BYTE_EOD,
-    BYTE_TOKENIZER,
-    DataError,
-    VariableLengthDataset,
-    in_memory_dataset,
-    microbatch_tensors,
-    stdlib_files,
-    stdlib_texts,
-)
-from megatron.dynapipe.datasets import BlendedSamples, build_datasets
-from megatron.dynapipe.tokenizer import build_tokenizer
+from megatron.dynapipe.data.base import BYTE_EOD, BYTE_TOKENIZER, DataError
+from megatron.dynapipe.data.datasets import BlendedSamples, build_datasets
+from megatron.dynapipe.data.microbatches import microbatch_tensors
+from megatron.dynapipe.data.stdlib_corpus import stdlib_files, stdlib_texts
+from megatron.dynapipe.data.tokenizer import build_tokenizer
+from megatron.dynapipe.data.variable_length import VariableLengthDataset, in_memory_dataset
 
 pytestmark = pytest.mark.filterwarnings("ignore:Could not determine rank:UserWarning")
 

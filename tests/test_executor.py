@@ -56,8 +56,8 @@ def _pipelined(
     parameter receives before its bucket may start reducing."""
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
-    from megatron.dynapipe.data import rank_microbatches
-    from megatron.dynapipe.executor import PlanExecutor
+    from megatron.dynapipe.data.microbatches import rank_microbatches
+    from megatron.dynapipe.pipeline.executor import PlanExecutor
 
     cpu_compat.install()
     ps.initialize(tp, pp, world // (tp * pp))
@@ -136,7 +136,7 @@ def test_wrong_order_is_rejected_before_running() -> None:
 
         from megatron.dynapipe import cpu_compat
         from megatron.dynapipe import parallel_state as ps
-        from megatron.dynapipe.executor import PlanExecutor, PlanRejected
+        from megatron.dynapipe.pipeline.executor import PlanExecutor, PlanRejected
 
         cpu_compat.install()
         ps.initialize(1, 2, 1)

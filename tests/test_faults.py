@@ -36,7 +36,7 @@ def _train_until(
     """Train; `faulty_rank` calls `fault` at its first forward pass of iteration 1. Returns
     this rank's error and the seconds from the start of iteration 1 to it."""
     from megatron.dynapipe.arguments import parse_args
-    from megatron.dynapipe.executor import PlanExecutor
+    from megatron.dynapipe.pipeline.executor import PlanExecutor
     from megatron.dynapipe.training import pretrain
 
     begun: dict[int, float] = {}
@@ -116,7 +116,8 @@ def test_a_rank_that_hangs_ends_the_job_within_the_timeout(tmp_path, layout, p2p
 def _planner_hangs(rank: int, world: int) -> tuple[str, float]:
     from stalled_planner import NeverAnswers
 
-    from megatron.dynapipe import iterations, plan_source
+    from megatron.dynapipe import iterations
+    from megatron.dynapipe.pipeline import plan_source
 
     recipe = plan_source.planner_recipe
 

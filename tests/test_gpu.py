@@ -41,8 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def _executor_on_gpu(rank: int, world: int, plan, weights: dict, flags: tuple[str, ...]):
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
-    from megatron.dynapipe.data import rank_microbatches
-    from megatron.dynapipe.executor import PlanExecutor
+    from megatron.dynapipe.data.microbatches import rank_microbatches
+    from megatron.dynapipe.pipeline.executor import PlanExecutor
 
     cpu_compat.install()
     ps.initialize(1, 1, world)

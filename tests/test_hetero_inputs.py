@@ -19,16 +19,8 @@ from dynapipe_planner.strategy.cli import strategy_main
 from dynapipe_planner.strategy.proposal import Strategy
 from dynapipe_planner.strategy.schemes import ParallelScheme
 from megatron.dynapipe.device_speed import DeviceSpeedError, parse_device_speed
-from megatron.dynapipe.hetero_plan_file import (
-    HeteroPlanError,
-    load_hetero_plan,
-    parse_hetero_plan,
-)
-from megatron.dynapipe.strategy_candidates import (
-    CandidateError,
-    load_candidates,
-    realisable,
-)
+from megatron.dynapipe.hetero.candidates import CandidateError, load_candidates, realisable
+from megatron.dynapipe.hetero.plan_file import HeteroPlanError, load_hetero_plan, parse_hetero_plan
 
 SPEC = ModelSpec("tiny", "gpt", 4, 32, 4, 128, 256, max_position_embeddings=128)
 
@@ -74,7 +66,7 @@ def test_a_static_layout_plans_and_runs_the_files_stage_modes() -> None:
     reads its own stage's mode from the merged plan (`recompute.stage_mode`)."""
     from dynapipe_planner.planner import PlannerConfig
     from dynapipe_planner.static_hetero import StaticHeteroRecipe
-    from megatron.dynapipe.recompute import stage_mode
+    from megatron.dynapipe.pipeline.recompute import stage_mode
 
     plan = _plan()
     for mode, stage in zip(("full", "none", "selective"), _stages(plan), strict=True):
@@ -188,7 +180,7 @@ def test_plans_of_a_strategy_have_the_layouts_its_groups_were_built_for() -> Non
         scheme_tables,
     )
     from dynapipe_planner.strategy.selection import SelectionConfig, StrategySelector
-    from megatron.dynapipe.strategy_candidates import layout_key, strategy_layouts
+    from megatron.dynapipe.hetero.candidates import layout_key, strategy_layouts
 
     spec = MODEL_PRESETS["gpt-1.3b"]
     models = AnalyticSchemeModels(spec, get_gpu("A100-80GB"), 4, gpus_per_node=4)
@@ -211,7 +203,7 @@ def test_vocabulary_padding_rows_follow_the_resuming_job() -> None:
     weights and both Adam moments; other parameters are left for `load_full` to check."""
     import torch
 
-    from megatron.dynapipe.strategy_switch import fit_vocab_rows
+    from megatron.dynapipe.hetero.switch import fit_vocab_rows
 
     def entry(rows: int) -> dict:
         base = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2)

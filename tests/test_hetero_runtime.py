@@ -87,9 +87,9 @@ def _run(rank: int, world: int, plan: ExecutionPlan, weights: dict, megatron_sta
 
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
-    from megatron.dynapipe.data import rank_microbatches
-    from megatron.dynapipe.executor import PlanExecutor
-    from megatron.dynapipe.grad_sync import AsymmetricGradSync
+    from megatron.dynapipe.data.microbatches import rank_microbatches
+    from megatron.dynapipe.hetero.grad_sync import AsymmetricGradSync
+    from megatron.dynapipe.pipeline.executor import PlanExecutor
 
     cpu_compat.install()
     ps.initialize_heterogeneous(plan.replicas, timeout_s=30)
@@ -207,7 +207,7 @@ def test_asymmetric_pipelines_equal_the_reference(
 
 
 def test_layouts_that_do_not_fit_the_job_fail_before_any_collective() -> None:
-    from megatron.dynapipe.hetero_state import HeteroTopology, LayoutMismatch
+    from megatron.dynapipe.hetero.groups import HeteroTopology, LayoutMismatch
 
     with pytest.raises(LayoutMismatch, match=r"replica 1 stage 0 runs on rank 4, but the job"):
         HeteroTopology.from_layouts(LAYOUTS, 4)
@@ -239,7 +239,7 @@ def test_layouts_that_do_not_fit_the_job_fail_before_any_collective() -> None:
 
 
 def test_topology_names_leaders_and_chunk_holders() -> None:
-    from megatron.dynapipe.hetero_state import EMBEDDING, HeteroTopology
+    from megatron.dynapipe.hetero.groups import EMBEDDING, HeteroTopology
 
     topology = HeteroTopology.from_layouts(LAYOUTS, 5)
     places = [topology.place(r) for r in range(5)]
@@ -288,7 +288,7 @@ def test_a_plan_laid_out_differently_is_rejected_before_running() -> None:
 
         from megatron.dynapipe import cpu_compat
         from megatron.dynapipe import parallel_state as ps
-        from megatron.dynapipe.executor import PlanExecutor, PlanRejected
+        from megatron.dynapipe.pipeline.executor import PlanExecutor, PlanRejected
 
         cpu_compat.install()
         ps.initialize_heterogeneous(plan.replicas, timeout_s=10)

@@ -96,8 +96,8 @@ def _build(rank: int, overlap: bool = False):
     from gpt_reference import build_stage
 
     from megatron.dynapipe import parallel_state as ps
-    from megatron.dynapipe.executor import PlanExecutor
-    from megatron.dynapipe.strategy_switch import DisaggregatedOptimizer
+    from megatron.dynapipe.hetero.switch import DisaggregatedOptimizer
+    from megatron.dynapipe.pipeline.executor import PlanExecutor
 
     ps.initialize_strategies(STRATEGIES, timeout_s=30)
     models, configs, topologies = [], [], []
@@ -127,8 +127,8 @@ def _switching(rank: int, world: int, plans: list[ExecutionPlan], weights: dict,
     its master shards at the end."""
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
-    from megatron.dynapipe.data import rank_microbatches
-    from megatron.dynapipe.strategy_switch import owner_ranges
+    from megatron.dynapipe.data.microbatches import rank_microbatches
+    from megatron.dynapipe.hetero.switch import owner_ranges
 
     cpu_compat.install()
     try:
@@ -179,7 +179,7 @@ def _fresh(rank: int, world: int):
     """Start from strategy 2's random initialisation; pull into every strategy."""
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
-    from megatron.dynapipe.grad_sync import logical_name
+    from megatron.dynapipe.hetero.grad_sync import logical_name
 
     cpu_compat.install()
     try:

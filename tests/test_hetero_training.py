@@ -52,10 +52,10 @@ def _reference(rank: int, world: int, argv: list[str], iterations: int):
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
     from megatron.dynapipe.arguments import parse_args
-    from megatron.dynapipe.hetero_training import hetero_job
+    from megatron.dynapipe.data.datasets import datasets
+    from megatron.dynapipe.hetero.training import hetero_job
     from megatron.dynapipe.iterations import global_batch_sampler
     from megatron.dynapipe.model import build_stage_model
-    from megatron.dynapipe.training import datasets
 
     args = parse_args(argv)
     dataset = datasets(args).train
@@ -98,7 +98,7 @@ def _reference(rank: int, world: int, argv: list[str], iterations: int):
 
 def _train(rank: int, world: int, argv: list[str], weights: dict):
     from megatron.dynapipe.arguments import parse_args
-    from megatron.dynapipe.hetero_training import pretrain_hetero
+    from megatron.dynapipe.hetero.training import pretrain_hetero
 
     names: list[str] = []
     losses = pretrain_hetero(parse_args(argv), initial_weights=weights, strategies_out=names)

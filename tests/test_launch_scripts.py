@@ -88,7 +88,7 @@ DROPPED = {
 @pytest.fixture(scope="module")
 def gpt3_flags(gpt2_bpe, preprocess_tool, tmp_path_factory) -> list[str]:
     """GPT3 with its data: a GPT-2 BPE corpus preprocessed as upstream's README does."""
-    from megatron.dynapipe.data import stdlib_files
+    from megatron.dynapipe.data.stdlib_corpus import stdlib_files
 
     root = tmp_path_factory.mktemp("gpt3")
     jsonl = root / "corpus.jsonl"

@@ -48,8 +48,8 @@ def _megatron_baseline(rank: int, world: int, pp: int, mbs: int, plan: Execution
     """One iteration through megatron-core's schedule: (loss sum, tokens), grads, call sites."""
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
-    from megatron.dynapipe.data import rank_microbatches
-    from megatron.dynapipe.megatron_baseline import MegatronPackingBaseline
+    from megatron.dynapipe.data.microbatches import rank_microbatches
+    from megatron.dynapipe.pipeline.megatron_baseline import MegatronPackingBaseline
 
     cpu_compat.install()
     ps.initialize(1, pp, world // pp)
@@ -142,7 +142,7 @@ def test_fixed_length_samples_are_megatron_cores(tmp_path: Path) -> None:
     from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
     from megatron.core.datasets.utils import Split
 
-    from megatron.dynapipe.megatron_samples import fixed_length_samples, rank_microbatches
+    from megatron.dynapipe.data.megatron_samples import fixed_length_samples, rank_microbatches
 
     args = argparse.Namespace(
         seed=7, seq_length=16, reset_position_ids=True, reset_attention_mask=True,

@@ -24,7 +24,7 @@ from dynapipe_planner.service import PlanningService
 def _fetch_all(rank: int, world: int, store_port: int) -> dict:
     import torch.distributed as dist
 
-    from megatron.dynapipe.plan_distribution import PlanChannel, open_plan_store
+    from megatron.dynapipe.pipeline.plan_distribution import PlanChannel, open_plan_store
 
     store = open_plan_store(rank, world, host="127.0.0.1", port=store_port, timeout_s=30)
     service = PlanningService(RECIPE, work(3), num_workers=1) if rank == 0 else None
@@ -54,7 +54,7 @@ def _miss_a_plan(rank: int, world: int, store_port: int) -> dict:
 
     import torch.distributed as dist
 
-    from megatron.dynapipe.plan_distribution import PlanChannel, open_plan_store
+    from megatron.dynapipe.pipeline.plan_distribution import PlanChannel, open_plan_store
 
     store = open_plan_store(rank, world, host="127.0.0.1", port=store_port, timeout_s=30)
     messages: list[str] = []
@@ -109,7 +109,7 @@ class _StoreThatDiesOnRead:
 
 
 def test_a_store_lost_while_reading_names_the_planner_and_iteration():
-    from megatron.dynapipe.plan_distribution import PlanChannel
+    from megatron.dynapipe.pipeline.plan_distribution import PlanChannel
 
     channel = PlanChannel(_StoreThatDiesOnRead(), 2, 3, timeout_s=5)
     with pytest.raises(PlanningServiceError) as raised:

@@ -19,8 +19,8 @@ RECIPE = PlannerRecipe(COST_MODEL, 2, PlannerConfig(dp_time_budget_s=0))
 
 def _resume_and_mismatch(rank: int, world: int) -> str:
     from dynapipe_planner.errors import PlanningServiceError
-    from megatron.dynapipe.data import GlobalBatchSampler
-    from megatron.dynapipe.plan_source import PlanMismatch, open_plan_source
+    from megatron.dynapipe.data.sampler import GlobalBatchSampler
+    from megatron.dynapipe.pipeline.plan_source import PlanMismatch, open_plan_source
 
     sampler = GlobalBatchSampler(LENGTHS, 8192, seed=3)
     next(sampler)  # iteration 0 was trained before the "resume"

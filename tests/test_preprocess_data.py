@@ -19,8 +19,10 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from megatron.dynapipe.data import BYTE_TOKENIZER, indexed_dataset, stdlib_texts
-from megatron.dynapipe.tokenizer import build_tokenizer
+from megatron.dynapipe.data.base import BYTE_TOKENIZER
+from megatron.dynapipe.data.indexed import indexed_dataset
+from megatron.dynapipe.data.stdlib_corpus import stdlib_texts
+from megatron.dynapipe.data.tokenizer import build_tokenizer
 
 pytestmark = pytest.mark.filterwarnings("ignore:Could not determine rank:UserWarning")
 

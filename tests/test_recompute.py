@@ -34,8 +34,8 @@ def _run_modes(rank: int, world: int, plan) -> list[tuple[float, dict, dict, int
 
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
-    from megatron.dynapipe.data import rank_microbatches
-    from megatron.dynapipe.executor import PlanExecutor, PlanRejected
+    from megatron.dynapipe.data.microbatches import rank_microbatches
+    from megatron.dynapipe.pipeline.executor import PlanExecutor, PlanRejected
 
     cpu_compat.install()
     ps.initialize(1, 2, 1)

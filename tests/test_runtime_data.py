@@ -1,4 +1,4 @@
-"""Runtime data (megatron.dynapipe.data, tools/preprocess_data.py): exact micro-batch tensors for
+"""Runtime data (megatron.dynapipe.data.*, tools/preprocess_data.py): exact micro-batch tensors for
 padded and packed rows, the built-in stdlib corpus, chunking that keeps every label, the jsonl ->
 Megatron .bin/.idx round trip with the byte tokenizer, errors that name the file, and resumable
 global batches. Megatron's tokenizers and data flags: test_tokenizer.py, test_datasets.py,
@@ -24,24 +24,25 @@ pytest.importorskip("megatron.core")
 from dynapipe_planner.data import global_batches, load_lengths, sample_lengths  # noqa: E402
 from dynapipe_planner.model_spec import ModelSpec  # noqa: E402
 from dynapipe_planner.plan import ExecutionPlan, MicroBatch  # noqa: E402
-from megatron.dynapipe.data import (  # noqa: E402
+from megatron.dynapipe.data.base import (  # noqa: E402
     BYTE_EOD,
     BYTE_PAD,
     BYTE_TOKENIZER,
     ByteTokenizer,
     DataError,
-    GlobalBatchSampler,
-    build_dataset,
-    in_memory_dataset,
-    indexed_dataset,
-    jsonl_dataset,
+)
+from megatron.dynapipe.data.datasets import build_dataset  # noqa: E402
+from megatron.dynapipe.data.indexed import indexed_dataset  # noqa: E402
+from megatron.dynapipe.data.jsonl import jsonl_dataset  # noqa: E402
+from megatron.dynapipe.data.microbatches import (  # noqa: E402
     microbatch_tensors,
     rank_microbatches,
-    stdlib_corpus,
-    stdlib_files,
-    synthetic_dataset,
     with_empty_rows,
 )
+from megatron.dynapipe.data.sampler import GlobalBatchSampler  # noqa: E402
+from megatron.dynapipe.data.stdlib_corpus import stdlib_corpus, stdlib_files  # noqa: E402
+from megatron.dynapipe.data.synthetic import synthetic_dataset  # noqa: E402
+from megatron.dynapipe.data.variable_length import in_memory_dataset  # noqa: E402
 
 # megatron-core's index reader logs "on rank 0 only" and warns outside torch.distributed.
 pytestmark = pytest.mark.filterwarnings("ignore:Could not determine rank:UserWarning")
@@ -348,10 +349,8 @@ def test_vocabulary_check_scans_in_chunks_with_progress(tmp_path: Path, monkeypa
     the first bad id past a chunk boundary is still traced to its document."""
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
-    from megatron.dynapipe import data
-
-    monkeypatch.setattr(data, "_ID_CHECK_CHUNK", 4)
-    monkeypatch.setattr(data, "_ID_CHECK_PROGRESS_BYTES", 1)
+    monkeypatch.setattr("megatron.dynapipe.data.variable_length._ID_CHECK_CHUNK", 4)
+    monkeypatch.setattr("megatron.dynapipe.data.indexed._ID_CHECK_PROGRESS_BYTES", 1)
     prefix = str(tmp_path / "chunked")
     builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16)
     for document in ([1, 2, 3], [4, 5, 6, EOD], [7, 8, 9, 300, 10]):

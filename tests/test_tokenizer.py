@@ -1,5 +1,5 @@
-"""Megatron's tokenizers through megatron.dynapipe.tokenizer, with nothing downloaded: ids equal
-the reference library's own encoding (HuggingFace `tokenizers` for GPT-2 BPE and a local
+"""Megatron's tokenizers through megatron.dynapipe.data.tokenizer, with nothing downloaded: ids
+equal the reference library's own encoding (HuggingFace `tokenizers` for GPT-2 BPE and a local
 HuggingFace directory, `sentencepiece` for the SentencePiece family), special ids follow the
 documented pad rule, the byte tokenizer stays the default, Megatron's namespace is left as it
 was, and bad flags give one line naming the flag and path.
@@ -16,8 +16,9 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from megatron.dynapipe.data import BYTE_TOKENIZER, stdlib_files
-from megatron.dynapipe.tokenizer import TokenizerError, build_tokenizer
+from megatron.dynapipe.data.base import BYTE_TOKENIZER
+from megatron.dynapipe.data.stdlib_corpus import stdlib_files
+from megatron.dynapipe.data.tokenizer import TokenizerError, build_tokenizer
 
 TEXTS = ["def f(x):\n    return x + 1\n", "ünïcode ✓ and  spaces", "", "import os\n" * 5]
 

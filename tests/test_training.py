@@ -65,7 +65,7 @@ def test_bpe_blend_with_split_trains_and_evaluates(gpt2_bpe, preprocess_tool, tm
     """Megatron's data path end to end: a GPT-2 BPE, two corpora preprocessed with upstream's
     flags, a weighted blend of their prefixes split 8,1,1, validation during and after
     training and the test split at the end, in Megatron's report lines."""
-    from megatron.dynapipe.data import stdlib_files
+    from megatron.dynapipe.data.stdlib_corpus import stdlib_files
 
     files = stdlib_files()
     prefixes = []

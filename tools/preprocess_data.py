@@ -8,10 +8,11 @@ with upstream Megatron-LM's flags and output naming.
 
 Every `--json-keys` key gets its own `<prefix>_<key>_document.bin/.idx` pair, written with
 megatron-core's `IndexedDatasetBuilder`, so Megatron's own GPT datasets and
-`megatron.dynapipe.data.indexed_dataset` read the same files. Each record is one document (one
-sequence); cutting to the sequence length happens when a dataset is loaded. A key may hold text or
-ready-made token ids. Without `--tokenizer-type` the runtime's byte-level tokenizer is used (ids =
-UTF-8 bytes, EOD 256, vocabulary 258; no vocabulary file); the tokenizer flags are Megatron's own.
+`megatron.dynapipe.data.indexed.indexed_dataset` read the same files. Each record is one
+document (one sequence); cutting to the sequence length happens when a dataset is loaded. A
+key may hold text or ready-made token ids. Without `--tokenizer-type` the runtime's byte-level
+tokenizer is used (ids = UTF-8 bytes, EOD 256, vocabulary 258; no vocabulary file); the
+tokenizer flags are Megatron's own.
 `--input stdlib` takes the standard library's source files as documents with the one key "text".
 
 Every token id is checked against the tokenizer's vocabulary, and an error names the input file
@@ -49,14 +50,10 @@ logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder  # noqa: E402
 from megatron.training.arguments import _add_tokenizer_args  # noqa: E402
 
-from megatron.dynapipe.data import (  # noqa: E402
-    DataError,
-    Tokenizer,
-    jsonl_records,
-    record_tokens,
-    stdlib_texts,
-)
-from megatron.dynapipe.tokenizer import build_tokenizer  # noqa: E402
+from megatron.dynapipe.data.base import DataError, Tokenizer  # noqa: E402
+from megatron.dynapipe.data.jsonl import jsonl_records, record_tokens  # noqa: E402
+from megatron.dynapipe.data.stdlib_corpus import stdlib_texts  # noqa: E402
+from megatron.dynapipe.data.tokenizer import build_tokenizer  # noqa: E402
 
 _STDLIB_KEY = "text"
 _WORKER_CHUNK = 16  # records per task sent to a worker

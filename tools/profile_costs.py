@@ -143,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
     from megatron.dynapipe.cost_profiler import ProfileGrid, device_name, profile_cost_table
-    from megatron.dynapipe.data import BYTE_VOCAB_SIZE
+    from megatron.dynapipe.data.base import BYTE_VOCAB_SIZE
     from megatron.dynapipe.model import padded_vocab_size
 
     args = parse_args(argv)

@@ -37,7 +37,6 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from dynapipe_planner.cost.profiled import FORMAT
 from dynapipe_planner.megatron_model import spec_from_args
 
-from .executor import masked_token_loss
 from .memory import (
     MemoryTrace,
     live_tensor_bytes,
@@ -46,6 +45,7 @@ from .memory import (
 )
 from .model import build_gpt_model
 from .model_flags import dtype_name
+from .pipeline.executor import masked_token_loss
 
 COMPONENTS = ("embedding", "decoder_layer", "lm_head")
 

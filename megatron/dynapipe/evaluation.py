@@ -23,12 +23,13 @@ from megatron.core.datasets.gpt_dataset import GPTDataset
 from dynapipe_planner.service import PlannerRecipe
 
 from . import parallel_state as ps
-from .data import VariableLengthDataset, rank_microbatches
-from .executor import IterationResult, PlanExecutor
-from .megatron_baseline import MegatronFixedLengthBaseline
-from .megatron_samples import rank_microbatches as fixed_length_microbatches
-from .plan_distribution import PlanChannel
-from .plan_source import PLANNING_RANK
+from .data.megatron_samples import rank_microbatches as fixed_length_microbatches
+from .data.microbatches import rank_microbatches
+from .data.variable_length import VariableLengthDataset
+from .pipeline.executor import IterationResult, PlanExecutor
+from .pipeline.megatron_baseline import MegatronFixedLengthBaseline
+from .pipeline.plan_distribution import PlanChannel
+from .pipeline.plan_source import PLANNING_RANK
 
 
 class Evaluator:

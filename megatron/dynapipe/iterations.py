@@ -4,11 +4,11 @@
 evaluation, early exits); the methods differ in how an iteration's work is made:
 
 - `PlannedIterations`: the sampler's next global batch (variable-length samples), its plan
-  from the planning rank (`plan_source`), this rank's micro-batch tensors, run by
+  from the planning rank (`pipeline.plan_source`), this rank's micro-batch tensors, run by
   `PlanExecutor`, or with `--baseline packing-1f1b` by megatron-core's schedule
   (`MegatronPackingBaseline`);
 - `MegatronIterations` (`--baseline megatron-1f1b`): global batch k of Megatron's fixed-length
-  samples (`megatron_samples`) run by megatron-core's schedule; no planner runs.
+  samples (`data.megatron_samples`) run by megatron-core's schedule; no planner runs.
 
 Both offer the same: `bind` (the runner, once the model exists), `next(iteration)`, the data
 position a checkpoint keeps (`data_position`) and the held-out evaluators.
@@ -30,15 +30,21 @@ from dynapipe_planner.plan import ExecutionPlan
 
 from . import parallel_state as ps
 from .checkpointing import CheckpointError, ResumePoint
-from .data import GlobalBatchSampler, MicroBatchTensors, rank_microbatches
-from .datasets import DataSplits
+from .data.datasets import DataSplits
+from .data.megatron_samples import fixed_length_samples
+from .data.megatron_samples import rank_microbatches as fixed_length_microbatches
+from .data.microbatches import MicroBatchTensors, rank_microbatches
+from .data.sampler import GlobalBatchSampler
 from .device_speed import parse_device_speed
 from .evaluation import Evaluator, FixedLengthEvaluator
-from .executor import ForwardStepFunc, IterationResult, PlanExecutor, gpt_forward_step
-from .megatron_baseline import MegatronFixedLengthBaseline, MegatronPackingBaseline
-from .megatron_samples import fixed_length_samples
-from .megatron_samples import rank_microbatches as fixed_length_microbatches
-from .plan_source import PLANNING_RANK, open_plan_source, open_store, planner_recipe
+from .pipeline.executor import (
+    ForwardStepFunc,
+    IterationResult,
+    PlanExecutor,
+    gpt_forward_step,
+)
+from .pipeline.megatron_baseline import MegatronFixedLengthBaseline, MegatronPackingBaseline
+from .pipeline.plan_source import PLANNING_RANK, open_plan_source, open_store, planner_recipe
 
 
 @dataclass

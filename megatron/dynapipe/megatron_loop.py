@@ -37,7 +37,7 @@ from . import arguments, cpu_compat
 from . import parallel_state as ps
 from .checkpointing import ResumePoint, TrainState
 from .iterations import Iteration, PlannedIterations
-from .training import datasets
+from .data.datasets import datasets
 
 
 class DynaPipeSchedule:

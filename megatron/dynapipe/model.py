@@ -10,10 +10,10 @@ whatever Megatron's flags say.
 
 On top, DynaPipe sets what its executor needs: each micro-batch has its own shape
 (`variable_seq_lengths`), the loss is summed per token over the global batch
-(`calculate_per_token_loss`), recomputation is switched per plan (`recompute`), and the layer
-split comes from the planner's own `split_layers` (or a heterogeneous layout's ranges), handed
-to megatron-core as first/last-stage counts or a pipeline layout, so the plan's costs describe
-the model that runs.
+(`calculate_per_token_loss`), recomputation is switched per plan (`pipeline.recompute`), and
+the layer split comes from the planner's own `split_layers` (or a heterogeneous layout's
+ranges), handed to megatron-core as first/last-stage counts or a pipeline layout, so the plan's
+costs describe the model that runs.
 """
 
 from __future__ import annotations

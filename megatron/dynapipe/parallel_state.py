@@ -9,7 +9,7 @@ For a homogeneous layout `initialize` lets megatron-core's own `initialize_model
 build the groups: that fills every global of `megatron.core.parallel_state` on each rank and
 unmodified megatron-core modules (models, DDP, optimiser, schedules) find their groups. For the
 asymmetric layouts of a heterogeneous plan (pipelines of different depth, a TP degree per
-stage; seed `hexiscale.txt` §3.2) `initialize_heterogeneous` builds them with `hetero_state`
+stage; seed `hexiscale.txt` §3.2) `initialize_heterogeneous` builds them with `hetero.groups`
 and fills the same globals per rank. Everything in megatron.dynapipe asks this module for
 stage, replica and peer ranks instead of computing them.
 """
@@ -26,7 +26,7 @@ from megatron.core import parallel_state as mpu
 
 from dynapipe_planner.plan import ReplicaLayout
 
-from .hetero_state import (
+from .hetero.groups import (
     HeteroGroups,
     HeteroTopology,
     LayoutMismatch,
@@ -180,10 +180,10 @@ def initialize_heterogeneous(
     timeout_s: float = 600.0,
 ) -> None:
     """Build the groups of the asymmetric job a heterogeneous plan's `layouts` describe and
-    fill megatron's globals for this rank (`hetero_state`).
+    fill megatron's globals for this rank (`hetero.groups`).
 
     The layouts are checked against the world size before any group exists: a mismatch raises
-    `hetero_state.LayoutMismatch` naming the replica, stage or rank on every rank, so nothing
+    `hetero.groups.LayoutMismatch` naming the replica, stage or rank on every rank, so nothing
     hangs. `tied_embeddings` decides which stages share the word embeddings (gradient groups).
     torch.distributed is initialised as `initialize` does.
     """

@@ -2,13 +2,13 @@
 
 Each iteration takes the next global batch (a token budget or a sample count), gets its plan
 (micro-batches, schedule and communication of every pipeline; seed `dynapipe.txt` §3), planned
-ahead of time on rank 0 and fetched by the others (`plan_source`), builds this rank's
+ahead of time on rank 0 and fetched by the others (`pipeline.plan_source`), builds this rank's
 micro-batch tensors from it (`iterations`; `--baseline megatron-1f1b` takes Megatron's
 fixed-length samples instead, with no planner), runs it, steps the optimiser and logs what a
 Megatron user watches plus what DynaPipe changes: real tokens/s, padding efficiency, the
 planner's predicted iteration time next to the measured one, the planner's time for the plan
 and how long training waited for it. A step that fails because a peer died names that rank and
-the iteration (`liveness`); every wait is bounded by `--dynapipe-timeout`.
+the iteration (`pipeline.liveness`); every wait is bounded by `--dynapipe-timeout`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import contextlib
 import gc
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable
 
@@ -35,13 +34,13 @@ from dynapipe_planner.plan import ExecutionPlan
 from . import checkpointing, cpu_compat
 from . import parallel_state as ps
 from .checkpointing import TrainState
-from .datasets import DataSplits, build_datasets
+from .data.datasets import DataSplits, datasets
 from .evaluation import validation_line
 from .iterations import Iteration, iterations_for
-from .liveness import Liveness
+from .log import log_rank0
 from .model import build_stage_model, padded_vocab_size
-from .plan_source import PLANNING_RANK
-from .tokenizer import build_tokenizer
+from .pipeline.liveness import Liveness
+from .pipeline.plan_source import PLANNING_RANK
 
 log = logging.getLogger("dynapipe")
 
@@ -96,7 +95,7 @@ def pretrain(args: argparse.Namespace, probe: IterationProbe | None = None) -> l
     the part the plan predicts: the cost-model accuracy benchmark measures it there.
     """
     if getattr(args, "dynamic_strategies", False) or getattr(args, "hetero_plan", None):
-        from .hetero_training import pretrain_hetero
+        from .hetero.training import pretrain_hetero
 
         return pretrain_hetero(args)
     cpu_compat.install()
@@ -112,11 +111,6 @@ def pretrain(args: argparse.Namespace, probe: IterationProbe | None = None) -> l
 
 def _world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
-
-
-def datasets(args: argparse.Namespace) -> DataSplits:
-    """The train, validation and test data the flags name, tokenized by their tokenizer."""
-    return build_datasets(args, build_tokenizer(args))
 
 
 def _train(
@@ -257,9 +251,3 @@ def _iteration_line(args, state, work: Iteration, loss, tokens, measured_s) -> s
             f"(waited {work.waited_s * 1e3:,.1f} ms)"
         )
     return line
-
-
-def log_rank0(rank: int, message: str) -> None:
-    """Print `message` on rank 0 only (the log every Megatron user reads)."""
-    if rank == 0:
-        print(message, file=sys.stdout, flush=True)

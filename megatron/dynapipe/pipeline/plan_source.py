@@ -34,8 +34,8 @@ from dynapipe_planner.plan import ExecutionPlan
 from dynapipe_planner.planner import PlannerConfig
 from dynapipe_planner.service import PlannerRecipe, PlanningService
 
-from .data import GlobalBatchSampler
-from .model_flags import dtype_name
+from ..data.sampler import GlobalBatchSampler
+from ..model_flags import dtype_name
 from .plan_distribution import PlanChannel, open_plan_store
 
 PLANNING_RANK = 0

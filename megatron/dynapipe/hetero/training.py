@@ -6,20 +6,21 @@ fixed partition over all ranks, so a switch moves no optimiser state. HexiScale 
 §3.2) runs one fixed asymmetric layout with a batch share per pipeline. Both run here as one
 loop over the `DisaggregatedOptimizer` (a static layout is a set of one strategy):
 
-1. start-up: every candidate strategy's layouts (`strategy_candidates`, or the `--hetero-plan`
+1. start-up: every candidate strategy's layouts (`candidates`, or the `--hetero-plan`
    file), all their process groups in one order on every rank, strategy 0's stage model (the
    others are built on first use, `strategy_models`); master weights from strategy 0's fresh
    layers or a checkpoint;
-2. per iteration: rank 0's planner (planning ahead in worker processes, `plan_source`) selects
-   and plans a strategy for the global batch; every rank reads the strategy from the plan's
-   layouts, switches to it (`parallel_state.use_strategy`), pulls its working weights, runs the
-   plan, pushes gradients to the owners (the executor's finalize step), and the owners step.
+2. per iteration: rank 0's planner (planning ahead in worker processes,
+   `pipeline.plan_source`) selects and plans a strategy for the global batch; every rank reads
+   the strategy from the plan's layouts, switches to it (`parallel_state.use_strategy`), pulls
+   its working weights, runs the plan, pushes gradients to the owners (the executor's finalize
+   step), and the owners step.
 
 Why the disaggregated optimiser also for a static layout (instead of Megatron's optimiser with
 `grad_sync.AsymmetricGradSync`): one code path, the push is the asymmetric sync (pieces summed
 at the owners, weighted by real tokens), the optimiser state is sharded over every rank rather
 than replicated on every holder, and checkpoints are the same layout-independent full state
-(`hetero_checkpointing`) whichever mode saved them.
+(`hetero.checkpointing`) whichever mode saved them.
 
 Each iteration's line names the strategy and splits the time into pull, propagation, push and
 optimiser step (slowest rank of each), Hydraulis Table 1's decomposition. Gradients are clipped
@@ -50,28 +51,30 @@ from dynapipe_planner.strategy.mixed import PlacedSchemeModels
 from dynapipe_planner.strategy.schemes import AnalyticSchemeModels
 from dynapipe_planner.strategy.selection import SelectionConfig, StrategyRecipe
 
-from . import cpu_compat, hetero_checkpointing
-from . import parallel_state as ps
-from .checkpointing import TrainState
-from .data import rank_microbatches
-from .device_speed import parse_device_speed
-from .executor import PlanExecutor
-from .hetero_plan_file import load_hetero_plan
-from .iterations import global_batch_sampler
-from .liveness import Liveness
-from .model import build_stage_model, layout_free_tp, padded_vocab_size
-from .model_flags import dtype_name
-from .plan_source import PLANNING_RANK, open_plan_source
-from .strategy_candidates import (
+from .. import cpu_compat
+from .. import parallel_state as ps
+from ..checkpointing import TrainState
+from ..data.datasets import datasets
+from ..data.microbatches import rank_microbatches
+from ..device_speed import parse_device_speed
+from ..iterations import global_batch_sampler
+from ..log import log_rank0
+from ..model import build_stage_model, layout_free_tp, padded_vocab_size
+from ..model_flags import dtype_name
+from ..pipeline.executor import PlanExecutor
+from ..pipeline.liveness import Liveness
+from ..pipeline.plan_source import PLANNING_RANK, open_plan_source
+from . import checkpointing
+from .candidates import (
     CandidateSet,
     load_candidates,
     mixed_candidates,
     propose_candidates,
     realisable,
 )
+from .plan_file import load_hetero_plan
 from .strategy_models import StrategyModels
-from .strategy_switch import DisaggregatedOptimizer
-from .training import datasets, log_rank0
+from .switch import DisaggregatedOptimizer
 
 TIMES = ("pull", "propagation", "push", "optimizer")
 
@@ -237,7 +240,7 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
     listed = "; ".join(f"{k}: {n}" for k, n in enumerate(names))
     log_rank0(rank, f"{len(names)} strategies: {listed}")
     sampler = global_batch_sampler(args, dataset.lengths())
-    checkpoint = hetero_checkpointing.read_latest(args)
+    checkpoint = checkpointing.read_latest(args)
     if checkpoint is not None:
         sampler.load_state_dict(checkpoint.sampler_state)
     plans = open_plan_source(
@@ -304,7 +307,7 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
                 state.iteration % args.save_interval == 0 or state.iteration == args.train_iters
             ):
                 with liveness.step(iteration):
-                    hetero_checkpointing.save(args.save, state, optimizer, sampler)
+                    checkpointing.save(args.save, state, optimizer, sampler)
     return losses
 
 

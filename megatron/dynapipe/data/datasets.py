@@ -1,11 +1,12 @@
 """Train, validation and test datasets from Megatron's data flags, kept variable-length.
 
-`build_datasets(args, tokenizer)` reads the namespace of Megatron's parser and honours:
+`build_datasets(args, tokenizer)` reads the namespace of Megatron's parser (`datasets(args)`
+builds the tokenizer the flags name first) and honours:
 
-- no `--data-path`: the built-in stdlib corpus (`data.stdlib_corpus`), tokenized by `tokenizer`;
+- no `--data-path`: the built-in stdlib corpus (`stdlib_corpus`), tokenized by `tokenizer`;
 - `--data-path ENTRY` or a blend `--data-path W1 ENTRY1 W2 ENTRY2 ...`, or several entries
   without weights (weighted by their sizes, as Megatron does); an entry is `stdlib`,
-  `synthetic:<preset>`, a `.jsonl` file or a Megatron `.bin/.idx` prefix (`data.build_dataset`);
+  `synthetic:<preset>`, a `.jsonl` file or a Megatron `.bin/.idx` prefix (`build_dataset`);
   `--data-args-path FILE` holds the same list;
 - `--split a,b,c`: Megatron's meaning, document ranges in those proportions taken from *each*
   dataset of the blend (megatron-core parses and normalises the string; the range of a share
@@ -14,15 +15,15 @@
   is for training;
 - `--train-data-path` / `--valid-data-path` / `--test-data-path` (or
   `--per-split-data-args-path`): one blend per split, each used whole;
-- `--mock-data`: megatron-core's mock GPT documents (`data.mock_dataset`), in thirds as
+- `--mock-data`: megatron-core's mock GPT documents (`synthetic.mock_dataset`), in thirds as
   Megatron divides mock data, or by an explicit `--split` (which Megatron ignores for mock data).
 
-Documents are chunked at `--seq-length` as `data.VariableLengthDataset` does, and a blend
+Documents are chunked at `--seq-length` as `variable_length.VariableLengthDataset` does, and a blend
 (`BlendedSamples`) offers what a single dataset offers, so the planner and executor see no
 difference. `--data-cache-path` has nothing to cache here: the blend and split indices are
 built in memory, in well under a second per million samples.
 
-Bad flags raise `data.DataError` with one line naming the flag and the offending item.
+Bad flags raise `base.DataError` with one line naming the flag and the offending item.
 """
 
 from __future__ import annotations
@@ -36,15 +37,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .data import (
-    DataError,
-    SampleDataset,
-    Tokenizer,
-    VariableLengthDataset,
-    build_dataset,
-    mock_dataset,
-    stdlib_corpus,
-)
+from .base import BYTE_TOKENIZER, DataError, SampleDataset, Tokenizer
+from .indexed import indexed_dataset
+from .jsonl import jsonl_dataset
+from .stdlib_corpus import stdlib_corpus
+from .synthetic import mock_dataset, synthetic_dataset
+from .tokenizer import build_tokenizer
+from .variable_length import VariableLengthDataset
 
 SPLIT_NAMES = ("train", "valid", "test")
 _PER_SPLIT_FLAGS = ("--train-data-path", "--valid-data-path", "--test-data-path")
@@ -158,6 +157,11 @@ def _check_agree(datasets: Sequence[SampleDataset]) -> None:
 # ---------------------------------------------------------------- flags -> datasets
 
 
+def datasets(args: argparse.Namespace) -> DataSplits:
+    """The train, validation and test data the flags name, tokenized by their tokenizer."""
+    return build_datasets(args, build_tokenizer(args))
+
+
 def build_datasets(args: argparse.Namespace, tokenizer: Tokenizer) -> DataSplits:
     """The train/valid/test datasets Megatron's data flags in `args` select (see the module
     docstring), every token id from `tokenizer`."""
@@ -193,6 +197,30 @@ def build_datasets(args: argparse.Namespace, tokenizer: Tokenizer) -> DataSplits
         build_dataset(entry, seq_length, tokenizer=tokenizer, seed=seed) for entry in entries
     ]
     return _split_datasets(flag, datasets, weights, args.split, seed)
+
+
+def build_dataset(
+    data_path: str | None,
+    max_seqlen: int,
+    *,
+    tokenizer: Tokenizer = BYTE_TOKENIZER,
+    seed: int = 0,
+    num_samples: int = 4096,
+) -> VariableLengthDataset:
+    """The dataset one `--data-path` entry names, its ids from `tokenizer`.
+
+    None or "stdlib": the built-in corpus; "synthetic:<preset>": `num_samples` SYNTHETIC samples
+    drawn with `seed`; a path ending in `.jsonl`: that file ("text" or "input_ids" records);
+    anything else: a Megatron `.bin/.idx` prefix.
+    """
+    if data_path is None or data_path == "stdlib":
+        return stdlib_corpus(max_seqlen, tokenizer=tokenizer)
+    if data_path.startswith("synthetic:"):
+        preset = data_path.removeprefix("synthetic:")
+        return synthetic_dataset(preset, num_samples, max_seqlen, seed=seed, tokenizer=tokenizer)
+    if data_path.endswith(".jsonl"):
+        return jsonl_dataset(data_path, max_seqlen, tokenizer=tokenizer)
+    return indexed_dataset(data_path, max_seqlen, tokenizer=tokenizer)
 
 
 def parse_blend(values: Sequence[str], flag: str) -> tuple[list[str], list[float] | None]:

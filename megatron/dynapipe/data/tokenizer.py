@@ -1,7 +1,7 @@
 """The runtime's tokenizer from Megatron's tokenizer flags: the built-in byte tokenizer when no
 `--tokenizer-type` is given, otherwise megatron-core's own tokenizer
 (`megatron.core.tokenizers.utils.build_tokenizer.build_tokenizer`), seen through the small
-`megatron.dynapipe.data.Tokenizer` protocol the datasets use.
+`megatron.dynapipe.data.base.Tokenizer` protocol the datasets use.
 
 Nothing is ever downloaded. megatron-core fetches what a flag leaves out (GPT-2's vocabulary
 and merges from S3) or names a Hub repository instead of a path (its GPT2BPETokenizer loads the
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .data import BYTE_TOKENIZER, DataError, Tokenizer
+from .base import BYTE_TOKENIZER, DataError, Tokenizer
 
 # The Megatron tokenizer types the runtime builds, and the flag naming each one's files.
 _FILE_FLAGS = {
@@ -65,8 +65,8 @@ class MegatronTokenizer:
     `pad_id` is the tokenizer's own pad id when it has one inside the vocabulary, else its EOD:
     GPT-2 BPE, SentencePiece models trained without a pad piece and NullTokenizer have none
     (megatron-core answers None or -1). Any in-vocabulary id would do, because padding
-    positions carry no loss and attend only to each other (`data.microbatch_tensors`); EOD is
-    the one special id every usable tokenizer has.
+    positions carry no loss and attend only to each other (`microbatches.microbatch_tensors`);
+    EOD is the one special id every usable tokenizer has.
     """
 
     name: str

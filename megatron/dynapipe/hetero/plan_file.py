@@ -35,8 +35,8 @@ from typing import NamedTuple
 from dynapipe_planner.model_spec import ModelSpec
 from dynapipe_planner.plan import ReplicaLayout, StageLayout
 
-from .hetero_state import HeteroTopology, LayoutMismatch
-from .recompute import RECOMPUTE_MODES
+from ..pipeline.recompute import RECOMPUTE_MODES
+from .groups import HeteroTopology, LayoutMismatch
 
 HEXISCALE_FORMAT = "hexiscale-plan"  # dynapipe_planner.hetero.plan_file.FORMAT
 

@@ -8,7 +8,7 @@ from it under any strategy set, static layout or rank count: each rank takes its
 Every rank's random streams (dropout) are saved too; a job of the same rank count resumes them
 (exactly the uninterrupted run when it also trains the same strategies), another rank count
 starts them from the seed, and says so. A job whose TP degrees pad the vocabulary differently
-gets the padding rows fitted (`strategy_switch.fit_vocab_rows`), and says so too.
+gets the padding rows fitted (`switch.fit_vocab_rows`), and says so too.
 
 Layout: `<dir>/iter_<NNNNNNN>/` and `<dir>/latest_iteration.txt`, with one file
 `full_state.pt` written by rank 0 under a temporary name and renamed, the `latest` marker moved
@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .checkpointing import LATEST, CheckpointError, TrainState, rng_state, set_rng_state
-from .strategy_switch import DisaggregatedOptimizer
+from ..checkpointing import LATEST, CheckpointError, TrainState, rng_state, set_rng_state
+from .switch import DisaggregatedOptimizer
 
 FULL_STATE = "full_state.pt"
 FORMAT = "dynapipe-full-fp32-v1"

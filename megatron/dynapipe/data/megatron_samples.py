@@ -5,7 +5,7 @@ Megatron-LM pretrains on megatron-core's `GPTDataset`: the documents of a split 
 ignore document boundaries (unless `--reset-attention-mask` / `--reset-position-ids` say
 otherwise, and `--eod-mask-loss` drops the loss on end-of-document tokens). The baseline builds
 those windows with that class, over the same split (and blend) DynaPipe trains on: each of the
-split's samples (a document, or a `--seq-length` chunk of a longer one, `data.py`) is one of
+split's samples (a document, or a `--seq-length` chunk of a longer one, `variable_length`) is one of
 the GPTDataset's documents, read through the low-level interface megatron-core's own mock
 data offers (`sequence_lengths`, `get`). The indices are built in memory on every rank from the
 seed, as megatron-core does for mock data, so no rank waits for another's cache files.
@@ -26,7 +26,8 @@ import torch
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.utils import Split
 
-from .data import MicroBatchTensors, SampleDataset
+from .base import SampleDataset
+from .microbatches import MicroBatchTensors
 
 
 class _SamplesAsDocuments:
@@ -78,7 +79,7 @@ def fixed_length_samples(
 
 
 def microbatch(samples: list[dict[str, torch.Tensor]]) -> MicroBatchTensors:
-    """GPTDataset samples as one micro-batch of `megatron.dynapipe.data` tensors."""
+    """GPTDataset samples as one micro-batch of `megatron.dynapipe.data.microbatches` tensors."""
     loss_mask = torch.stack([s["loss_mask"] for s in samples]).float()
     return MicroBatchTensors(
         tokens=torch.stack([s["tokens"] for s in samples]),

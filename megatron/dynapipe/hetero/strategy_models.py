@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .checkpointing import rng_state, set_rng_state
-from .executor import PlanExecutor
-from .strategy_switch import DisaggregatedOptimizer
+from ..checkpointing import rng_state, set_rng_state
+from ..pipeline.executor import PlanExecutor
+from .switch import DisaggregatedOptimizer
 
 
 @dataclass

@@ -21,7 +21,7 @@ Heterogeneous plans (pipelines of different depth and TP per stage; seed `hexisc
 run on a job whose groups were built from the same layouts
 (`parallel_state.initialize_heterogeneous`): each rank runs its (replica, stage)'s list, its
 stage boundaries go leader to leader with a TP broadcast (`p2p.LeaderPeerToPeer`) and the
-config's finalize function is the asymmetric gradient sync (`grad_sync.AsymmetricGradSync`).
+config's finalize function is the asymmetric gradient sync (`hetero.grad_sync.AsymmetricGradSync`).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from megatron.core.utils import get_attr_wrapped_model
 from dynapipe_planner.plan import ExecutionPlan, Instruction, ReplicaLayout
 from dynapipe_planner.simulate import verify_plan
 
-from . import parallel_state as ps
-from .device_speed import paced
-from .memory import release_megatron_workspace
+from .. import parallel_state as ps
+from ..device_speed import paced
+from ..memory import release_megatron_workspace
 from .p2p import PLAN_DTYPES, LeaderPeerToPeer, PeerToPeer, Transfer
 from .recompute import RECOMPUTE_MODES, apply_recompute, stage_mode
 
@@ -76,7 +76,7 @@ def masked_token_loss(
 def gpt_forward_step(
     data_iterator: Iterator[Any], model: torch.nn.Module
 ) -> tuple[torch.Tensor, Callable]:
-    """Forward of one micro-batch of `megatron.dynapipe.data` tensors through a GPTModel stage.
+    """Forward of one micro-batch of `data.microbatches` tensors through a GPTModel stage.
 
     Stages other than the first ignore the tokens (their input is the received activation) and
     stages other than the last ignore the labels, as in megatron-core.

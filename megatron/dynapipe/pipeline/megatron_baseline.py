@@ -11,12 +11,12 @@ per-token loss normalised by the global batch's real tokens in `finalize_model_g
 (`calculate_per_token_loss`), as in `PlanExecutor`. What the rows hold:
 
 - `--baseline megatron-1f1b` (`MegatronFixedLengthBaseline`): what Megatron-LM trains,
-  megatron-core's GPTDataset windows over the concatenated documents (`megatron_samples`);
+  megatron-core's GPTDataset windows over the concatenated documents (`data.megatron_samples`);
   recomputation as Megatron's flags say (none by default);
 - `--baseline packing-1f1b` (`MegatronPackingBaseline`): the planner's packing baseline
   (first-fit-decreasing, `dynapipe_planner.microbatch.baselines.packing_groups`), read from the
   plan's micro-batch list, samples kept apart by block-diagonal causal masks and per-sample
-  position ids (`megatron.dynapipe.data`), which megatron-core's local attention computes in
+  position ids (`data.microbatches`), which megatron-core's local attention computes in
   full; a global batch's last micro-batch is topped up with rows of padding (computed like any
   row; the logged padding efficiency, real tokens / (packed rows x seq-length), leaves them
   out); the plan's schedule and communication are ignored, megatron-core's schedule decides
@@ -34,8 +34,8 @@ from megatron.core.transformer import TransformerConfig
 
 from dynapipe_planner.plan import ExecutionPlan
 
-from . import parallel_state as ps
-from .data import MicroBatchTensors, with_empty_rows
+from .. import parallel_state as ps
+from ..data.microbatches import MicroBatchTensors, with_empty_rows
 from .executor import IterationResult, PlanRejected, gpt_forward_step
 from .recompute import apply_recompute
 
@@ -75,7 +75,7 @@ class _MegatronSchedule:
 
 
 class MegatronFixedLengthBaseline(_MegatronSchedule):
-    """Megatron's fixed-length samples (`megatron_samples.rank_microbatches`) through
+    """Megatron's fixed-length samples (`data.megatron_samples.rank_microbatches`) through
     megatron-core's schedule, recomputing activations in `recompute` mode throughout."""
 
     def __init__(

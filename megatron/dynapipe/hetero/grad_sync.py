@@ -32,14 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .hetero_state import (
-    EMBEDDING,
-    FINAL_NORM,
-    OUTPUT,
-    POSITION,
-    HeteroGroups,
-    StagePlace,
-)
+from .groups import EMBEDDING, FINAL_NORM, OUTPUT, POSITION, HeteroGroups, StagePlace
 
 
 class GradSyncError(ValueError):

@@ -9,7 +9,7 @@ moves no optimiser state and rebuilds nothing: the next pull simply fills anothe
 
 Here the fixed partition cuts every parameter of the whole model along one dim (its TP
 partition dim, 0 for parameters TP does not shard) into one contiguous range per rank. A
-strategy's layout (`hetero_state.HeteroTopology`) puts TP shards of the same parameter on its
+strategy's layout (`groups.HeteroTopology`) puts TP shards of the same parameter on its
 ranks, ranges along the same dim. The "mutual slices" of §5.2 (there at LCM granularity) are
 the intersections of a TP shard's range with an owner's range; `link_pieces` lists them, the
 same list on every rank since it follows from the layouts and the parameter catalogue alone.
@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 
 from .grad_sync import logical_name, model_part, unwrap
-from .hetero_state import HeteroTopology
+from .groups import HeteroTopology
 
 
 @dataclass(frozen=True)
