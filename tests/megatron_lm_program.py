@@ -7,6 +7,7 @@ checkpoints. Nothing here knows about DynaPipe but the import.
 
 from __future__ import annotations
 
+import os
 import sys
 from functools import partial
 
@@ -104,3 +105,7 @@ def main(argv: list[str], model: str = "gpt") -> None:
         model_cfg = gpt_config_from_args(args, core_transformer_config_from_args(args))
         container = pretrain_cfg_container_from_args(args, model_cfg)
         pretrain(container, datasets_provider, ModelType.encoder_or_decoder, forward_step)
+
+
+if __name__ == "__main__":  # torchrun tests/megatron_lm_program.py <Megatron flags>
+    main(sys.argv[1:], os.environ.get("MODEL", "gpt"))

@@ -48,9 +48,9 @@ def _loss_of_fresh_model(rank: int, world: int, argv: list[str], checkpoint: str
 
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe.arguments import parse_args
+    from megatron.dynapipe.data.datasets import datasets
     from megatron.dynapipe.iterations import global_batch_sampler
     from megatron.dynapipe.model import padded_vocab_size
-    from megatron.dynapipe.data.datasets import datasets
 
     cpu_compat.install()
     args = parse_args(argv)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,3 +80,17 @@ def test_megatron_pretrain_with_dynapipe_equals_our_loop(model, capfd) -> None:
     known = set(CALL_SITES_FILE.read_text().split())
     unknown = sorted(set().union(*map(set, sites)) - known)
     assert not unknown, f"new CUDA call sites, add them to {CALL_SITES_FILE.name}: {unknown}"
+
+
+def test_megatron_lm_program_under_torchrun() -> None:
+    """The program as users launch it: torchrun starts the processes, Megatron's own
+    initialisation creates the process group (gloo on CPU ranks)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    program = Path(__file__).parent / "megatron_lm_program.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(program)]
+    out = subprocess.run(
+        [*cmd, *FLAGS], cwd=program.parent, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert len(_megatron_losses(out.stdout)) == ITERATIONS, out.stdout[-3000:]
+    assert f"dynapipe iteration {ITERATIONS} | micro-batches" in out.stdout

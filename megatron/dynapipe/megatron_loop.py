@@ -36,8 +36,8 @@ from dynapipe_planner.megatron_model import spec_from_args
 from . import arguments, cpu_compat
 from . import parallel_state as ps
 from .checkpointing import ResumePoint, TrainState
-from .iterations import Iteration, PlannedIterations
 from .data.datasets import datasets
+from .iterations import Iteration, PlannedIterations
 
 
 class DynaPipeSchedule:
