@@ -13,6 +13,7 @@ checkpoint holds full fp32 weights and optimiser states, whatever layout wrote i
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -252,3 +253,28 @@ def test_pretrain_gpt_dynamic_strategies_under_torchrun() -> None:
     losses = [float(re.search(r"lm loss ([\d.]+)", line).group(1)) for line in lines]
     assert losses[-1] < losses[0], out.stdout
     assert "pull" in lines[0] and "push" in lines[0] and "tokens/s" in lines[0]
+
+
+class _Payload:
+    """A pickle that runs a command when unpickled without weights_only (the test checks
+    that loading refuses it instead)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_crafted_checkpoint_is_refused_not_run(tmp_path: Path) -> None:
+    from megatron.dynapipe.checkpointing import CheckpointError
+    from megatron.dynapipe.hetero import checkpointing
+
+    marker = tmp_path / "ran"
+    shard = tmp_path / "ckpt" / "iter_0000001" / "full_state.pt"
+    shard.parent.mkdir(parents=True)
+    torch.save({"format": checkpointing.FORMAT, "optimizer": _Payload(marker)}, shard)
+    (tmp_path / "ckpt" / "latest_iteration.txt").write_text("1\n")
+    with pytest.raises(CheckpointError, match=rf"{shard} is corrupt"):
+        checkpointing.read(tmp_path / "ckpt")
+    assert not marker.exists()

@@ -151,7 +151,15 @@ def _named(path: Path) -> Iterator[None]:
             raise CheckpointError(
                 f"checkpoint {damaged} is corrupt: shorter than {path / '.metadata'} records"
             ) from err
-        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        first_line = lines[0] if lines else type(err).__name__
+        if first_line.endswith(":") and len(lines) > 1:  # a list follows: name its first item
+            first_line += " " + lines[1]
+        if "OptimizerParamScheduler" in first_line:  # Megatron's resume rule for the LR schedule
+            first_line += (
+                "; --override-opt-param-scheduler takes this run's flags, "
+                "--use-checkpoint-opt-param-scheduler the checkpoint's"
+            )
         raise CheckpointError(f"checkpoint {path} cannot be loaded: {first_line}") from err
 
 

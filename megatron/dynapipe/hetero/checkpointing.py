@@ -101,7 +101,7 @@ def latest_iteration(directory: Path) -> int:
 def load_payload(path: Path, what: str) -> dict:
     """torch.load a checkpoint file; a missing or damaged one is a CheckpointError naming it."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError as err:
         raise CheckpointError(f"{what} {path} is missing") from err
     except Exception as err:  # torch raises several types for a truncated or foreign file
