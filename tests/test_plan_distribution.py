@@ -1,6 +1,7 @@
 """Plans reach every rank through the plan store, planned once on rank 0: all ranks get the
 same bytes, read keys are deleted, and a plan that never comes fails within the timeout naming
-the iteration and the planning rank.
+the iteration and the planning rank. The store listens only on the job's address, and an entry
+not sealed with the job's secret (forged, or replayed under another iteration's key) is refused.
 
 Skipped when torch is not installed.
 """
@@ -20,6 +21,8 @@ from dynapipe_planner.errors import PlanningServiceError, PlanTimeoutError
 from dynapipe_planner.plan import ExecutionPlan
 from dynapipe_planner.service import PlanningService
 
+SECRET = b"this job's plan-entry secret key"
+
 
 def _fetch_all(rank: int, world: int, store_port: int) -> dict:
     import torch.distributed as dist
@@ -29,7 +32,7 @@ def _fetch_all(rank: int, world: int, store_port: int) -> dict:
     store = open_plan_store(rank, world, host="127.0.0.1", port=store_port, timeout_s=30)
     service = PlanningService(RECIPE, work(3), num_workers=1) if rank == 0 else None
     try:
-        channel = PlanChannel(store, rank, world, service=service, timeout_s=30)
+        channel = PlanChannel(store, rank, world, secret=SECRET, service=service, timeout_s=30)
         plans = [channel.fetch(i).to_bytes() for i in range(3)]
     finally:
         if service is not None:
@@ -60,7 +63,9 @@ def _miss_a_plan(rank: int, world: int, store_port: int) -> dict:
     messages: list[str] = []
     logger = logging.getLogger(f"plan-channel-{rank}")
     logger.addHandler(_ListHandler(messages))
-    channel = PlanChannel(store, rank, world, timeout_s=30, log_interval_s=0.2, logger=logger)
+    channel = PlanChannel(
+        store, rank, world, secret=SECRET, timeout_s=30, log_interval_s=0.2, logger=logger
+    )
     if rank == 0:
         with PlanningService(RECIPE, work(1), num_workers=0) as inline:
             channel.publish(0, inline.get(0))
@@ -111,10 +116,56 @@ class _StoreThatDiesOnRead:
 def test_a_store_lost_while_reading_names_the_planner_and_iteration():
     from megatron.dynapipe.pipeline.plan_distribution import PlanChannel
 
-    channel = PlanChannel(_StoreThatDiesOnRead(), 2, 3, timeout_s=5)
+    channel = PlanChannel(_StoreThatDiesOnRead(), 2, 3, secret=SECRET, timeout_s=5)
     with pytest.raises(PlanningServiceError) as raised:
         channel.fetch(7)
     message = str(raised.value)
     assert message.startswith("rank 2: lost the plan store of rank 0 (the planner)")
     assert "while reading the plan of iteration 7" in message
     assert "Connection reset by peer while reading dynapipe/plan/7" in message
+
+
+def _forged_and_replayed(rank: int, world: int, store_port: int) -> dict:
+    """Rank 0 publishes iteration 0; then an intruder (no secret) writes a well-formed plan at
+    iteration 1's key, and replays iteration 0's sealed entry at iteration 2's key."""
+    import psutil
+    import torch.distributed as dist
+
+    from megatron.dynapipe.pipeline.plan_distribution import PlanChannel, open_plan_store
+
+    store = open_plan_store(rank, world, host="127.0.0.1", port=store_port, timeout_s=30)
+    channel = PlanChannel(store, rank, world, secret=SECRET, timeout_s=10)
+    with PlanningService(RECIPE, work(1), num_workers=0) as inline:
+        plan = inline.get(0)
+    if rank == 0:
+        channel.publish(0, plan)
+        sealed = store.get("dynapipe/plan/0")
+        intruder = PlanChannel(store, 0, world, secret=b"a guess at the job secret", timeout_s=5)
+        intruder.publish(1, plan)  # a well-formed plan, sealed with the wrong key
+        store.set("dynapipe/plan/2", sealed)
+    dist.barrier()
+    outcomes = {}
+    for iteration in (0, 1, 2) if rank else ():
+        try:
+            channel.fetch(iteration)
+            outcomes[iteration] = "ran"
+        except PlanningServiceError as e:
+            outcomes[iteration] = str(e)
+    listening = sorted(
+        c.laddr.ip
+        for c in psutil.Process().net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == store_port
+    )
+    dist.barrier()
+    return {"outcomes": outcomes, "listening": listening}
+
+
+def test_forged_and_replayed_plans_are_refused_and_the_store_listens_on_the_job_address():
+    port = free_port()
+    server, reader = run_ranks(_forged_and_replayed, 2, port, timeout_s=60)
+    assert server["listening"] == ["127.0.0.1"]
+    assert reader["outcomes"][0] == "ran"
+    for iteration in (1, 2):
+        refused = reader["outcomes"][iteration]
+        assert refused.startswith(f"rank 1: plan store entry 'dynapipe/plan/{iteration}' fails ")
+        assert "refusing to run it" in refused

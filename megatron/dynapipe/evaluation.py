@@ -35,9 +35,9 @@ from .pipeline.plan_source import PLANNING_RANK
 class Evaluator:
     """Evaluates one held-out split (`name`: "validation" or "test") on every rank.
 
-    `recipe` builds the planner on the planning rank (None elsewhere); `store` is the job's
-    plan store, where evaluation plans travel under their own keys; `runner` runs plans
-    (`PlanExecutor`, or `MegatronPackingBaseline`).
+    `recipe` builds the planner on the planning rank (None elsewhere); `training` is the job's
+    plan channel, whose store and secret evaluation plans share under their own keys; `runner`
+    runs plans (`PlanExecutor`, or `MegatronPackingBaseline`).
     """
 
     def __init__(
@@ -46,7 +46,7 @@ class Evaluator:
         dataset: VariableLengthDataset,
         sampler,
         recipe: PlannerRecipe | None,
-        store: dist.Store,
+        training: PlanChannel,
         runner: PlanExecutor,
         *,
         iterations: int,
@@ -57,9 +57,10 @@ class Evaluator:
         self.runner = runner
         self._planner = recipe.build() if recipe is not None else None
         self._channel = PlanChannel(
-            store,
+            training.store,
             rank,
             world,
+            secret=training.secret,
             publisher_rank=PLANNING_RANK,
             timeout_s=timeout_s,
             prefix=f"dynapipe/{name}-plan",

@@ -177,7 +177,7 @@ class PlannedIterations:
                 data,
                 global_batch_sampler(args, data.lengths(), args.eval_global_batch_size),
                 self._recipe(),
-                self.store,
+                self.plans.channel,
                 self.runner,
                 iterations=args.eval_iters,
                 timeout_s=args.dynapipe_timeout,
@@ -220,7 +220,7 @@ class MegatronIterations:
                 f"--baseline megatron-1f1b: {resume.directory} holds DynaPipe's variable-length "
                 "data order, not Megatron's fixed-length samples"
             )
-        self.store = open_store(dist.get_rank(), dist.get_world_size(), args.dynapipe_timeout)
+        self.store, _ = open_store(dist.get_rank(), dist.get_world_size(), args.dynapipe_timeout)
         self.runner: MegatronFixedLengthBaseline | None = None
 
     def __enter__(self) -> MegatronIterations:

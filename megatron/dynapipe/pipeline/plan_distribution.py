@@ -18,13 +18,24 @@ torch's default store (`init_process_group`'s) is reachable only through a priva
 plans get their own store (`open_plan_store`, on MASTER_PORT + 1 unless told otherwise); any
 `torch.distributed.Store` works. c10d prints a warning of its own each time a wait times out,
 that is once per "waiting for plan" line.
+
+A plan is a program every rank runs, so the store is guarded twice. Its server listens only on
+the address the job was given (a socket bound to it and handed to the TCPStore), not on every
+interface. And every entry carries an HMAC-SHA256 of its key and bytes under a per-job secret
+(`new_job_secret`, handed to the ranks over the job's process group, never through the store):
+an entry written by anyone without the secret, or an old plan replayed under another
+iteration's key, is refused before it is decoded, naming the key.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import logging
 import os
+import secrets
+import socket
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -38,6 +49,27 @@ from dynapipe_planner.service import PlanningService
 _log = logging.getLogger(__name__)
 
 
+MAC_BYTES = hashlib.sha256().digest_size
+
+
+def new_job_secret() -> bytes:
+    """A fresh key for the plan entries' MACs (the planning rank draws it once per job)."""
+    return secrets.token_bytes(32)
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A socket listening on `host:port` only (port 0: one the OS picks)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+    except OSError as e:
+        raise PlanningServiceError(f"the plan store cannot listen on {host}:{port}: {e}") from e
+    return sock
+
+
 def open_plan_store(
     rank: int,
     world_size: int,
@@ -48,7 +80,8 @@ def open_plan_store(
     timeout_s: float = 600.0,
 ) -> dist.TCPStore:
     """A TCPStore for plans, served by `publisher_rank` at `host:port` (default: MASTER_ADDR and
-    MASTER_PORT + 1). Other ranks retry connecting until `timeout_s`."""
+    MASTER_PORT + 1) and listening on that address only. Other ranks retry connecting until
+    `timeout_s`."""
     try:
         host = host if host is not None else os.environ["MASTER_ADDR"]
         port = port if port is not None else int(os.environ["MASTER_PORT"]) + 1
@@ -56,6 +89,11 @@ def open_plan_store(
         raise PlanningServiceError(
             f"the plan store needs a host and port: pass them or set {e.args[0]}"
         ) from e
+    listen_fd = None
+    if rank == publisher_rank:
+        sock = _listening_socket(host, port)
+        port = sock.getsockname()[1]
+        listen_fd = sock.detach()  # the store's server owns the descriptor from here on
     return dist.TCPStore(
         host,
         port,
@@ -63,6 +101,7 @@ def open_plan_store(
         is_master=rank == publisher_rank,
         timeout=timedelta(seconds=timeout_s),
         wait_for_workers=False,
+        master_listen_fd=listen_fd,
     )
 
 
@@ -71,7 +110,7 @@ class PlanChannel:
 
     On the publisher, `fetch(n)` returns a plan given to `publish(n, ...)` or else takes it from
     `service` and publishes it; elsewhere it waits for the publisher's plan in `store`. Each rank
-    fetches each iteration once.
+    fetches each iteration once. Every rank holds the job's `secret`; entries are sealed with it.
     """
 
     def __init__(
@@ -80,6 +119,7 @@ class PlanChannel:
         rank: int,
         world_size: int,
         *,
+        secret: bytes,
         service: PlanningService | None = None,
         publisher_rank: int = 0,
         timeout_s: float = 600.0,
@@ -95,7 +135,9 @@ class PlanChannel:
             raise ValueError(
                 f"rank {rank} got a planning service; only rank {publisher_rank} plans"
             )
-        self.store, self.rank, self.world_size = store, rank, world_size
+        if len(secret) < 16:
+            raise ValueError("the plan channel's secret must have at least 16 bytes")
+        self.store, self.rank, self.world_size, self.secret = store, rank, world_size, secret
         self.service, self.publisher_rank = service, publisher_rank
         self.timeout_s, self.log_interval_s, self.prefix = timeout_s, log_interval_s, prefix
         self._log = logger or _log
@@ -114,7 +156,8 @@ class PlanChannel:
             )
         data = plan if isinstance(plan, bytes) else plan.to_bytes()
         if self.world_size > 1:
-            self.store.set(self._key(iteration), data)
+            key = self._key(iteration)
+            self.store.set(key, self._mac(key, data) + data)
         self._published[iteration] = data
 
     def fetch(self, iteration: int, timeout_s: float | None = None) -> ExecutionPlan:
@@ -133,11 +176,25 @@ class PlanChannel:
         key = self._key(iteration)
         self._wait(key, iteration, timeout)
         with self._store_lost(iteration, "reading"):
-            data = self.store.get(key)
+            sealed = self.store.get(key)
             if self.store.add(f"{key}/acks", 1) == self.world_size - 1:
                 self.store.delete_key(key)
                 self.store.delete_key(f"{key}/acks")
-        return ExecutionPlan.from_bytes(data, source)
+        return ExecutionPlan.from_bytes(self._opened(key, sealed), source)
+
+    def _mac(self, key: str, data: bytes) -> bytes:
+        return hmac.new(self.secret, key.encode() + b"\0" + data, hashlib.sha256).digest()
+
+    def _opened(self, key: str, sealed: bytes) -> bytes:
+        """The plan bytes of a store entry whose MAC holds, else an error naming the key."""
+        mac, data = sealed[:MAC_BYTES], sealed[MAC_BYTES:]
+        if len(mac) < MAC_BYTES or not hmac.compare_digest(mac, self._mac(key, data)):
+            raise PlanningServiceError(
+                f"rank {self.rank}: plan store entry {key!r} fails authentication (not written "
+                f"by this job's planning rank {self.publisher_rank}, or replayed from another "
+                "key); refusing to run it"
+            )
+        return data
 
     @contextlib.contextmanager
     def _store_lost(self, iteration: int, doing: str) -> Iterator[None]:

@@ -36,7 +36,7 @@ from dynapipe_planner.service import PlannerRecipe, PlanningService
 
 from ..data.sampler import GlobalBatchSampler
 from ..model_flags import dtype_name
-from .plan_distribution import PlanChannel, open_plan_store
+from .plan_distribution import PlanChannel, new_job_secret, open_plan_store
 
 PLANNING_RANK = 0
 
@@ -124,7 +124,7 @@ def open_plan_source(
     planning the sampler's batches from its current position up to `stop_iteration`; the other
     ranks pass None. Every rank must call this together (it exchanges the store's port)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    store = open_store(rank, world, timeout_s)
+    store, secret = open_store(rank, world, timeout_s)
     service = None
     if rank == PLANNING_RANK:
         if recipe is None:
@@ -137,6 +137,7 @@ def open_plan_source(
         store,
         rank,
         world,
+        secret=secret,
         service=service,
         publisher_rank=PLANNING_RANK,
         timeout_s=timeout_s,
@@ -151,17 +152,20 @@ def _work_items(
         yield iteration, lengths[batch], batch
 
 
-def open_store(rank: int, world: int, timeout_s: float) -> dist.Store:
-    """The plan store, served by the planning rank on a port the OS picks (a fixed one such as
-    MASTER_PORT + 1 may be taken) and announced to the others over the world group."""
+def open_store(rank: int, world: int, timeout_s: float) -> tuple[dist.Store, bytes]:
+    """The plan store and the job's secret for its entries' MACs. The planning rank serves the
+    store on MASTER_ADDR, on a port the OS picks (a fixed one such as MASTER_PORT + 1 may be
+    taken), and draws the secret; both reach the others over the world group, never through
+    the store itself."""
     if world == 1:
-        return dist.HashStore()
+        return dist.HashStore(), new_job_secret()
     host = os.environ.get("MASTER_ADDR", "127.0.0.1")
     store = None
     if rank == PLANNING_RANK:
         store = open_plan_store(rank, world, host=host, port=0, timeout_s=timeout_s)
-    port = [store.port if store is not None else None]
-    dist.broadcast_object_list(port, src=PLANNING_RANK)
+    job = [(store.port, new_job_secret()) if store is not None else None]
+    dist.broadcast_object_list(job, src=PLANNING_RANK)
+    port, secret = job[0]
     if store is None:
-        store = open_plan_store(rank, world, host=host, port=port[0], timeout_s=timeout_s)
-    return store
+        store = open_plan_store(rank, world, host=host, port=port, timeout_s=timeout_s)
+    return store, secret
