@@ -141,6 +141,8 @@ def _run_plan(args: argparse.Namespace) -> int:
     }
     batches = global_batches(lengths, args.global_batch_tokens, seed=args.seed)
     results: dict[str, list[dict]] = {label: [] for label in planners}
+    to_write: list[tuple[Path, ExecutionPlan]] = []
+    unplannable: str | None = None  # the first iteration no method could plan, and why
     started = time.perf_counter()
     for it in range(args.iterations):
         try:
@@ -155,7 +157,10 @@ def _run_plan(args: argparse.Namespace) -> int:
                 continue
             results[label].append(plan.stats)
             if args.output_dir and label == methods[0][0]:
-                plan.save(Path(args.output_dir) / f"iter_{it:05d}.{args.format}", args.format)
+                to_write.append((Path(args.output_dir) / f"iter_{it:05d}.{args.format}", plan))
+        if unplannable is None and all("error" in runs[-1] for runs in results.values()):
+            why = next(iter(results.values()))[-1]["error"]
+            unplannable = f"iteration {it + 1}: no plan fits ({why})"
         if args.iterations > 1:
             print(
                 f"[{it + 1}/{args.iterations}] {len(idx)} samples planned "
@@ -166,6 +171,11 @@ def _run_plan(args: argparse.Namespace) -> int:
         print(json.dumps(results, indent=1))
     else:
         print(_table(results, args, cluster))
+    if unplannable is not None:  # the table says what fits; nothing is written
+        print(f"dynapipe-plan: error: {unplannable}", file=sys.stderr)
+        return 2
+    for path, plan in to_write:
+        plan.save(path, args.format)
     return 0
 
 

@@ -118,26 +118,19 @@ def test_bad_lengths_file_names_the_line(tmp_path, capsys):
     assert "bad.txt" in err and "line 3" in err
 
 
-def test_sample_that_never_fits_is_named(tmp_path, capsys):
+def test_sample_that_never_fits_is_named_exit_2_and_nothing_written(tmp_path, capsys):
     path = tmp_path / "long.txt"
     path.write_text("100\n200\n120000\n")  # dataset id 2, wherever shuffling puts it
-    assert (
-        plan_main(
-            [
-                *SMALL,
-                "--lengths",
-                str(path),
-                "--batching",
-                "dynamic",
-                "--recompute",
-                "none",
-                "--global-batch-tokens",
-                "200000",
-            ]
-        )
-        == 0
-    )
-    assert "sample 2 (length 120000)" in capsys.readouterr().out  # reported as infeasible
+    out_dir = tmp_path / "plans"
+    flags = ["--lengths", str(path), "--batching", "dynamic", "--recompute", "none"]
+    flags += ["--global-batch-tokens", "200000", "--output-dir", str(out_dir)]
+    assert plan_main([*SMALL, *flags]) == 2
+    captured = capsys.readouterr()
+    assert "sample 2 (length 120000)" in captured.out  # the table says why
+    errors = captured.err.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith("dynapipe-plan: error: iteration 1: no plan")
+    assert "sample 2 (length 120000)" in errors[0]
+    assert not out_dir.exists() or not any(out_dir.iterdir())
 
 
 def test_simulate_rejects_corrupt_plan(tmp_path, capsys):
