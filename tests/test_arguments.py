@@ -55,6 +55,23 @@ def test_flags_the_runtime_cannot_honour_are_refused_by_name(capsys, flags, name
     assert named in _refused(capsys, *flags)
 
 
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--seq-length", "0"),
+        ("--dynapipe-timeout", "0"),
+        ("--dynapipe-timeout", "-5"),
+        ("--dynapipe-memory-limit", "nan"),
+        ("--dynapipe-memory-limit", "0"),
+        ("--dynapipe-memory-limit", "inf"),
+        ("--seed", "0"),
+    ],
+)
+def test_numbers_that_must_be_positive_are_refused_by_name(capsys, flag, value) -> None:
+    line = _refused(capsys, flag, value)
+    assert flag in line and "positive" in line, line
+
+
 def test_megatron_check_failures_are_one_line(capsys) -> None:
     line = _refused(capsys, "--hidden-size", "30")  # heads do not divide the hidden size
     assert "--hidden-size % --num-attention-heads" in line

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import math
 import os
 import re
 import sys
@@ -507,6 +508,10 @@ def _check_dynapipe(args: argparse.Namespace, given: dict[str, str]) -> None:
         raise ArgumentError("--strategy-candidates and --strategy-window need --dynamic-strategies")
     elif args.overlap_pull_push:
         raise ArgumentError("--overlap-pull-push needs --dynamic-strategies or --hetero-plan")
+    for dest, flag in _POSITIVE.items():
+        value = getattr(args, dest)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ArgumentError(f"{flag} must be a positive number, got {value}")
     if args.seed <= 0:  # Megatron's initialisation refuses it too, later (_set_random_seed)
         raise ArgumentError(f"--seed must be a positive integer, got {args.seed}")
     if args.max_cached_strategies < 0:
@@ -523,6 +528,14 @@ def _check_dynapipe(args: argparse.Namespace, given: dict[str, str]) -> None:
         args.dynapipe_timeout = 60.0 * args.distributed_timeout_minutes  # Megatron's timeout
     _check_batch(args, given)
     _check_recompute(args, given)
+
+
+# Numbers that must be finite and positive (a zero memory limit does not mean "no limit").
+_POSITIVE = {
+    "seq_length": "--seq-length",
+    "dynapipe_timeout": "--dynapipe-timeout",
+    "dynapipe_memory_limit": "--dynapipe-memory-limit",
+}
 
 
 def _megatron_global_batch(args: argparse.Namespace) -> None:
