@@ -11,12 +11,15 @@ FILE` (one asymmetric layout, HexiScale) instead of the TP/PP sizes; `--device-s
 slower devices on CPU ranks. `--help` lists Megatron's flags and DynaPipe's.
 
 A user error (bad data, tokenizer files, checkpoint, plan file, a model that fits nowhere) ends
-the job with exit status 2 and one line on rank 0.
+the job with exit status 2 and one line on rank 0. A fault of the running job (a peer that
+died, a plan that never came or was refused, a failed transfer) ends it with exit status 1 and
+one line on each rank that saw it, naming that rank; DYNAPIPE_DEBUG=1 adds the traceback.
 """
 
 import logging
 import os
 import sys
+import traceback
 import warnings
 
 # megatron-core warns at import about every optional GPU package it falls back from, and logs
@@ -24,16 +27,21 @@ import warnings
 warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.core")
 warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.training")
 
-from dynapipe_planner.errors import PlanningError  # noqa: E402
+from dynapipe_planner.errors import PlanningError, PlanningServiceError  # noqa: E402
 from megatron.dynapipe.arguments import parse_args  # noqa: E402
 from megatron.dynapipe.checkpointing import CheckpointError  # noqa: E402
 from megatron.dynapipe.data.base import DataError  # noqa: E402
 from megatron.dynapipe.device_speed import DeviceSpeedError  # noqa: E402
 from megatron.dynapipe.hetero.candidates import CandidateError  # noqa: E402
 from megatron.dynapipe.hetero.plan_file import HeteroPlanError  # noqa: E402
+from megatron.dynapipe.pipeline.liveness import PeerFailure  # noqa: E402
+from megatron.dynapipe.pipeline.p2p import TransferError  # noqa: E402
+from megatron.dynapipe.pipeline.plan_source import PlanMismatch  # noqa: E402
 from megatron.dynapipe.training import pretrain  # noqa: E402
 
 USER_ERRORS = (DataError, CheckpointError, DeviceSpeedError, HeteroPlanError, CandidateError)
+# The running job broke: each message already names the rank that saw it and the iteration.
+JOB_FAULTS = (PeerFailure, PlanningServiceError, PlanMismatch, TransferError)
 
 
 def main() -> int:
@@ -48,6 +56,12 @@ def main() -> int:
         if os.environ.get("RANK", "0") == "0":
             print(f"pretrain_gpt.py: error: {error}", file=sys.stderr, flush=True)
         return 2
+    except JOB_FAULTS as error:
+        if os.environ.get("DYNAPIPE_DEBUG") == "1":
+            traceback.print_exc()
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        print(f"pretrain_gpt.py: error: {first_line}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

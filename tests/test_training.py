@@ -127,6 +127,31 @@ def test_pretrain_gpt_bad_data_is_one_line_and_exit_2(flags, named, capsys, monk
     assert len(lines) == 1 and named in lines[0], lines
 
 
+@pytest.mark.parametrize("debug", [False, True], ids=["quiet", "DYNAPIPE_DEBUG"])
+def test_a_job_fault_is_one_line_exit_1_with_traceback_on_request(debug, capsys, monkeypatch):
+    """A fault of the running job (here a peer that died) is one line on the rank that saw it;
+    the traceback only with DYNAPIPE_DEBUG=1."""
+    import importlib.util
+
+    from megatron.dynapipe.pipeline.liveness import PeerFailure
+
+    spec = importlib.util.spec_from_file_location("pretrain_gpt", ROOT / "pretrain_gpt.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    def peer_died(args):
+        raise PeerFailure("rank 1, iteration 4: rank 3 stopped answering\n(original error ...)")
+
+    monkeypatch.setattr(script, "pretrain", peer_died)
+    monkeypatch.setattr(script, "parse_args", lambda: None)
+    monkeypatch.setenv("DYNAPIPE_DEBUG", "1" if debug else "0")
+    assert script.main() == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "pretrain_gpt.py: error: rank 1, iteration 4: rank 3 stopped answering"
+    assert ("Traceback (most recent call last):" in err) == debug
+    assert len(err) > 1 if debug else len(err) == 1
+
+
 def test_pretrain_gpt_under_torchrun() -> None:
     """The real entry point: torchrun, two processes, the per-iteration line."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
