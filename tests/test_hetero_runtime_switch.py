@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
 from distributed import run_ranks  # noqa: E402
-from gpt_reference import DATA, LENGTHS  # noqa: E402
+from gpt_reference import DATA, GPT, LENGTHS, LLAMA  # noqa: E402
 from gpt_reference import reference as _reference  # noqa: E402
 from test_hetero_runtime import pipeline_plan  # noqa: E402
 
@@ -58,7 +58,9 @@ def strategy_plan(layouts: list[ReplicaLayout]) -> ExecutionPlan:
     return merge_pipeline_plans(plans, layouts)
 
 
-def _reference_training(rank: int, world: int, weights: dict, iterations: int):
+def _reference_training(
+    rank: int, world: int, weights: dict, iterations: int, flags: tuple[str, ...] = GPT
+):
     """The whole model on one rank: each iteration the whole batch, then one Adam step."""
     from gpt_reference import build_stage
 
@@ -68,7 +70,7 @@ def _reference_training(rank: int, world: int, weights: dict, iterations: int):
     cpu_compat.install()
     ps.initialize(1, 1, 1)
     try:
-        _, model = build_stage()
+        _, model = build_stage(flags)
         with torch.no_grad():
             for n, p in model.named_parameters():
                 p.copy_(torch.from_numpy(weights[n]))
@@ -91,7 +93,7 @@ def _reference_training(rank: int, world: int, weights: dict, iterations: int):
         ps.destroy()
 
 
-def _build(rank: int, overlap: bool = False):
+def _build(rank: int, overlap: bool = False, flags: tuple[str, ...] = GPT):
     """Every strategy's groups, this rank's stage model and executor of each, one optimiser."""
     from gpt_reference import build_stage
 
@@ -99,16 +101,17 @@ def _build(rank: int, overlap: bool = False):
     from megatron.dynapipe.hetero.switch import DisaggregatedOptimizer
     from megatron.dynapipe.pipeline.executor import PlanExecutor
 
-    ps.initialize_strategies(STRATEGIES, timeout_s=30)
+    tied = "--untie-embeddings-and-output-weights" not in flags
+    ps.initialize_strategies(STRATEGIES, tied_embeddings=tied, timeout_s=30)
     models, configs, topologies = [], [], []
     for k in range(len(STRATEGIES)):
         ps.use_strategy(k)
-        config, model = build_stage()
+        config, model = build_stage(flags)
         models.append(model)
         configs.append(config)
         topologies.append(ps.topology())
     optimizer = DisaggregatedOptimizer(
-        dict(enumerate(models)), topologies, lr=LR, eps=EPS, overlap=overlap
+        dict(enumerate(models)), topologies, lr=LR, eps=EPS, overlap=overlap, tied_embeddings=tied
     )
     executors = []
     for k in range(len(STRATEGIES)):
@@ -122,7 +125,14 @@ def _build(rank: int, overlap: bool = False):
     return optimizer, models, executors
 
 
-def _switching(rank: int, world: int, plans: list[ExecutionPlan], weights: dict, overlap: bool):
+def _switching(
+    rank: int,
+    world: int,
+    plans: list[ExecutionPlan],
+    weights: dict,
+    overlap: bool,
+    flags: tuple[str, ...] = GPT,
+):
     """Train SCHEDULE from `weights`; returns per iteration (loss sum, tokens) of this rank and
     its master shards at the end."""
     from megatron.dynapipe import cpu_compat
@@ -132,7 +142,7 @@ def _switching(rank: int, world: int, plans: list[ExecutionPlan], weights: dict,
 
     cpu_compat.install()
     try:
-        optimizer, models, executors = _build(rank, overlap)
+        optimizer, models, executors = _build(rank, overlap, flags)
         optimizer.load_full(weights)
         reports = []
         for k in SCHEDULE:
@@ -153,14 +163,20 @@ def _switching(rank: int, world: int, plans: list[ExecutionPlan], weights: dict,
         ps.destroy()
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["blocking", "overlapped"])
-def test_switching_strategies_equals_the_reference(overlap: bool) -> None:
+@pytest.mark.parametrize(
+    ("overlap", "flags"),
+    [(False, GPT), (True, GPT), (False, LLAMA)],
+    ids=["blocking", "overlapped", "llama"],
+)
+def test_switching_strategies_equals_the_reference(overlap: bool, flags) -> None:
     """Overlapped pull/push (weights awaited at each stage's first forward, gradients sent
-    right after its last backward) changes when messages travel, not what arrives."""
-    weights = run_ranks(_reference, 1)[0][1]
-    ref_losses, ref_final = run_ranks(_reference_training, 1, weights, len(SCHEDULE))[0]
+    right after its last backward) changes when messages travel, not what arrives. A Llama
+    (SwiGLU, GQA) switches between TP degrees too: its gated MLP's TP shards each hold a slice
+    of both halves, which the whole-model layout keeps apart."""
+    weights = run_ranks(_reference, 1, flags)[0][1]
+    ref_losses, ref_final = run_ranks(_reference_training, 1, weights, len(SCHEDULE), flags)[0]
     plans = [strategy_plan(layouts) for layouts in STRATEGIES]
-    results = run_ranks(_switching, 4, plans, weights, overlap, timeout_s=180)
+    results = run_ranks(_switching, 4, plans, weights, overlap, flags, timeout_s=180)
 
     for i in range(len(SCHEDULE)):
         loss_sum = sum(r[0][i][0] for r in results)

@@ -58,12 +58,14 @@ class ParamInfo:
     shape: tuple[int, ...]
     dim: int
     sharded: bool
+    gated: bool = False  # a gated MLP's first linear (SwiGLU): [gate; up] along `dim`
 
 
 @dataclass(frozen=True)
 class Piece:
-    """A mutual slice: rows [lo, hi) along `info.dim` of parameter `name`, held by `holder`
-    (whose local tensor starts at row `holder_lo`) and owned by `owner`."""
+    """A mutual slice: rows [lo, hi) along `info.dim` of parameter `name` (its whole-model
+    layout), held by `holder` (whose local row r holds whole-model row r + `holder_lo`) and
+    owned by `owner`."""
 
     name: str
     lo: int
@@ -85,15 +87,36 @@ def local_catalogue(
 ) -> dict[str, ParamInfo]:
     """What this rank's stage model says about the whole model's parameters."""
     found = {}
+    gated_mlp = bool(getattr(getattr(unwrap(model), "config", None), "gated_linear_unit", False))
     for name, param in unwrap(model).named_parameters():
         sharded = bool(getattr(param, "tensor_model_parallel", False))
         dim = param.partition_dim if sharded else 0
         shape = list(param.shape)
         shape[dim] *= tp if sharded else 1
+        gated = gated_mlp and sharded and ".mlp.linear_fc1." in name
         found[logical_name(name, layer_offset, tied_embeddings)] = ParamInfo(
-            tuple(shape), dim, sharded
+            tuple(shape), dim, sharded, gated
         )
     return found
+
+
+def shard_rows(info: ParamInfo, tp: int, tp_rank: int) -> list[tuple[int, int]]:
+    """The rows [lo, hi) along `info.dim` of the whole-model tensor (its TP=1 layout) that TP
+    shard `tp_rank` of `tp` holds, in the order its local tensor stores them. A TP shard is one
+    contiguous slice, except for a gated MLP's first linear: megatron-core stores each shard as
+    [gate_r; up_r], slices of both halves of the whole [gate; up]."""
+    rows = info.shape[info.dim]
+    if not info.sharded:
+        return [(0, rows)]
+    if not info.gated:
+        step = rows // tp
+        return [(tp_rank * step, (tp_rank + 1) * step)]
+    half = rows // 2
+    step = half // tp
+    return [
+        (tp_rank * step, (tp_rank + 1) * step),
+        (half + tp_rank * step, half + (tp_rank + 1) * step),
+    ]
 
 
 def link_pieces(
@@ -109,24 +132,25 @@ def link_pieces(
             first = (replica, stage) == holders[0]
             layout = topology.layouts[replica].stages[stage]
             for tp_rank, rank in enumerate(layout.devices):
-                rows = info.shape[info.dim] // (layout.tp if info.sharded else 1)
-                lo = tp_rank * rows if info.sharded else 0
                 contributes = info.sharded or tp_rank == 0
-                for owner, (a, b) in enumerate(owners):
-                    start, end = max(lo, a), min(lo + rows, b)
-                    if start < end:
-                        pieces.append(
-                            Piece(
-                                name,
-                                start,
-                                end,
-                                rank,
-                                lo,
-                                owner,
-                                contributes,
-                                first and contributes,
+                local_row = 0
+                for lo, hi in shard_rows(info, layout.tp, tp_rank):
+                    for owner, (a, b) in enumerate(owners):
+                        start, end = max(lo, a), min(hi, b)
+                        if start < end:
+                            pieces.append(
+                                Piece(
+                                    name,
+                                    start,
+                                    end,
+                                    rank,
+                                    lo - local_row,
+                                    owner,
+                                    contributes,
+                                    first and contributes,
+                                )
                             )
-                        )
+                    local_row += hi - lo
     return pieces
 
 
