@@ -23,7 +23,16 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
 from distributed import run_ranks  # noqa: E402
-from gpt_reference import DATA, LENGTHS, SPEC, _reference_name, _shard  # noqa: E402
+from gpt_reference import (  # noqa: E402
+    DATA,
+    GPT,
+    LENGTHS,
+    LLAMA,
+    SPEC,
+    _reference_name,
+    _shard,
+    tp_slice,
+)
 from gpt_reference import reference as _reference  # noqa: E402
 
 from dynapipe_planner.cluster import ClusterSpec, get_gpu  # noqa: E402
@@ -73,7 +82,14 @@ def hetero_plan(owner: list[int], layouts: list[ReplicaLayout] = LAYOUTS) -> Exe
     return merge_pipeline_plans(plans, layouts)
 
 
-def _run(rank: int, world: int, plan: ExecutionPlan, weights: dict, megatron_stack: bool):
+def _run(
+    rank: int,
+    world: int,
+    plan: ExecutionPlan,
+    weights: dict,
+    megatron_stack: bool,
+    flags: tuple[str, ...] = GPT,
+):
     """Initial-weight broadcast, then one iteration and an SGD step from the reference weights;
     with `megatron_stack` the stage is wrapped in Megatron DDP and stepped by Megatron's
     optimiser, as the training loop does.
@@ -92,12 +108,13 @@ def _run(rank: int, world: int, plan: ExecutionPlan, weights: dict, megatron_sta
     from megatron.dynapipe.pipeline.executor import PlanExecutor
 
     cpu_compat.install()
-    ps.initialize_heterogeneous(plan.replicas, timeout_s=30)
+    tied = "--untie-embeddings-and-output-weights" not in flags
+    ps.initialize_heterogeneous(plan.replicas, tied_embeddings=tied, timeout_s=30)
     try:
-        config, model = build_stage()
+        config, model = build_stage(flags)
         place = ps.topology().place(rank)
-        sync = AsymmetricGradSync(model, ps.hetero_groups())
-        names = {n: _reference_name(n, place.layers[0]) for n, _ in model.named_parameters()}
+        sync = AsymmetricGradSync(model, ps.hetero_groups(), tied_embeddings=tied)
+        names = {n: _reference_name(n, place.layers[0], tied) for n, _ in model.named_parameters()}
 
         def snapshot(of) -> dict:
             return {
@@ -141,7 +158,7 @@ def _assert_shards(per_rank: list[dict], expected: dict, what: str, **tolerance)
     seen = set()
     for rank, tensors in enumerate(per_rank):
         for name, (value, tp_rank, tp, dim) in tensors.items():
-            want = np.split(expected[name], tp, axis=dim)[tp_rank]
+            want = tp_slice(expected[name], name, tp_rank, tp, dim)
             np.testing.assert_allclose(
                 value, want, err_msg=f"{what} {name} rank {rank}", **tolerance
             )
@@ -156,6 +173,10 @@ def _full(stage: list[dict], name: str) -> np.ndarray:
     if tp == 1:  # not sharded: every TP rank holds it whole, and the same
         for t in stage[1:]:
             np.testing.assert_array_equal(t[name][0], stage[0][name][0], err_msg=name)
+    gated = name.endswith(("linear_fc1.weight", "linear_fc1.bias"))
+    if gated and tp * shards[0].shape[dim] == 2 * SPEC.ffn_hidden_size:  # [gate_r; up_r]
+        halves = [np.split(shards[k], 2, axis=dim) for k in range(tp)]
+        return np.concatenate([h[0] for h in halves] + [h[1] for h in halves], axis=dim)
     return np.concatenate([shards[k] for k in range(tp)], axis=dim)
 
 
@@ -164,22 +185,26 @@ UNEVEN = [1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0]  # 9 sequences (228 tokens) vs 3 (
 
 
 @pytest.mark.parametrize(
-    ("owner", "layouts", "megatron_stack"),
+    ("owner", "layouts", "megatron_stack", "flags"),
     [
-        (EVEN, LAYOUTS, False),
-        (UNEVEN, LAYOUTS, False),
-        (EVEN, WIDENING, False),
-        (UNEVEN, LAYOUTS, True),
+        (EVEN, LAYOUTS, False, GPT),
+        (UNEVEN, LAYOUTS, False, GPT),
+        (EVEN, WIDENING, False, GPT),
+        (UNEVEN, LAYOUTS, True, GPT),
+        (UNEVEN, LAYOUTS, False, LLAMA),
     ],
-    ids=["even-split", "uneven-batch-sizes", "tp1-into-tp2", "megatron-ddp-and-optimizer"],
+    ids=["even-split", "uneven-batch-sizes", "tp1-into-tp2", "megatron-ddp-and-optimizer", "llama"],
 )
 def test_asymmetric_pipelines_equal_the_reference(
-    reference, owner, layouts, megatron_stack
+    reference, owner, layouts, megatron_stack, flags
 ) -> None:
-    ref_loss, ref_weights, ref_grads = reference
+    """The Llama (SwiGLU, GQA, untied) checks the gated MLP's shards, [gate_r; up_r]."""
+    ref_loss, ref_weights, ref_grads = (
+        reference if flags == GPT else run_ranks(_reference, 1, flags)[0]
+    )
     plan = hetero_plan(owner, layouts)
     assert len({m.replica for m in plan.microbatches}) == 2
-    results = run_ranks(_run, 5, plan, ref_weights, megatron_stack)
+    results = run_ranks(_run, 5, plan, ref_weights, megatron_stack, flags)
 
     tokens = sum(r[0][1] for r in results)
     assert tokens == LENGTHS.sum()

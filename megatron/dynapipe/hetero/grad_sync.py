@@ -16,7 +16,8 @@ Which chunks exist and who holds them follows from the plan's layouts alone
 and reduces them in the same order, the order the groups were created in: blocking collectives
 over overlapping groups then cannot wait on each other in a cycle. How a shard maps onto the full
 tensor is megatron-core's partitioning: the `tensor_model_parallel` and `partition_dim`
-attributes its parallel layers set, TP rank r holding the r-th contiguous slice.
+attributes its parallel layers set, TP rank r holding the r-th contiguous slice; a gated MLP's
+first linear (SwiGLU) holds the r-th slice of each of its two halves.
 
 Loss normalisation: every pipeline back-propagates the sum of its real tokens' losses (the
 executor's per-token loss form), and `finalize` divides the summed gradients by the real tokens
@@ -113,12 +114,9 @@ class AsymmetricGradSync:
         topology = groups.topology
         self.place: StagePlace = topology.place(groups.rank)
         me = (self.place.replica, self.place.stage)
-        if getattr(getattr(unwrap(model), "config", None), "gated_linear_unit", False):
-            # A gated fc1 shard is [gate_r; up_r], not a contiguous slice of [gate; up].
-            raise GradSyncError(
-                f"rank {groups.rank}: gated linear units (SwiGLU) are not supported by the "
-                "asymmetric gradient sync yet"
-            )
+        self.gated_mlp = bool(
+            getattr(getattr(unwrap(model), "config", None), "gated_linear_unit", False)
+        )
         order = {ranks: k for k, ranks in enumerate(groups.shared)}
         buckets: dict[tuple[int, ...], list[_Slot]] = {}
         local_only: list[torch.nn.Parameter] = []
@@ -153,16 +151,22 @@ class AsymmetricGradSync:
         chunk_ranks = topology.chunk_holders(holders)
         chunks = len(chunk_ranks)
         mine = chunks // place.tp  # chunks in this rank's shard
-        if param.shape[dim] % mine:
+        # A gated MLP's first linear (SwiGLU) stores each shard as [gate_r; up_r]: each half
+        # is chunked on its own, chunk c of either half being the same rows at any TP degree.
+        halves = 2 if self.gated_mlp and ".mlp.linear_fc1." in name else 1
+        half = param.shape[dim] // halves
+        if half % mine:
             raise GradSyncError(
                 f"{name} on rank {self.groups.rank}: its shard of {param.shape[dim]} along dim "
                 f"{dim} does not split into the {mine} chunk(s) that TP degrees "
                 f"{[topology.layouts[r].stages[s].tp for r, s in holders]} need"
             )
-        length = param.shape[dim] // mine
-        for j in range(mine):
-            c = place.tp_rank * mine + j
-            yield chunk_ranks[c], _Slot(param, name, dim, j * length, length, True, source)
+        length = half // mine
+        for h in range(halves):
+            for j in range(mine):
+                c = place.tp_rank * mine + j
+                start = h * half + j * length
+                yield chunk_ranks[c], _Slot(param, name, dim, start, length, True, source)
 
     def finalize(self, model_chunks=None, num_tokens: torch.Tensor | None = None, **_) -> None:
         """Sum every gradient chunk over its holders and divide by the global batch's real
