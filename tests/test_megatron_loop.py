@@ -66,9 +66,15 @@ def _megatron_losses(out: str) -> list[float]:
     return [float(v) for v in re.findall(r"\| lm loss: ([0-9.E+-]+) \|", out)]
 
 
-@pytest.mark.parametrize("model", ["gpt", "llama"])
-def test_megatron_pretrain_with_dynapipe_equals_our_loop(model, capfd) -> None:
-    flags = FLAGS if model == "gpt" else [*FLAGS, *LLAMA]
+TP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "1"]
+
+
+@pytest.mark.parametrize(
+    ("model", "layout"), [("gpt", []), ("llama", []), ("gpt", TP2)], ids=["gpt", "llama", "tp2"]
+)
+def test_megatron_pretrain_with_dynapipe_equals_our_loop(model, layout, capfd) -> None:
+    """PP=2, and TP=2 (every TP rank reads its planned micro-batch from its iterator)."""
+    flags = [*(FLAGS if model == "gpt" else [*FLAGS, *LLAMA]), *layout]
     sites = run_ranks(_megatron_program, 2, flags, model, timeout_s=240)
     out = capfd.readouterr().out
     megatron = _megatron_losses(out)
