@@ -273,8 +273,26 @@ def test_a_crafted_checkpoint_is_refused_not_run(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     shard = tmp_path / "ckpt" / "iter_0000001" / "full_state.pt"
     shard.parent.mkdir(parents=True)
-    torch.save({"format": checkpointing.FORMAT, "optimizer": _Payload(marker)}, shard)
-    (tmp_path / "ckpt" / "latest_iteration.txt").write_text("1\n")
+    # Written as a save writes it, checksum included: a checksum proves no authorship.
+    checkpointing.save_atomically({"format": checkpointing.FORMAT, "x": _Payload(marker)}, shard)
+    checkpointing.mark_latest(tmp_path / "ckpt", 1)
     with pytest.raises(CheckpointError, match=rf"{shard} is corrupt"):
         checkpointing.read(tmp_path / "ckpt")
     assert not marker.exists()
+
+
+def test_a_flipped_byte_in_a_full_state_checkpoint_is_named(tmp_path: Path) -> None:
+    from megatron.dynapipe.checkpointing import CheckpointError
+    from megatron.dynapipe.hetero import checkpointing
+
+    shard = tmp_path / "ckpt" / "iter_0000001" / "full_state.pt"
+    shard.parent.mkdir(parents=True)
+    payload = {"format": checkpointing.FORMAT, "iteration": 1, "w": torch.arange(1000.0)}
+    checkpointing.save_atomically(payload, shard)
+    checkpointing.mark_latest(tmp_path / "ckpt", 1)
+    assert checkpointing.read(tmp_path / "ckpt").payload["iteration"] == 1
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=rf"{shard} is corrupt: its SHA-256 differs"):
+        checkpointing.read(tmp_path / "ckpt")

@@ -18,6 +18,7 @@ reads the same file on resume.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,10 +69,34 @@ def save(
 
 
 def save_atomically(payload: dict, path: Path) -> None:
-    """torch.save next to `path`, then rename: a crash never leaves half a checkpoint."""
+    """torch.save next to `path`, then rename: a crash never leaves half a checkpoint. The
+    file's SHA-256 goes beside it (`<file>.sha256`) before the rename, so a resume can tell
+    a damaged file from a good one. A temporary file a crashed save left is replaced."""
     tmp = path.with_suffix(".pt.tmp")
     torch.save(payload, tmp)
+    _checksum_path(path).write_text(_sha256(tmp) + "\n")
     os.replace(tmp, path)
+
+
+def _checksum_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_checksum(path: Path) -> None:
+    """A file whose bytes differ from the SHA-256 saved with it is named, not loaded."""
+    recorded = _checksum_path(path)
+    if not recorded.is_file():
+        raise CheckpointError(f"checkpoint {path} has no checksum file {recorded.name}")
+    if recorded.read_text().strip() != _sha256(path):
+        raise CheckpointError(f"checkpoint {path} is corrupt: its SHA-256 differs from {recorded}")
 
 
 def mark_latest(directory: Path, iteration: int) -> None:
@@ -167,6 +192,8 @@ def read(directory: str | os.PathLike) -> FullCheckpoint:
             f"resumes from {FULL_STATE} (layout-independent) checkpoints only"
         )
     path = _path(directory, latest_iteration(directory))
+    if path.is_file():
+        verify_checksum(path)
     payload = load_payload(path, "checkpoint")
     if payload.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path} is not a {FORMAT} checkpoint")
