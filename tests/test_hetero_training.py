@@ -206,6 +206,61 @@ def test_resume_under_another_strategy_set(tmp_path: Path, reference, uninterrup
     np.testing.assert_allclose(resumed, losses[2:], rtol=1e-5)
 
 
+def _convert(rank: int, world: int, argv: list[str]) -> str:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "checkpoint_to_megatron.py"
+    spec = importlib.util.spec_from_file_location("checkpoint_to_megatron", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool.convert(argv)
+
+
+def _homogeneous(rank: int, world: int, argv: list[str]) -> list[float]:
+    from megatron.dynapipe.arguments import parse_args
+    from megatron.dynapipe.training import pretrain
+
+    return pretrain(parse_args(argv))
+
+
+def test_a_dynamic_strategies_run_continues_under_plain_megatron(
+    tmp_path: Path, reference, uninterrupted
+) -> None:
+    """Saved by --dynamic-strategies after 1 iteration, converted into a Megatron checkpoint
+    (tools/checkpoint_to_megatron.py), resumed by the homogeneous loop at PP=2: iterations 2
+    and 3 train on the same global batches from the same weights, Adam moments and step."""
+    weights, _ = reference
+    hetero, megatron = tmp_path / "hetero", tmp_path / "megatron"
+    first = [*DYNAMIC, "--train-iters", "1", "--save", str(hetero)]
+    run_ranks(_train, 4, first, weights, timeout_s=240)
+    # The vocabulary padded as the 4-rank heterogeneous job padded it (for TP up to 4).
+    homogeneous = [*TINY, "--padded-vocab-size", "512", "--train-iters", str(ITERATIONS)]
+    convert = [*homogeneous, "--load", str(hetero), "--save", str(megatron)]
+    line = run_ranks(_convert, 1, convert, timeout_s=120)[0]
+    assert line == f"wrote {megatron} (iteration 1, Megatron torch_dist)", line
+    resume = [*homogeneous, "--pipeline-model-parallel-size", "2", "--load", str(megatron)]
+    resumed = run_ranks(_homogeneous, 2, resume, timeout_s=240)[0]
+    losses, _ = uninterrupted
+    np.testing.assert_allclose(resumed, losses[1:], rtol=1e-5)
+
+
+def test_checkpoint_to_megatron_without_a_checkpoint_is_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    tool = Path(__file__).resolve().parents[1] / "tools" / "checkpoint_to_megatron.py"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    argv = [*TINY, "--train-iters", "1", "--load", str(empty), "--save", str(tmp_path / "out")]
+    out = subprocess.run(
+        [sys.executable, str(tool), *argv], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert lines[-1].startswith("checkpoint_to_megatron.py: error: no checkpoint in "), lines
+    assert "Traceback" not in out.stderr and not (tmp_path / "out").exists()
+
+
 def test_resume_continues_the_dropout_streams(tmp_path: Path, reference) -> None:
     """With dropout on, a run saved after 2 iterations and resumed by as many ranks under the
     same layout continues with the uninterrupted run's third loss: every rank's default
