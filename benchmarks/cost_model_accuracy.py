@@ -52,17 +52,14 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.torchrun_runs import ROOT, free_port
+from benchmarks.torchrun_runs import ROOT, add_model_args, free_port
 
 WORLD = 2
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--num-layers", type=int, default=4)
-    p.add_argument("--hidden-size", type=int, default=256)
-    p.add_argument("--num-attention-heads", type=int, default=4)
-    p.add_argument("--seq-length", type=int, default=1024)
+    add_model_args(p, hidden_size=256, seq_length=1024)
     p.add_argument("--tokens-per-global-batch", type=int, default=16384)
     p.add_argument("--iterations", type=int, default=50)
     p.add_argument("--warmup-iterations", type=int, default=3)

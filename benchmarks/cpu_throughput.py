@@ -49,7 +49,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.torchrun_runs import run
+from benchmarks.torchrun_runs import add_model_args, run
 
 BASELINES = ("packing-1f1b", "megatron-1f1b")
 
@@ -101,11 +101,8 @@ def _median(runs: list[Run], key: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-path", default="synthetic:flan", help="as pretrain_gpt.py's")
-    parser.add_argument("--seq-length", type=int, default=4096)
     parser.add_argument("--tokens-per-global-batch", type=int, default=16384)
-    parser.add_argument("--num-layers", type=int, default=4)
-    parser.add_argument("--hidden-size", type=int, default=128)
-    parser.add_argument("--num-attention-heads", type=int, default=4)
+    add_model_args(parser, hidden_size=128, seq_length=4096)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument(
         "--nproc-per-node", type=int, default=2, help="ranks (one GPU each where CUDA is)"

@@ -35,6 +35,14 @@ HOMOGENEOUS = re.compile(
 )
 
 
+def add_model_args(parser, *, hidden_size: int, seq_length: int) -> None:
+    """The small GPT's flags the CPU benchmarks share, with each benchmark's defaults."""
+    parser.add_argument("--num-layers", type=int, default=4)
+    parser.add_argument("--hidden-size", type=int, default=hidden_size)
+    parser.add_argument("--num-attention-heads", type=int, default=4)
+    parser.add_argument("--seq-length", type=int, default=seq_length)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
