@@ -25,6 +25,7 @@ from .cli_args import (
     memory_gib,
     nonnegative_int,
     positive_int,
+    sample_count,
     seed,
 )
 from .cluster import GPU_PRESETS, ClusterSpec, GiB, get_gpu
@@ -61,7 +62,7 @@ def _plan_parser() -> argparse.ArgumentParser:
     src.add_argument("--lengths", help="lengths file: .txt, .npy, .jsonl, or Megatron .idx/.bin")
     src.add_argument("--preset", choices=sorted(PRESETS), help="synthetic length distribution")
     data.add_argument(
-        "--num-samples", type=positive_int, default=20000, help="samples drawn from a preset"
+        "--num-samples", type=sample_count, default=20000, help="samples drawn from a preset"
     )
     data.add_argument("--field", help="jsonl key holding the input (default input_ids/text)")
     data.add_argument("--target-field", help="jsonl key holding targets (encoder-decoder)")

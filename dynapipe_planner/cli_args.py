@@ -15,6 +15,8 @@ from .errors import PlanningError
 # Counts the planner stores in int64 arrays and C++ `int64_t`s; anything larger is a typo.
 MAX_COUNT = 2**62
 MAX_GIB = 2**20
+MAX_SAMPLES = 10**8  # synthetic samples drawn: int64 arrays of 800 MB
+MAX_GPUS = 16384  # as `devices.MAX_CLUSTER_DEVICES`
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -58,6 +60,20 @@ def nonnegative_int(text: str) -> int:
     value = _int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text} must not be negative")
+    return value
+
+
+def sample_count(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_SAMPLES:
+        raise argparse.ArgumentTypeError(f"{text} is more than {MAX_SAMPLES} samples")
+    return value
+
+
+def gpu_count(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_GPUS:
+        raise argparse.ArgumentTypeError(f"{text} is more than {MAX_GPUS} GPUs")
     return value
 
 

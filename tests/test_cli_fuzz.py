@@ -141,6 +141,23 @@ def test_strategy_plan_counts(flag, value):
     assert_refused("dynapipe-strategy", strategy_main, argv)
 
 
+@pytest.mark.parametrize(
+    ("prog", "flag", "value"),
+    [
+        ("dynapipe-plan", "--num-samples", str(2**62)),  # numpy: "array is too big"
+        ("dynapipe-strategy", "--num-samples", "100000001"),
+        ("dynapipe-strategy", "--num-gpus", str(2**62)),  # was planned for, exit 0
+        ("dynapipe-search", "--num-gpus", "16385"),
+        ("dynapipe-plan", "--memory-limit-gb", str(2**21)),
+        ("dynapipe-search", "--memory-budget-gb", "1e300"),
+    ],
+)
+def test_counts_past_their_bound(prog, flag, value):
+    main, argv = BASE[prog]
+    line = assert_refused(prog, main, with_flag(argv, flag, value))
+    assert flag in line
+
+
 LENGTH_FILES = st.one_of(
     st.just(b""),
     st.just(b"\n\n"),

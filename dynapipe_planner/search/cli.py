@@ -17,6 +17,7 @@ from itertools import groupby
 from ..cli_args import (
     OneLineParser,
     check_output_file,
+    gpu_count,
     positive_float,
     positive_int,
     positive_memory_gib,
@@ -34,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     job = p.add_argument_group("model and cluster")
     job.add_argument("--model", default="gpt-1.3b", help=f"{', '.join(MODEL_PRESETS)} or JSON")
     job.add_argument("--gpu", default="A100-40GB", help=f"one of {', '.join(GPU_PRESETS)}")
-    job.add_argument("--num-gpus", type=positive_int, default=8)
+    job.add_argument("--num-gpus", type=gpu_count, default=8)
     job.add_argument("--gpus-per-node", type=positive_int, default=8)
     job.add_argument(
         "--memory-budget-gb", type=positive_memory_gib, required=True, help="GiB per GPU"

@@ -24,8 +24,10 @@ from ..cli_args import (
     OneLineParser,
     check_output_dir,
     check_output_file,
+    gpu_count,
     memory_gib,
     positive_int,
+    sample_count,
     seed,
 )
 from ..cluster import GPU_PRESETS, GiB, get_gpu
@@ -77,7 +79,7 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     src.add_argument("--lengths", help="lengths file: .txt, .npy, .jsonl, or Megatron .idx/.bin")
     src.add_argument("--preset", choices=sorted(PRESETS), help="synthetic length distribution")
     data.add_argument(
-        "--num-samples", type=positive_int, default=100000, help="samples from a preset"
+        "--num-samples", type=sample_count, default=100000, help="samples from a preset"
     )
     data.add_argument("--seed", type=seed, default=0)
     data.add_argument(
@@ -90,7 +92,7 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     job = p.add_argument_group("model and cluster")
     job.add_argument("--model", default="gpt-6.7b", help=f"{', '.join(MODEL_PRESETS)} or JSON")
     job.add_argument("--gpu", default="A800", help=f"one of {', '.join(GPU_PRESETS)}")
-    job.add_argument("--num-gpus", type=positive_int, default=64)
+    job.add_argument("--num-gpus", type=gpu_count, default=64)
     job.add_argument("--gpus-per-node", type=positive_int, default=8)
     job.add_argument(
         "--max-tp", type=positive_int, default=8, help="largest TP degree (NVLink island)"
