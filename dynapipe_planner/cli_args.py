@@ -10,8 +10,6 @@ import os
 from pathlib import Path
 from typing import NoReturn
 
-from .errors import PlanningError
-
 # Counts the planner stores in int64 arrays and C++ `int64_t`s; anything larger is a typo.
 MAX_COUNT = 2**62
 MAX_GIB = 2**20
@@ -151,8 +149,3 @@ def _check_parent(parser: argparse.ArgumentParser, flag: str, path: str, parent:
         parser.error(f"{_named(flag)}: {path}: {parent} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         parser.error(f"{_named(flag)}: {path}: directory {parent} is not writable")
-
-
-def output_error(flag: str, path: str, error: OSError) -> PlanningError:
-    """A write that failed anyway (disk full, a race), as one line naming the flag and path."""
-    return PlanningError(f"{flag} {path}: cannot write ({error.strerror or error})")
