@@ -18,6 +18,16 @@ from pathlib import Path
 
 import numpy as np
 
+from .cli_args import (
+    OneLineParser,
+    check_output_dir,
+    check_output_file,
+    memory_gib,
+    nonnegative_int,
+    positive_int,
+    sample_count,
+    seed,
+)
 from .cluster import GPU_PRESETS, ClusterSpec, GiB, get_gpu
 from .cost import (
     AnalyticCostModel,
@@ -43,7 +53,7 @@ METHODS = (
 
 
 def _plan_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="dynapipe-plan",
         description="Plan variable-length training iterations and compare micro-batching methods.",
     )
@@ -51,23 +61,27 @@ def _plan_parser() -> argparse.ArgumentParser:
     src = data.add_mutually_exclusive_group()
     src.add_argument("--lengths", help="lengths file: .txt, .npy, .jsonl, or Megatron .idx/.bin")
     src.add_argument("--preset", choices=sorted(PRESETS), help="synthetic length distribution")
-    data.add_argument("--num-samples", type=int, default=20000, help="samples drawn from a preset")
+    data.add_argument(
+        "--num-samples", type=sample_count, default=20000, help="samples drawn from a preset"
+    )
     data.add_argument("--field", help="jsonl key holding the input (default input_ids/text)")
     data.add_argument("--target-field", help="jsonl key holding targets (encoder-decoder)")
-    data.add_argument("--max-seqlen", type=int, default=0, help="truncate samples to this length")
-    data.add_argument("--global-batch-tokens", type=int, default=65536)
-    data.add_argument("--iterations", type=int, default=1, help="global batches to plan")
-    data.add_argument("--seed", type=int, default=0)
+    data.add_argument(
+        "--max-seqlen", type=nonnegative_int, default=0, help="truncate samples to this length"
+    )
+    data.add_argument("--global-batch-tokens", type=positive_int, default=65536)
+    data.add_argument("--iterations", type=positive_int, default=1, help="global batches to plan")
+    data.add_argument("--seed", type=seed, default=0)
     model = p.add_argument_group("model and cluster")
     model.add_argument(
         "--model", default="gpt-6.7b", help=f"preset ({', '.join(MODEL_PRESETS)}) or JSON"
     )
     model.add_argument("--gpu", default="A100-80GB", help=f"one of {', '.join(GPU_PRESETS)}")
-    model.add_argument("--pp", type=int, default=4, help="pipeline stages")
-    model.add_argument("--dp", type=int, default=1, help="data-parallel replicas")
-    model.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
-    model.add_argument("--gpus-per-node", type=int, default=8)
-    model.add_argument("--memory-limit-gb", type=float, default=0, help="usable GiB per GPU")
+    model.add_argument("--pp", type=positive_int, default=4, help="pipeline stages")
+    model.add_argument("--dp", type=positive_int, default=1, help="data-parallel replicas")
+    model.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
+    model.add_argument("--gpus-per-node", type=positive_int, default=8)
+    model.add_argument("--memory-limit-gb", type=memory_gib, default=0, help="usable GiB per GPU")
     model.add_argument("--cost-table", help="profiled cost table JSON (default: analytic model)")
     model.add_argument("--flash-attention", action="store_true", help="no s^2 activation memory")
     plan = p.add_argument_group("planning")
@@ -75,7 +89,9 @@ def _plan_parser() -> argparse.ArgumentParser:
     plan.add_argument("--schedule", choices=SCHEDULES, default="adaptive")
     plan.add_argument("--recompute", choices=RECOMPUTE, default="auto")
     plan.add_argument("--order", choices=("sort", "tsp"), default="sort")
-    plan.add_argument("--micro-batch-size", type=int, default=0, help="fix it for baselines")
+    plan.add_argument(
+        "--micro-batch-size", type=nonnegative_int, default=0, help="fix it for baselines"
+    )
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", help="write each iteration's plan here")
     out.add_argument("--format", choices=("json", "bin"), default="json")
@@ -109,7 +125,9 @@ def _lengths(args: argparse.Namespace, encoder_decoder: bool) -> np.ndarray:
 
 
 def plan_main(argv: Sequence[str] | None = None) -> int:
-    args = _plan_parser().parse_args(argv)
+    parser = _plan_parser()
+    args = parser.parse_args(argv)
+    check_output_dir(parser, "--output-dir", args.output_dir)
     try:
         return _run_plan(args)
     except PlanningError as e:
@@ -217,7 +235,7 @@ def _table(results: dict[str, list[dict]], args: argparse.Namespace, cluster: Cl
 
 
 def _simulate_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="dynapipe-simulate",
         description="Check a plan (deadlock, order, shapes, memory) and time it by its cost model.",
     )
@@ -278,7 +296,10 @@ def simulate_main(argv: Sequence[str] | None = None) -> int:
     from .simulate import simulate
     from .trace import write_chrome_trace, write_timeline_png
 
-    args = _simulate_parser().parse_args(argv)
+    parser = _simulate_parser()
+    args = parser.parse_args(argv)
+    check_output_file(parser, "--trace", args.trace)
+    check_output_file(parser, "--png", args.png)
     try:
         plan = load_plan(args.plan)
         costs = _plan_costs(plan, args.plan)

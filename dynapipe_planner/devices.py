@@ -47,6 +47,9 @@ _MACHINE_KEYS = {
 _TOP_KEYS = {"name", "network", "machines", "links", "bandwidth_matrix_gbs", "latency_matrix_us"}
 DEFAULT_INTER_LATENCY_US = 50.0
 
+# The cost model holds device-by-device matrices; a cluster past this is a typo.
+MAX_CLUSTER_DEVICES = 16384
+
 
 @dataclass(frozen=True)
 class Machine:
@@ -166,6 +169,8 @@ def _machine(raw: Any, index: int, first_device: int) -> Machine:
     count = raw.get("count")
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise PlanningError(f"{where}: count must be a positive integer, got {count!r}")
+    if count > MAX_CLUSTER_DEVICES:
+        raise PlanningError(f"{where}: count {count} is past {MAX_CLUSTER_DEVICES} GPUs")
     if "peak_tflops" in raw:
         gpu = replace(gpu, peak_flops=_number(raw["peak_tflops"], f"{where}: peak_tflops") * 1e12)
     if "memory_gib" in raw:
@@ -229,6 +234,8 @@ def cluster_from_dict(data: Any, source: str = "cluster") -> HeteroCluster:
     machines: list[Machine] = []
     for i, raw in enumerate(raw_machines):
         machines.append(_machine(raw, i, sum(m.count for m in machines)))
+        if sum(m.count for m in machines) > MAX_CLUSTER_DEVICES:
+            raise PlanningError(f"{source}: more than {MAX_CLUSTER_DEVICES} GPUs")
     names = [m.name for m in machines]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -305,13 +312,16 @@ def load_cluster(path: str | Path) -> HeteroCluster:
 
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise PlanningError(f"cluster file {path}: cannot read ({e.strerror})") from e
+    except UnicodeDecodeError as e:
+        raise PlanningError(f"cluster file {path}: not UTF-8 text ({e.reason})") from e
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise PlanningError(f"cluster file {path}: not valid YAML ({e})") from e
+        where = " ".join(str(e).split())  # PyYAML quotes the line under a caret: one line here
+        raise PlanningError(f"cluster file {path}: not valid YAML ({where})") from e
     return cluster_from_dict(data, str(path))
 
 

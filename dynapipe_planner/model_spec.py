@@ -36,6 +36,20 @@ _BOOL_FIELDS = (
 )
 
 
+# A model dimension past this is a typo; the cost models multiply dimensions in int64.
+MAX_MODEL_DIM = 2**31 - 1
+_INT_FIELDS = (
+    "num_layers",
+    "hidden_size",
+    "num_heads",
+    "ffn_hidden_size",
+    "vocab_size",
+    "kv_channels",
+    "max_position_embeddings",
+    "num_query_groups",
+)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """Shape of a GPT (`arch="gpt"`) or T5 (`arch="t5"`) model.
@@ -71,6 +85,14 @@ class ModelSpec:
             raise PlanningError(
                 f"model {self.name!r}: arch must be 'gpt' or 't5', got {self.arch!r}"
             )
+        if not isinstance(self.name, str):
+            raise PlanningError(f"model: name must be a string, got {self.name!r}")
+        for f in _INT_FIELDS:  # JSON may bring floats (NaN), strings, booleans or huge numbers
+            value = getattr(self, f)
+            if type(value) is not int:
+                raise PlanningError(f"model {self.name!r}: {f} must be an integer, got {value!r}")
+            if value > MAX_MODEL_DIM:
+                raise PlanningError(f"model {self.name!r}: {f} {value} is out of range")
         for f in ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size"):
             if getattr(self, f) <= 0:
                 raise PlanningError(f"model {self.name!r}: {f} must be positive")
@@ -215,6 +237,8 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelSpec:
+        if not isinstance(data, dict):
+            raise PlanningError(f"model spec: expected a JSON object, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -306,7 +330,11 @@ def load_model_spec(name_or_path: str) -> ModelSpec:
             f"model {name_or_path!r} is neither a preset ({', '.join(MODEL_PRESETS)}) nor a file"
         )
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise PlanningError(f"model spec {path}: cannot read ({e.strerror or e})") from e
+    except UnicodeDecodeError as e:
+        raise PlanningError(f"model spec {path}: not UTF-8 text ({e.reason})") from e
     except json.JSONDecodeError as e:
         raise PlanningError(f"model spec {path}: not valid JSON ({e})") from e
     return ModelSpec.from_dict(data)

@@ -24,6 +24,7 @@ homogeneous plans need no new version.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import struct
@@ -59,6 +60,9 @@ COMM_OPS = START_OPS + WAIT_OPS
 DTYPES = ("bf16", "fp16", "fp32")
 _OP_CODE = {op: i for i, op in enumerate(OPS)}
 _DTYPE_CODE = {d: i + 1 for i, d in enumerate(DTYPES)}
+
+# A sequence length past this is no plan's (and overflows the cost tables' int64 grids).
+MAX_SEQLEN = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +230,7 @@ class ExecutionPlan:
                     need(m, "replica", where),
                     samples,
                     need(m, "seqlen", where),
-                    m.get("tgt_seqlen", 0),
+                    _optional(source, m, "tgt_seqlen", where, 0),
                     rows,
                     _attention_saved(source, m.get("attention_saved", 0.0), where),
                 )
@@ -245,9 +249,9 @@ class ExecutionPlan:
                     Instruction(
                         op,
                         need(ins, "mb", iw),
-                        ins.get("peer", -1),
+                        _optional(source, ins, "peer", iw, -1),
                         tuple(shape),
-                        ins.get("dtype", ""),
+                        _optional(source, ins, "dtype", iw, "", str),
                     )
                 )
             ranks.append(RankPlan(need(r, "replica", where), need(r, "stage", where), instrs))
@@ -405,6 +409,13 @@ def _need(source: str, obj: Any, key: str, where: str, kind: type | tuple = int)
     return value
 
 
+def _optional(source: str, obj: dict, key: str, where: str, default: Any, kind: type = int) -> Any:
+    """An optional field: its default when absent, else of the given type."""
+    if key not in obj:
+        return default
+    return _need(source, obj, key, where, kind)
+
+
 def _integers(source: str, values: Any, where: str) -> list[int]:
     if not isinstance(values, list) or not all(
         isinstance(v, int) and not isinstance(v, bool) for v in values
@@ -456,6 +467,15 @@ def validate_structure(plan: ExecutionPlan, source: str = "plan") -> None:
     and shapes/dtypes on every Start."""
     if plan.num_stages < 1 or plan.num_replicas < 1:
         raise PlanningError(f"{source}: num_stages and num_replicas must be >= 1")
+    for name in ("stats", "meta"):
+        if not isinstance(getattr(plan, name), dict):
+            raise PlanningError(f"{source}: {name} must be a mapping")
+    for m in plan.microbatches:
+        if not (0 < m.seqlen <= MAX_SEQLEN and 0 <= m.tgt_seqlen <= MAX_SEQLEN):
+            raise PlanningError(
+                f"{source}: micro-batch {m.id}: seqlen {m.seqlen} / tgt_seqlen {m.tgt_seqlen} "
+                f"out of range (1 .. {MAX_SEQLEN} / 0 .. {MAX_SEQLEN})"
+            )
     _validate_layouts(plan, source)
     mb_replica: dict[int, int] = {}
     for m in plan.microbatches:
@@ -508,16 +528,20 @@ def validate_structure(plan: ExecutionPlan, source: str = "plan") -> None:
                 raise PlanningError(
                     f"{source}: {iw}: a Start needs a shape and a dtype in {DTYPES}"
                 )
-    expected_ranks = [
-        (k, j) for k in range(plan.num_replicas) for j in range(plan.replica_num_stages(k))
-    ]
-    if len(seen) != len(expected_ranks):
-        missing = ", ".join(
-            f"replica {k} stage {j}" for k, j in expected_ranks if (k, j) not in seen
+    # Counted, not listed: a corrupt num_stages of 2**70 must not be enumerated.
+    if plan.replicas:
+        expected = sum(r.num_stages for r in plan.replicas)
+    else:
+        expected = plan.num_replicas * plan.num_stages
+    if len(seen) != expected:
+        wanted = (
+            (k, j) for k in range(plan.num_replicas) for j in range(plan.replica_num_stages(k))
         )
+        missing = list(itertools.islice(((k, j) for k, j in wanted if (k, j) not in seen), 17))
+        listed = ", ".join(f"replica {k} stage {j}" for k, j in missing[:16])
         raise PlanningError(
-            f"{source}: {len(seen)} ranks, expected {len(expected_ranks)}; no rank plan for "
-            f"{missing}"
+            f"{source}: {len(seen)} ranks, expected {expected}; no rank plan for "
+            f"{listed}{', ...' if len(missing) > 16 else ''}"
         )
 
 

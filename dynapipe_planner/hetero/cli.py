@@ -13,6 +13,14 @@ import os
 import sys
 from collections.abc import Sequence
 
+from ..cli_args import (
+    OneLineParser,
+    check_output_file,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    seed,
+)
 from ..cost.analytic import RECOMPUTE_CHOICES
 from ..devices import load_cluster
 from ..errors import PlanningError
@@ -25,14 +33,17 @@ from .rank_binding import bind_ranks
 from .search import SearchConfig, hexiscale_search
 from .simulate import simulate_plan
 
+# The 1F1B replay (`simulate_plan`) walks every micro-batch of every pipeline.
+MAX_MICRO_BATCHES = 100_000
+
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dynapipe-hetero", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="dynapipe-hetero", description=__doc__.splitlines()[0])
     p.add_argument("--cluster", required=True, help="cluster YAML (see examples/clusters/)")
     p.add_argument("--model", default="llama2-7b", help=f"{', '.join(MODEL_PRESETS)} or JSON")
-    p.add_argument("--seqlen", type=int, default=4096)
-    p.add_argument("--global-batch", type=int, default=128, help="samples per iteration")
-    p.add_argument("--micro-batch-size", type=int, default=1)
+    p.add_argument("--seqlen", type=positive_int, default=4096)
+    p.add_argument("--global-batch", type=positive_int, default=128, help="samples per iteration")
+    p.add_argument("--micro-batch-size", type=positive_int, default=1)
     p.add_argument(
         "--recompute",
         choices=RECOMPUTE_CHOICES,
@@ -46,10 +57,10 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep full optimiser states on every pipeline (default: sharded over pipelines)",
     )
-    p.add_argument("--time-budget", type=float, default=10.0, help="search seconds")
-    p.add_argument("--max-dp", type=int, default=0, help="most pipelines (0: no limit)")
-    p.add_argument("--tau", type=int, default=2, help="stage-order branching (§4.3)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--time-budget", type=positive_float, default=10.0, help="search seconds")
+    p.add_argument("--max-dp", type=nonnegative_int, default=0, help="most pipelines (0: no limit)")
+    p.add_argument("--tau", type=positive_int, default=2, help="stage-order branching (§4.3)")
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--output", help="write the plan JSON here")
     p.add_argument(
         "--bind-ranks",
@@ -67,7 +78,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def hetero_main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    check_output_file(parser, "--output", args.output)
+    if args.global_batch // args.micro_batch_size > MAX_MICRO_BATCHES:
+        parser.error(
+            f"argument --global-batch: {args.global_batch} samples are "
+            f"{args.global_batch // args.micro_batch_size} micro-batches of "
+            f"{args.micro_batch_size}; the 1F1B replay takes at most {MAX_MICRO_BATCHES}"
+        )
     say = (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     try:
         cluster = load_cluster(args.cluster)

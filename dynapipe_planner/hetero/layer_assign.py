@@ -137,16 +137,46 @@ def pipeline_profile(shapes: list[StageShape], layers: list[int]) -> tuple[float
 
 
 def assign_micro_batches(profiles: list[tuple[float, float]], total: int) -> list[int] | None:
-    """Micro-batches per pipeline (each at least one) minimising the slowest pipeline."""
+    """Micro-batches per pipeline (each at least one) minimising the slowest pipeline.
+
+    Each further micro-batch goes to the pipeline that finishes first (ties to the lower
+    index). The greedy steps below a threshold are taken at once, so a global batch of 10**15
+    micro-batches costs as little as one of ten (a step at a time, it never ended)."""
     k = len(profiles)
     if total < k:
         return None
     m = [1] * k
-    heap = [(fill + bottleneck, i) for i, (fill, bottleneck) in enumerate(profiles)]
+    steps = total - k
+    if steps > 4 * k and all(b > 0 and math.isfinite(b) for _, b in profiles):
+        lo = min(f + b for f, b in profiles)  # nothing lies below it
+        hi = max(f + b for f, b in profiles) + steps * max(b for _, b in profiles)
+        for _ in range(200):  # the largest threshold whose steps below it do not overshoot
+            mid = lo + (hi - lo) / 2
+            if mid in (lo, hi):
+                break
+            if sum(_steps_below(f, b, mid) for f, b in profiles) <= steps:
+                lo = mid
+            else:
+                hi = mid
+        taken = [_steps_below(f, b, lo) for f, b in profiles]
+        m = [1 + c for c in taken]
+        steps -= sum(taken)
+    heap = [(fill + m[i] * bottleneck, i) for i, (fill, bottleneck) in enumerate(profiles)]
     heapq.heapify(heap)
-    for _ in range(total - k):
+    for _ in range(steps):
         _, i = heapq.heappop(heap)
         m[i] += 1
         fill, bottleneck = profiles[i]
         heapq.heappush(heap, (fill + m[i] * bottleneck, i))
     return m
+
+
+def _steps_below(fill: float, bottleneck: float, limit: float) -> int:
+    """How many of fill + n * bottleneck (n = 1, 2, ...; as the greedy loop rounds them) lie
+    below `limit`."""
+    n = max(0, math.floor((limit - fill) / bottleneck))
+    while n > 0 and fill + n * bottleneck >= limit:
+        n -= 1
+    while fill + (n + 1) * bottleneck < limit:
+        n += 1
+    return n

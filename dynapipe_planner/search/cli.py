@@ -14,6 +14,14 @@ import time
 from collections.abc import Sequence
 from itertools import groupby
 
+from ..cli_args import (
+    OneLineParser,
+    check_output_file,
+    gpu_count,
+    positive_float,
+    positive_int,
+    positive_memory_gib,
+)
 from ..cluster import GPU_PRESETS, GiB, get_gpu
 from ..errors import PlanningError
 from ..model_spec import MODEL_PRESETS, load_model_spec
@@ -23,26 +31,32 @@ from .plan_file import megatron_flags, runtime_flags, write_plan
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dynapipe-search", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="dynapipe-search", description=__doc__.splitlines()[0])
     job = p.add_argument_group("model and cluster")
     job.add_argument("--model", default="gpt-1.3b", help=f"{', '.join(MODEL_PRESETS)} or JSON")
     job.add_argument("--gpu", default="A100-40GB", help=f"one of {', '.join(GPU_PRESETS)}")
-    job.add_argument("--num-gpus", type=int, default=8)
-    job.add_argument("--gpus-per-node", type=int, default=8)
-    job.add_argument("--memory-budget-gb", type=float, required=True, help="GiB per GPU")
-    job.add_argument("--seq-length", type=int, default=1024)
-    job.add_argument("--tgt-seq-length", type=int, default=None, help="T5 decoder length")
+    job.add_argument("--num-gpus", type=gpu_count, default=8)
+    job.add_argument("--gpus-per-node", type=positive_int, default=8)
+    job.add_argument(
+        "--memory-budget-gb", type=positive_memory_gib, required=True, help="GiB per GPU"
+    )
+    job.add_argument("--seq-length", type=positive_int, default=1024)
+    job.add_argument("--tgt-seq-length", type=positive_int, default=None, help="T5 decoder length")
     job.add_argument("--flash-attention", action="store_true")
-    job.add_argument("--overlap-slowdown", type=float, default=1.3, help="§V, default 1.3")
+    job.add_argument("--overlap-slowdown", type=positive_float, default=1.3, help="§V, default 1.3")
     s = p.add_argument_group("search")
-    s.add_argument("--global-batch-size", type=int, default=None, help="default: search it")
-    s.add_argument("--max-batch-size", type=int, default=8192)
-    s.add_argument("--pp", type=int, nargs="+", default=None, help="PP degrees to try")
-    s.add_argument("--max-tp", type=int, default=None, help="largest TP degree")
+    s.add_argument(
+        "--global-batch-size", type=positive_int, default=None, help="default: search it"
+    )
+    s.add_argument("--max-batch-size", type=positive_int, default=8192)
+    s.add_argument("--pp", type=positive_int, nargs="+", default=None, help="PP degrees to try")
+    s.add_argument("--max-tp", type=positive_int, default=None, help="largest TP degree")
     s.add_argument("--base", action="store_true", help="Galvatron-Base: no bi-objective step")
     s.add_argument("--no-prune", action="store_true", help="keep DP+SDP trees (Takeaway #3)")
     s.add_argument("--even-partition", action="store_true", help="split layers evenly over stages")
-    s.add_argument("--memory-bins", type=int, default=256, help="layer DP memory resolution")
+    s.add_argument(
+        "--memory-bins", type=positive_int, default=256, help="layer DP memory resolution"
+    )
     p.add_argument("--output", help="write the plan file (JSON) here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -106,7 +120,9 @@ def summary(result: SearchResult) -> str:
 
 
 def search_main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    check_output_file(parser, "--output", args.output)
     try:
         model = load_model_spec(args.model)
         gpu = get_gpu(args.gpu)

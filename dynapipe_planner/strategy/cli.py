@@ -20,6 +20,16 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cli_args import (
+    OneLineParser,
+    check_output_dir,
+    check_output_file,
+    gpu_count,
+    memory_gib,
+    positive_int,
+    sample_count,
+    seed,
+)
 from ..cluster import GPU_PRESETS, GiB, get_gpu
 from ..data import PRESETS, global_batches, load_lengths, sample_lengths
 from ..errors import PlanningError
@@ -37,8 +47,16 @@ from .schemes import (
 from .selection import INSIDE, SelectionConfig, StrategySelector
 
 
+def trials(text: str) -> int:
+    """Greedy dispatch trials: each is a pass over the batch; a million is past any use."""
+    value = positive_int(text)
+    if value > 1_000_000:
+        raise argparse.ArgumentTypeError(f"{text} is more than 1000000 trials")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dynapipe-strategy", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="dynapipe-strategy", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     propose = sub.add_parser("propose", help="candidate heterogeneous strategies (§7)")
     plan = sub.add_parser("plan", help="choose and plan each iteration's strategy (§4, §6)")
@@ -47,9 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     out = propose.add_argument_group("output")
     out.add_argument("--output", help="write schemes and proposals as JSON")
     steps = plan.add_argument_group("per-iteration planning")
-    steps.add_argument("--iterations", type=int, default=3, help="global batches to plan")
+    steps.add_argument("--iterations", type=positive_int, default=3, help="global batches to plan")
     steps.add_argument("--inside", choices=INSIDE, default="dynapipe", help="within pipelines")
-    steps.add_argument("--trials", type=int, default=100, help="greedy dispatch trials (D.2)")
+    steps.add_argument("--trials", type=trials, default=100, help="greedy dispatch trials (D.2)")
     steps.add_argument("--output-dir", help="write each iteration's heterogeneous plan here")
     steps.add_argument("--format", choices=("json", "bin"), default="json")
     return p
@@ -60,24 +78,39 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     src = data.add_mutually_exclusive_group()
     src.add_argument("--lengths", help="lengths file: .txt, .npy, .jsonl, or Megatron .idx/.bin")
     src.add_argument("--preset", choices=sorted(PRESETS), help="synthetic length distribution")
-    data.add_argument("--num-samples", type=int, default=100000, help="samples from a preset")
-    data.add_argument("--seed", type=int, default=0)
-    data.add_argument("--context-length", type=int, default=32768, help="truncate samples here")
-    data.add_argument("--tokens-per-iteration", type=int, default=200000)
-    data.add_argument("--length-step", type=int, default=128, help="histogram interval width")
+    data.add_argument(
+        "--num-samples", type=sample_count, default=100000, help="samples from a preset"
+    )
+    data.add_argument("--seed", type=seed, default=0)
+    data.add_argument(
+        "--context-length", type=positive_int, default=32768, help="truncate samples here"
+    )
+    data.add_argument("--tokens-per-iteration", type=positive_int, default=200000)
+    data.add_argument(
+        "--length-step", type=positive_int, default=128, help="histogram interval width"
+    )
     job = p.add_argument_group("model and cluster")
     job.add_argument("--model", default="gpt-6.7b", help=f"{', '.join(MODEL_PRESETS)} or JSON")
     job.add_argument("--gpu", default="A800", help=f"one of {', '.join(GPU_PRESETS)}")
-    job.add_argument("--num-gpus", type=int, default=64)
-    job.add_argument("--gpus-per-node", type=int, default=8)
-    job.add_argument("--max-tp", type=int, default=8, help="largest TP degree (NVLink island)")
-    job.add_argument("--memory-limit-gb", type=float, default=0, help="usable GiB per GPU")
+    job.add_argument("--num-gpus", type=gpu_count, default=64)
+    job.add_argument("--gpus-per-node", type=positive_int, default=8)
+    job.add_argument(
+        "--max-tp", type=positive_int, default=8, help="largest TP degree (NVLink island)"
+    )
+    job.add_argument("--memory-limit-gb", type=memory_gib, default=0, help="usable GiB per GPU")
     job.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
-    job.add_argument("--keep", type=int, default=3, help="strategies kept per maximum length")
+    job.add_argument(
+        "--keep", type=positive_int, default=3, help="strategies kept per maximum length"
+    )
 
 
 def strategy_main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "propose":
+        check_output_file(parser, "--output", args.output)
+    else:
+        check_output_dir(parser, "--output-dir", args.output_dir)
     try:
         return _propose(args) if args.command == "propose" else _plan(args)
     except PlanningError as e:
@@ -102,6 +135,11 @@ def _job(args: argparse.Namespace) -> _Job:
     model = load_model_spec(args.model)
     if args.lengths:
         lengths = load_lengths(args.lengths)
+        if lengths.ndim != 1:
+            raise PlanningError(
+                f"{args.lengths}: input and target lengths per sample; Hydraulis strategies "
+                "are planned for one sequence per sample (decoder-only models)"
+            )
     else:
         lengths = sample_lengths(args.preset or "webcode", args.num_samples, seed=args.seed)
     lengths = np.minimum(lengths, args.context_length)
@@ -149,7 +187,9 @@ def _plan(args: argparse.Namespace) -> int:
     batches = global_batches(job.lengths, args.tokens_per_iteration, seed=args.seed)
     print(f"{'iter':>4}{'samples':>9}{'longest':>9}{'latency s':>11}{'homog. s':>10}  strategy")
     for it in range(args.iterations):
-        ids = next(batches)
+        ids = next(batches, None)
+        if ids is None:  # the data holds fewer global batches
+            break
         started = time.perf_counter()
         choice = selector.select(job.lengths[ids], ids)
         spent = time.perf_counter() - started

@@ -1,0 +1,151 @@
+"""Argument checking shared by the planner CLIs (#18): every bad input is answered with exit
+status 2 and one line `<prog>: error: ...` naming the offending item, at parse time where it can
+be (a number that is not finite, not positive, or past what the planner can count)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+from typing import NoReturn
+
+# Counts the planner stores in int64 arrays and C++ `int64_t`s; anything larger is a typo.
+MAX_COUNT = 2**62
+MAX_GIB = 2**20
+MAX_SAMPLES = 10**8  # synthetic samples drawn: int64 arrays of 800 MB
+MAX_GPUS = 16384  # as `devices.MAX_CLUSTER_DEVICES`
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse reporting a bad flag on one line, without the usage block, under the program's
+    own name (a subcommand's parser is named `<prog> <command>`)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog.split()[0]}: error: {message}\n")
+
+
+def _int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if abs(value) > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{text} is out of range (at most {MAX_COUNT})")
+    return value
+
+
+def _float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+    if abs(value) > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{text} is out of range (at most {MAX_COUNT})")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = _int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be positive")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} must not be negative")
+    return value
+
+
+def sample_count(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_SAMPLES:
+        raise argparse.ArgumentTypeError(f"{text} is more than {MAX_SAMPLES} samples")
+    return value
+
+
+def gpu_count(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_GPUS:
+        raise argparse.ArgumentTypeError(f"{text} is more than {MAX_GPUS} GPUs")
+    return value
+
+
+def seed(text: str) -> int:
+    """A random seed: numpy's generators take 0 .. 2**32 - 1."""
+    value = _int(text)
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"{text} is not a seed in 0 .. 2**32 - 1")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be positive")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    value = _float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} must not be negative")
+    return value
+
+
+def memory_gib(text: str) -> float:
+    """GiB per GPU (0: the GPU's own); a PiB or more is a typo."""
+    value = nonnegative_float(text)
+    if value > MAX_GIB:
+        raise argparse.ArgumentTypeError(f"{text} GiB is more than {MAX_GIB} GiB per GPU")
+    return value
+
+
+def positive_memory_gib(text: str) -> float:
+    value = memory_gib(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be positive")
+    return value
+
+
+def _named(flag: str) -> str:
+    return f"argument {flag}"
+
+
+def check_output_file(parser: argparse.ArgumentParser, flag: str, path: str | None) -> None:
+    """An output file must be writable where it is asked for, before any work is done: not a
+    directory, in a writable directory that exists."""
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        parser.error(f"{_named(flag)}: {path} is a directory")
+    _check_parent(parser, flag, path, target.parent)
+
+
+def check_output_dir(parser: argparse.ArgumentParser, flag: str, path: str | None) -> None:
+    """An output directory must be a directory, or creatable as one in a directory that
+    exists."""
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        _check_parent(parser, flag, path, target)
+    elif target.exists():
+        parser.error(f"{_named(flag)}: {path} exists and is not a directory")
+    else:
+        _check_parent(parser, flag, path, target.parent)
+
+
+def _check_parent(parser: argparse.ArgumentParser, flag: str, path: str, parent: Path) -> None:
+    parent = parent if str(parent) else Path(".")
+    if not parent.exists():
+        parser.error(f"{_named(flag)}: {path}: directory {parent} does not exist")
+    if not parent.is_dir():
+        parser.error(f"{_named(flag)}: {path}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        parser.error(f"{_named(flag)}: {path}: directory {parent} is not writable")
