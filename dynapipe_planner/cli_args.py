@@ -47,69 +47,58 @@ def _float(text: str) -> float:
     return value
 
 
+def _require(value, text: str, ok: bool, why: str):
+    """`value` when `ok`, else the argparse error `<text> <why>`."""
+    if not ok:
+        raise argparse.ArgumentTypeError(f"{text} {why}")
+    return value
+
+
 def positive_int(text: str) -> int:
     value = _int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} must be positive")
-    return value
+    return _require(value, text, value > 0, "must be positive")
 
 
 def nonnegative_int(text: str) -> int:
     value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} must not be negative")
-    return value
+    return _require(value, text, value >= 0, "must not be negative")
 
 
 def sample_count(text: str) -> int:
     value = positive_int(text)
-    if value > MAX_SAMPLES:
-        raise argparse.ArgumentTypeError(f"{text} is more than {MAX_SAMPLES} samples")
-    return value
+    return _require(value, text, value <= MAX_SAMPLES, f"is more than {MAX_SAMPLES} samples")
 
 
 def gpu_count(text: str) -> int:
     value = positive_int(text)
-    if value > MAX_GPUS:
-        raise argparse.ArgumentTypeError(f"{text} is more than {MAX_GPUS} GPUs")
-    return value
+    return _require(value, text, value <= MAX_GPUS, f"is more than {MAX_GPUS} GPUs")
 
 
 def seed(text: str) -> int:
     """A random seed: numpy's generators take 0 .. 2**32 - 1."""
     value = _int(text)
-    if not 0 <= value < 2**32:
-        raise argparse.ArgumentTypeError(f"{text} is not a seed in 0 .. 2**32 - 1")
-    return value
+    return _require(value, text, 0 <= value < 2**32, "is not a seed in 0 .. 2**32 - 1")
 
 
 def positive_float(text: str) -> float:
     value = _float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} must be positive")
-    return value
+    return _require(value, text, value > 0, "must be positive")
 
 
 def nonnegative_float(text: str) -> float:
     value = _float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} must not be negative")
-    return value
+    return _require(value, text, value >= 0, "must not be negative")
 
 
 def memory_gib(text: str) -> float:
     """GiB per GPU (0: the GPU's own); a PiB or more is a typo."""
     value = nonnegative_float(text)
-    if value > MAX_GIB:
-        raise argparse.ArgumentTypeError(f"{text} GiB is more than {MAX_GIB} GiB per GPU")
-    return value
+    return _require(value, text, value <= MAX_GIB, f"GiB is more than {MAX_GIB} GiB per GPU")
 
 
 def positive_memory_gib(text: str) -> float:
     value = memory_gib(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} must be positive")
-    return value
+    return _require(value, text, value > 0, "must be positive")
 
 
 def _named(flag: str) -> str:

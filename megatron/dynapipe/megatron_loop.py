@@ -95,14 +95,10 @@ class DynaPipeSchedule:
         iterations = PlannedIterations(args, splits, spec, resume)
         iterations.__enter__()
         atexit.register(iterations.__exit__, None, None, None)
-        device = torch.device("cuda", torch.cuda.current_device()) if _cuda() else "cpu"
-        config = get_model_config(model[0])
-        iterations.bind(model[0], config, torch.device(device), forward_step_func)
+        cuda = torch.cuda.is_available()
+        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        iterations.bind(model[0], get_model_config(model[0]), device, forward_step_func)
         return iterations
-
-
-def _cuda() -> bool:
-    return torch.cuda.is_available()
 
 
 def _check_layer_split(model: torch.nn.Module, args: Any) -> None:
