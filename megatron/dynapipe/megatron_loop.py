@@ -38,6 +38,7 @@ from . import parallel_state as ps
 from .checkpointing import ResumePoint, TrainState
 from .data.datasets import datasets
 from .iterations import Iteration, PlannedIterations
+from .packed_attention import use_packed_attention
 
 
 class DynaPipeSchedule:
@@ -86,6 +87,7 @@ class DynaPipeSchedule:
         if len(model) != 1:
             raise ValueError("DynaPipe's schedules do not run virtual pipeline stages")
         ps.adopt_megatron_groups()
+        use_packed_attention(model[0])
         splits = datasets(args)
         spec = spec_from_args(args, args.padded_vocab_size)
         _check_layer_split(model[0], args)

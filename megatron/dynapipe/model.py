@@ -10,10 +10,11 @@ whatever Megatron's flags say.
 
 On top, DynaPipe sets what its executor needs: each micro-batch has its own shape
 (`variable_seq_lengths`), the loss is summed per token over the global batch
-(`calculate_per_token_loss`), recomputation is switched per plan (`pipeline.recompute`), and
-the layer split comes from the planner's own `split_layers` (or a heterogeneous layout's
-ranges), handed to megatron-core as first/last-stage counts or a pipeline layout, so the plan's
-costs describe the model that runs.
+(`calculate_per_token_loss`), packed micro-batches run per-sample attention on the local
+attention path too (`packed_attention`), recomputation is switched per plan
+(`pipeline.recompute`), and the layer split comes from the planner's own `split_layers` (or a
+heterogeneous layout's ranges), handed to megatron-core as first/last-stage counts or a
+pipeline layout, so the plan's costs describe the model that runs.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from megatron.core.transformer import TransformerConfig
 from dynapipe_planner.cost.table import split_layers
 
 from . import parallel_state as ps
+from .packed_attention import use_packed_attention
 
 
 def _recompute_kwargs(mode: str) -> dict[str, object]:
@@ -220,6 +222,7 @@ def build_gpt_model(
         pre_process=pre_process,
         post_process=post_process,
     )
+    use_packed_attention(model)  # packed micro-batches on the local attention path (CPU)
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     return config, model

@@ -1,21 +1,25 @@
 """The tensors of each micro-batch a plan asks for, built from its samples when the executor
 reads it.
 
-Each planned micro-batch is padded only to its own `seqlen`. Packed rows (several samples in one
-row) are kept apart by block-diagonal causal attention masks and per-sample position ids,
-because megatron-core's local attention, the one that runs on CPU, cannot take packed THD
-sequences. `attention_mask` follows megatron-core: True means masked out. Everything stays on
+Each planned micro-batch is padded only to its own `seqlen`. A micro-batch of one sample per row
+is a [rows, seqlen] batch with causal attention masks. A packed micro-batch (the plan gives its
+`row_sizes`) reaches megatron-core as Megatron-LM runs packed sequences: its rows laid end to
+end as one sequence of rows x seqlen tokens, with the cumulative boundaries of its samples
+(`cu_seqlens`, megatron-core's THD format, `PackedSeqParams`), so attention is computed per
+sample (TransformerEngine on GPU, `packed_attention` on CPU) and no [tokens x tokens] mask is
+ever built. `attention_mask` follows megatron-core: True means masked out. Everything stays on
 CPU; the executor moves tensors to its device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from itertools import pairwise
 
 import numpy as np
 import torch
+from megatron.core.packed_seq_params import PackedSeqParams
 
 from dynapipe_planner.plan import ExecutionPlan, MicroBatch
 
@@ -24,7 +28,8 @@ from .base import DataError, SampleDataset
 
 @dataclass
 class MicroBatchTensors:
-    """The inputs of one planned micro-batch, shape [b, s] with b = rows and s = its seqlen.
+    """The inputs of one planned micro-batch: shape [b, s] with b = rows and s = its seqlen, or
+    [1, b * s] for a packed micro-batch, whose `cu_seqlens` (int32) bound its segments.
 
     `position_ids` restart at 0 for every sample; the padding at a row's end counts as one more
     sample (positions 0, 1, ... and causal attention among padding positions only), so no query
@@ -32,30 +37,53 @@ class MicroBatchTensors:
     `num_tokens` counts them.
     """
 
-    tokens: torch.Tensor  # int64 [b, s]
-    labels: torch.Tensor  # int64 [b, s]; pad_id on padding
-    loss_mask: torch.Tensor  # float32 [b, s]
-    position_ids: torch.Tensor  # int64 [b, s]
-    attention_mask: torch.Tensor  # bool [b, 1, s, s], True = masked out
+    tokens: torch.Tensor  # int64
+    labels: torch.Tensor  # int64; pad_id on padding
+    loss_mask: torch.Tensor  # float32
+    position_ids: torch.Tensor  # int64
+    attention_mask: torch.Tensor | None  # bool [b, 1, s, s], True = masked out; None if packed
     num_tokens: int
+    cu_seqlens: torch.Tensor | None = None  # int32 [segments + 1], packed micro-batches only
 
     def to(self, device: torch.device | str) -> MicroBatchTensors:
         """A copy with every tensor on `device`."""
         moved = {
-            f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "num_tokens"
+            f.name: getattr(self, f.name).to(device)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
         }
-        return MicroBatchTensors(**moved, num_tokens=self.num_tokens)
+        return replace(self, **moved)
 
-    def megatron_batch(self, device: torch.device | str) -> dict[str, torch.Tensor]:
+    def packed_seq_params(self, device: torch.device | str) -> PackedSeqParams | None:
+        """megatron-core's THD parameters of a packed micro-batch (None otherwise)."""
+        if self.cu_seqlens is None:
+            return None
+        bounds = self.cu_seqlens.to(device)
+        longest = int((self.cu_seqlens[1:] - self.cu_seqlens[:-1]).max())
+        return PackedSeqParams(
+            qkv_format="thd",
+            cu_seqlens_q=bounds,
+            cu_seqlens_kv=bounds,
+            max_seqlen_q=longest,
+            max_seqlen_kv=longest,
+        )
+
+    def megatron_batch(self, device: torch.device | str) -> dict[str, torch.Tensor | None]:
         """The dict a Megatron-LM `get_batch` returns (and its `forward_step` indexes), on
-        `device`."""
-        return {
-            "tokens": self.tokens.to(device),
-            "labels": self.labels.to(device),
-            "loss_mask": self.loss_mask.to(device),
-            "attention_mask": self.attention_mask.to(device),
-            "position_ids": self.position_ids.to(device),
+        `device`; a packed micro-batch adds Megatron-LM's `cu_seqlens` and `max_seqlen`, from
+        which a packed-aware `forward_step` builds its `PackedSeqParams`."""
+        moved = self.to(device)
+        batch: dict[str, torch.Tensor | None] = {
+            "tokens": moved.tokens,
+            "labels": moved.labels,
+            "loss_mask": moved.loss_mask,
+            "attention_mask": moved.attention_mask,
+            "position_ids": moved.position_ids,
         }
+        if moved.cu_seqlens is not None:
+            batch["cu_seqlens"] = moved.cu_seqlens
+            batch["max_seqlen"] = torch.tensor(self.packed_seq_params("cpu").max_seqlen_q)
+        return batch
 
 
 def _checked_rows(mb: MicroBatch, dataset: SampleDataset) -> list[list[int]]:
@@ -89,51 +117,84 @@ def microbatch_tensors(mb: MicroBatch, dataset: SampleDataset) -> MicroBatchTens
         real[row, :cursor] = True
         position_ids[row, cursor:] = np.arange(mb.seqlen - cursor)
         segments[row, cursor:] = len(samples)
-    return MicroBatchTensors(
+    batch = MicroBatchTensors(
         tokens=torch.from_numpy(tokens),
         labels=torch.from_numpy(labels),
         loss_mask=torch.from_numpy(real.astype(np.float32)),
         position_ids=torch.from_numpy(position_ids),
-        attention_mask=_block_causal_mask(torch.from_numpy(segments)),
+        attention_mask=None,
         num_tokens=int(real.sum()),
+    )
+    if mb.row_sizes:
+        return _packed(batch, torch.from_numpy(segments))
+    return replace(batch, attention_mask=_causal_mask(torch.from_numpy(segments)))
+
+
+def _packed(batch: MicroBatchTensors, segments: torch.Tensor) -> MicroBatchTensors:
+    """`batch` ([b, s], per-row segment ids) as one THD sequence of b * s tokens."""
+    flat = segments.reshape(-1)
+    starts = torch.ones_like(flat, dtype=torch.bool)
+    starts[1:] = flat[1:] != flat[:-1]
+    starts[:: segments.shape[1]] = True  # every row starts a segment, even after padding
+    bounds = [*starts.nonzero().flatten().tolist(), flat.numel()]
+    return MicroBatchTensors(
+        tokens=batch.tokens.reshape(1, -1),
+        labels=batch.labels.reshape(1, -1),
+        loss_mask=batch.loss_mask.reshape(1, -1),
+        position_ids=batch.position_ids.reshape(1, -1),
+        attention_mask=None,
+        num_tokens=batch.num_tokens,
+        cu_seqlens=torch.tensor(bounds, dtype=torch.int32),
     )
 
 
-def with_empty_rows(batch: MicroBatchTensors, num_rows: int, pad_id: int) -> MicroBatchTensors:
-    """`batch` topped up to `num_rows` rows with rows of padding only (no label, no loss).
+def with_empty_rows(
+    batch: MicroBatchTensors, num_rows: int, seqlen: int, pad_id: int
+) -> MicroBatchTensors:
+    """`batch` topped up to `num_rows` rows of `seqlen` tokens with rows of padding only (no
+    label, no loss); a packed batch gets them as more segments of its one sequence.
 
     Fixed-shape schedules (megatron-core's) need every micro-batch to have the same number of
     rows; the last packed micro-batch of a global batch may have fewer. A filler row follows the
     padding convention above (positions 0, 1, ..., causal attention among its own positions).
     """
-    missing = num_rows - batch.tokens.shape[0]
+    rows = batch.tokens.numel() // seqlen
+    missing = num_rows - rows
     if missing < 0:
-        raise DataError(f"micro-batch has {batch.tokens.shape[0]} rows, more than {num_rows}")
+        raise DataError(f"micro-batch has {rows} rows, more than {num_rows}")
     if missing == 0:
         return batch
-    seqlen = batch.tokens.shape[1]
     padding = torch.full((missing, seqlen), pad_id, dtype=torch.int64)
+    filler_segments = torch.zeros(missing, seqlen, dtype=torch.int64)
     filler = MicroBatchTensors(
         tokens=padding,
         labels=padding,
         loss_mask=torch.zeros(missing, seqlen, dtype=torch.float32),
         position_ids=torch.arange(seqlen).expand(missing, seqlen),
-        attention_mask=_block_causal_mask(torch.zeros(missing, seqlen, dtype=torch.int64)),
+        attention_mask=None,
         num_tokens=0,
     )
-    joined = {
-        f.name: torch.cat([getattr(batch, f.name), getattr(filler, f.name)])
-        for f in fields(batch)
-        if f.name != "num_tokens"
-    }
-    return MicroBatchTensors(**joined, num_tokens=batch.num_tokens)
+    if batch.cu_seqlens is None:
+        filler = replace(filler, attention_mask=_causal_mask(filler_segments))
+        return replace(batch, **_joined(batch, filler, dim=0))
+    filler = _packed(filler, filler_segments)
+    bounds = torch.cat([batch.cu_seqlens, batch.cu_seqlens[-1] + filler.cu_seqlens[1:]])
+    return replace(batch, **_joined(batch, filler, dim=1), cu_seqlens=bounds)
+
+
+def _joined(batch: MicroBatchTensors, more: MicroBatchTensors, dim: int) -> dict:
+    """The tensors of `batch` followed by those of `more` along `dim`."""
+    names = ["tokens", "labels", "loss_mask", "position_ids"]
+    if batch.attention_mask is not None:
+        names.append("attention_mask")
+    return {name: torch.cat([getattr(batch, name), getattr(more, name)], dim=dim) for name in names}
 
 
 class RankMicroBatches(Mapping[int, MicroBatchTensors]):
     """The micro-batches of one pipeline by id, checked at once but built when read and not kept.
 
     The executor reads a micro-batch at its forward pass; autograd then keeps what the backward
-    needs (the [b, 1, s, s] attention mask among it) until that backward. Building every
+    needs (a [b, 1, s, s] attention mask among it) until that backward. Building every
     micro-batch up front would hold all their masks for the whole iteration, memory the plan
     never priced (seed `dynapipe.txt` §3: the executor loads each micro-batch by instruction).
     """
@@ -161,8 +222,9 @@ def rank_microbatches(
     return RankMicroBatches([mb for mb in plan.microbatches if mb.replica == replica], dataset)
 
 
-def _block_causal_mask(segments: torch.Tensor) -> torch.Tensor:
-    """[b, 1, s, s], True = masked: position i sees j <= i of its own segment only."""
+def _causal_mask(segments: torch.Tensor) -> torch.Tensor:
+    """[b, 1, s, s], True = masked: position i sees j <= i of its own segment only (a row's
+    sample, or its padding)."""
     seqlen = segments.shape[1]
     causal = torch.ones(seqlen, seqlen, dtype=torch.bool).tril()
     same_segment = segments[:, :, None] == segments[:, None, :]

@@ -42,7 +42,7 @@ from dynapipe_planner.simulate import verify_plan
 from .. import parallel_state as ps
 from ..device_speed import paced
 from ..memory import release_megatron_workspace
-from .p2p import PLAN_DTYPES, LeaderPeerToPeer, PeerToPeer, Transfer
+from .p2p import PLAN_DTYPES, LeaderPeerToPeer, PeerToPeer, Transfer, packed_shape
 from .recompute import RECOMPUTE_MODES, apply_recompute, stage_mode
 
 ForwardStepFunc = Callable[[Iterator[Any], torch.nn.Module], tuple[torch.Tensor, Callable]]
@@ -79,17 +79,19 @@ def gpt_forward_step(
     """Forward of one micro-batch of `data.microbatches` tensors through a GPTModel stage.
 
     Stages other than the first ignore the tokens (their input is the received activation) and
-    stages other than the last ignore the labels, as in megatron-core.
+    stages other than the last ignore the labels, as in megatron-core. A packed micro-batch runs
+    as one THD sequence with its samples' boundaries (`data.microbatches`).
     """
-    batch = next(data_iterator)
     device = next(model.parameters()).device
+    batch = next(data_iterator).to(device)
     output = model(
-        batch.tokens.to(device),
-        batch.position_ids.to(device),
-        batch.attention_mask.to(device),
-        labels=batch.labels.to(device),
+        batch.tokens,
+        batch.position_ids,
+        batch.attention_mask,
+        labels=batch.labels,
+        packed_seq_params=batch.packed_seq_params(device),
     )
-    return output, partial(masked_token_loss, batch.loss_mask.to(device))
+    return output, partial(masked_token_loss, batch.loss_mask)
 
 
 @dataclass
@@ -270,8 +272,9 @@ class PlanExecutor:
             recompute = stage_mode(plan.stats, self.replica, self.stage)
             if recompute is not None:
                 apply_recompute(self.model, self.config, recompute)
+        packed = {m.id for m in plan.microbatches if m.replica == self.replica and m.row_sizes}
         with torch.no_grad() if forward_only else contextlib.nullcontext():
-            result = self._run(instructions, batches, iteration)
+            result = self._run(instructions, batches, iteration, packed)
         if not forward_only:
             finalize = getattr(self.config, "finalize_model_grads_func", None)
             if finalize is not None:  # counts tokens once per pipeline, sums them over pipelines
@@ -281,8 +284,13 @@ class PlanExecutor:
         return result
 
     def _run(
-        self, instructions: Sequence[Instruction], batches: Mapping[int, Any], iteration: int
+        self,
+        instructions: Sequence[Instruction],
+        batches: Mapping[int, Any],
+        iteration: int,
+        packed: set[int],
     ) -> IterationResult:
+        """`packed`: the ids of packed micro-batches, whose activations travel as THD."""
         states: dict[int, _MicroBatchState] = {}
         reports: list[dict[str, torch.Tensor]] = []
         tokens = torch.zeros((), dtype=torch.int64)
@@ -307,7 +315,8 @@ class PlanExecutor:
                     f"iteration {iteration}, replica {self.replica} stage {self.stage}, "
                     f"instruction {index} ({ins.op} mb {ins.mb})"
                 )
-                state.transfers[ins.op] = self._start(ins, state, where)
+                shape = packed_shape(ins.shape) if ins.mb in packed else ins.shape
+                state.transfers[ins.op] = self._start(ins, shape, state, where)
             elif ins.op.startswith("Wait"):
                 self._wait(ins, state)
         return IterationResult(reports, int(tokens), loss_sum)
@@ -347,13 +356,15 @@ class PlanExecutor:
         if not self.is_first:
             state.input_grad = state.input.grad
 
-    def _start(self, ins: Instruction, state: _MicroBatchState, where: str) -> Transfer:
+    def _start(
+        self, ins: Instruction, shape: Sequence[int], state: _MicroBatchState, where: str
+    ) -> Transfer:
         if ins.op == "SendActStart":
-            return self.p2p.start_send(state.output, ins.peer, ins.shape, ins.dtype, where)
+            return self.p2p.start_send(state.output, ins.peer, shape, ins.dtype, where)
         if ins.op == "SendGradStart":
             grad, state.input_grad = state.input_grad, None
-            return self.p2p.start_send(grad, ins.peer, ins.shape, ins.dtype, where)
-        return self.p2p.start_recv(ins.peer, ins.shape, ins.dtype, where)
+            return self.p2p.start_send(grad, ins.peer, shape, ins.dtype, where)
+        return self.p2p.start_recv(ins.peer, shape, ins.dtype, where)
 
     def _wait(self, ins: Instruction, state: _MicroBatchState) -> None:
         start = ins.op.replace("Wait", "", 1) + "Start"

@@ -15,13 +15,14 @@ per-token loss normalised by the global batch's real tokens in `finalize_model_g
   recomputation as Megatron's flags say (none by default);
 - `--baseline packing-1f1b` (`MegatronPackingBaseline`): the planner's packing baseline
   (first-fit-decreasing, `dynapipe_planner.microbatch.baselines.packing_groups`), read from the
-  plan's micro-batch list, samples kept apart by block-diagonal causal masks and per-sample
-  position ids (`data.microbatches`), which megatron-core's local attention computes in
-  full; a global batch's last micro-batch is topped up with rows of padding (computed like any
-  row; the logged padding efficiency, real tokens / (packed rows x seq-length), leaves them
-  out); the plan's schedule and communication are ignored, megatron-core's schedule decides
-  both; activations are recomputed as the plan's `stats["recompute"]` says. For the same
-  samples it computes the same gradients as `PlanExecutor`.
+  plan's micro-batch list, each micro-batch one THD sequence of its rows with per-sample
+  boundaries and position ids (`data.microbatches`), attention computed per sample (the cost a
+  variable-length kernel has); a global batch's last micro-batch is topped up with rows of
+  padding (computed like any row; the logged padding efficiency, real tokens / (packed rows x
+  seq-length), leaves them out); the plan's schedule and communication are ignored,
+  megatron-core's schedule decides both; activations are recomputed as the plan's
+  `stats["recompute"]` says. For the same samples it computes the same gradients as
+  `PlanExecutor`.
 """
 
 from __future__ import annotations
@@ -114,7 +115,10 @@ class MegatronPackingBaseline(_MegatronSchedule):
         micro_batch_size: int,
         pad_id: int,
     ) -> None:
-        super().__init__(model, config, seq_length=seq_length, rows=micro_batch_size)
+        # Each micro-batch runs as one THD sequence of its rows laid end to end (how Megatron-LM
+        # runs packed sequences), so megatron-core's schedule sends [rows x seq-length, 1, h].
+        super().__init__(model, config, seq_length=seq_length * micro_batch_size, rows=1)
+        self.row_length, self.rows = seq_length, micro_batch_size
         self.pad_id = pad_id
 
     def run(
@@ -132,13 +136,14 @@ class MegatronPackingBaseline(_MegatronSchedule):
         for mb in plan.microbatches:
             if mb.replica != ps.replica():
                 continue
-            if mb.seqlen != self.seq_length or mb.num_rows > self.micro_batch_size:
+            if mb.seqlen != self.row_length or mb.num_rows > self.rows or not mb.row_sizes:
                 raise PlanRejected(
                     f"iteration {iteration}: micro-batch {mb.id} has {mb.num_rows} rows of "
                     f"{mb.seqlen} tokens; megatron-core's schedule runs at most "
-                    f"{self.micro_batch_size} rows of {self.seq_length} (use --batching packing)"
+                    f"{self.rows} packed rows of {self.row_length} (use --batching packing)"
                 )
-            ordered.append(with_empty_rows(batches[mb.id], self.micro_batch_size, self.pad_id))
+            batch = batches[mb.id]
+            ordered.append(with_empty_rows(batch, self.rows, self.row_length, self.pad_id))
         if "recompute" in plan.stats and not forward_only:
             apply_recompute(self.model, self.config, plan.stats["recompute"])
         return self._schedule(ordered, forward_only)

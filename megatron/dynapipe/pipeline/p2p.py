@@ -42,6 +42,15 @@ def megatron_shape(plan_shape: Sequence[int]) -> tuple[int, ...]:
     return (s, b, h)
 
 
+def packed_shape(plan_shape: Sequence[int]) -> list[int]:
+    """The boundary [b, s, h] of a packed micro-batch as it travels: its rows laid end to end as
+    one THD sequence (`data.microbatches`), [1, b * s, h]."""
+    if len(plan_shape) != 3:
+        raise TransferError(f"boundary shape {list(plan_shape)} is not [batch, sequence, hidden]")
+    b, s, h = plan_shape
+    return [1, b * s, h]
+
+
 @dataclass
 class Transfer:
     """One posted transfer: the tensor sent or being filled, and its pending request."""
