@@ -1,6 +1,6 @@
 """Launching the real training program from a benchmark and reading back its per-iteration
 log lines, shared by the benchmarks that measure `torchrun ... pretrain_gpt.py` on this
-machine's CPUs (`switch_overhead.py`, `hetero_cpu.py`, `cpu_throughput.py`; `free_port` also
+machine (`switch_overhead.py`, `hetero_cpu.py`, `throughput.py`; `free_port` also
 serves `cost_model_accuracy.py`'s own torchrun).
 
 Each run is one `torchrun` with `OMP_NUM_THREADS=1` per rank (the machine is shared); its
