@@ -9,7 +9,8 @@ megatron-core GPT stage in Megatron DDP, the same global batch: `--microbatches`
 of `--micro-batch-size` rows of exactly `--seq-length` tokens. DynaPipe's side runs the plan the
 planner makes for that batch with fixed-size micro-batches and the 1F1B schedule (the padding
 baseline: every row full, so the plan's micro-batches are megatron-core's); megatron-core's
-side runs the same plan's micro-batches through its own schedule (`MegatronPackingBaseline`).
+side runs the same plan's micro-batches through its own schedule
+(`MegatronFixedLengthBaseline`).
 Each round times one iteration of each, in alternating order, as the slower rank's wall time
 from a barrier to finalised gradients (no optimiser step: neither schedule includes it); the
 first `--warmup` rounds are dropped. Printed: each side's median tokens/s, the per-round ratios
@@ -76,9 +77,9 @@ def _worker(args: argparse.Namespace) -> None:
     from megatron.dynapipe.data.variable_length import in_memory_dataset
     from megatron.dynapipe.model import padded_vocab_size
     from megatron.dynapipe.pipeline.executor import PlanExecutor
-    from megatron.dynapipe.pipeline.megatron_baseline import MegatronPackingBaseline
+    from megatron.dynapipe.pipeline.megatron_baseline import MegatronFixedLengthBaseline
     from megatron.dynapipe.pipeline.plan_source import planner_recipe
-    from megatron.dynapipe.training import _model_and_optimizer
+    from megatron.dynapipe.stage import stage_in_ddp
 
     torch.set_num_threads(1)
     cpu_compat.install()
@@ -91,20 +92,23 @@ def _worker(args: argparse.Namespace) -> None:
         "fixed", documents, args.seq_length + 1, vocab_size=256, eod_id=254, pad_id=255
     )
     vocab = padded_vocab_size(margs, 256, 1)
-    config, model, _, _ = _model_and_optimizer(margs, vocab)
+    config, model, _, _ = stage_in_ddp(margs, vocab)
     plan = planner_recipe(margs, spec_from_args(margs, vocab), 1).build()
     plan = plan.plan(data.lengths(), np.arange(samples))
     assert len(plan.microbatches) == args.microbatches, plan.stats
     batches = rank_microbatches(plan, 0, data)
+    executor = PlanExecutor.for_this_rank(model, config, device=torch.device("cpu"))
+    megatron = MegatronFixedLengthBaseline(
+        model,
+        config,
+        seq_length=args.seq_length,
+        micro_batch_size=args.micro_batch_size,
+        recompute="none",
+    )
+    in_order = [batches[mb.id] for mb in plan.microbatches]
     runners = {
-        "DynaPipe executor": PlanExecutor.for_this_rank(model, config, device=torch.device("cpu")),
-        "megatron-core 1F1B": MegatronPackingBaseline(
-            model,
-            config,
-            seq_length=args.seq_length,
-            micro_batch_size=args.micro_batch_size,
-            pad_id=255,
-        ),
+        "DynaPipe executor": lambda: executor.run(plan, batches),
+        "megatron-core 1F1B": lambda: megatron.run(in_order),
     }
     times: dict[str, list[float]] = {name: [] for name in runners}
     for r in range(args.rounds + args.warmup):
@@ -113,7 +117,7 @@ def _worker(args: argparse.Namespace) -> None:
             model.zero_grad_buffer()
             dist.barrier()
             started = time.perf_counter()
-            runners[name].run(plan, batches, iteration=r)
+            runners[name]()
             elapsed = torch.tensor([time.perf_counter() - started])
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slower rank's wall time
             if r >= args.warmup:

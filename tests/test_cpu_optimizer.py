@@ -96,13 +96,13 @@ def test_bf16_optimizer_keeps_fp32_masters() -> None:
         from megatron.dynapipe import cpu_compat
         from megatron.dynapipe import parallel_state as ps
         from megatron.dynapipe.arguments import parse_args
-        from megatron.dynapipe.training import _model_and_optimizer
+        from megatron.dynapipe.stage import stage_in_ddp
 
         cpu_compat.install()
         ps.initialize(1, 2, 1)
         try:
             args = parse_args([*TINY, "--train-iters", "1", "--bf16"])
-            _, model, optimizer, _ = _model_and_optimizer(args, 384)
+            _, model, optimizer, _ = stage_in_ddp(args, 384)
             model_dtypes = {p.dtype for p in model.parameters()}
             master_dtypes = {p.dtype for g in optimizer.param_groups for p in g["params"]}
             return model_dtypes, master_dtypes

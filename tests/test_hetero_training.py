@@ -226,22 +226,29 @@ def _homogeneous(rank: int, world: int, argv: list[str]) -> list[float]:
 def test_a_dynamic_strategies_run_continues_under_plain_megatron(
     tmp_path: Path, reference, uninterrupted
 ) -> None:
-    """Saved by --dynamic-strategies after 1 iteration, converted into a Megatron checkpoint
-    (tools/checkpoint_to_megatron.py), resumed by the homogeneous loop at PP=2: iterations 2
-    and 3 train on the same global batches from the same weights, Adam moments and step."""
+    """Saved by --dynamic-strategies after 1 iteration, resumed from the same directory by the
+    homogeneous loop at PP=2 (the save wrote a Megatron checkpoint beside full_state.pt):
+    iterations 2 and 3 train on the same global batches from the same weights, Adam moments and
+    step. tools/checkpoint_to_megatron.py writes the same checkpoint from full_state.pt alone."""
     weights, _ = reference
-    hetero, megatron = tmp_path / "hetero", tmp_path / "megatron"
+    hetero = tmp_path / "hetero"
     first = [*DYNAMIC, "--train-iters", "1", "--save", str(hetero)]
     run_ranks(_train, 4, first, weights, timeout_s=240)
+    assert (hetero / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
+    assert (hetero / "iter_0000001" / "full_state.pt").is_file()
+    assert not list(hetero.glob(".*"))  # the staged full state moved into place
     # The vocabulary padded as the 4-rank heterogeneous job padded it (for TP up to 4).
     homogeneous = [*TINY, "--padded-vocab-size", "512", "--train-iters", str(ITERATIONS)]
-    convert = [*homogeneous, "--load", str(hetero), "--save", str(megatron)]
-    line = run_ranks(_convert, 1, convert, timeout_s=120)[0]
-    assert line == f"wrote {megatron} (iteration 1, Megatron torch_dist)", line
-    resume = [*homogeneous, "--pipeline-model-parallel-size", "2", "--load", str(megatron)]
+    resume = [*homogeneous, "--pipeline-model-parallel-size", "2", "--load", str(hetero)]
+    resume.append("--override-opt-param-scheduler")  # the save's schedule ended at iteration 1
     resumed = run_ranks(_homogeneous, 2, resume, timeout_s=240)[0]
     losses, _ = uninterrupted
     np.testing.assert_allclose(resumed, losses[1:], rtol=1e-5)
+    converted = tmp_path / "converted"
+    convert = [*homogeneous, "--load", str(hetero), "--save", str(converted)]
+    line = run_ranks(_convert, 1, convert, timeout_s=120)[0]
+    assert line == f"wrote {converted} (iteration 1, Megatron torch_dist)", line
+    assert (converted / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
 
 
 def test_checkpoint_to_megatron_without_a_checkpoint_is_one_line(tmp_path: Path) -> None:

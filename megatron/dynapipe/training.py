@@ -23,10 +23,6 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-from megatron.core.distributed import DistributedDataParallel
-from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-from megatron.core.optimizer import get_megatron_optimizer
-from megatron.core.transformer.module import Float16Module
 
 from dynapipe_planner.megatron_model import spec_from_args
 from dynapipe_planner.plan import ExecutionPlan
@@ -38,41 +34,12 @@ from .data.datasets import DataSplits, datasets
 from .evaluation import validation_line
 from .iterations import Iteration, iterations_for
 from .log import log_rank0
-from .model import build_stage_model, padded_vocab_size
+from .model import padded_vocab_size
 from .pipeline.liveness import Liveness
 from .pipeline.plan_source import PLANNING_RANK
+from .stage import stage_in_ddp
 
 log = logging.getLogger("dynapipe")
-
-
-def _optimizer(args: argparse.Namespace, model: torch.nn.Module):
-    """Megatron's optimiser and LR/weight-decay schedule, built from the flags by Megatron's own
-    helpers (`get_megatron_optimizer_config`, `get_optimizer_param_scheduler`). Megatron's
-    scheduler and checkpointing read the flags from its global, and its checkpoint loader
-    updates the micro-batch calculator (unused by DynaPipe's plans, kept at the flags' sizes)."""
-    from megatron.core.num_microbatches_calculator import (
-        destroy_num_microbatches_calculator,
-        init_num_microbatches_calculator,
-    )
-    from megatron.training.global_vars import set_args
-    from megatron.training.training import (
-        get_megatron_optimizer_config,
-        get_optimizer_param_scheduler,
-    )
-
-    config, overrides = get_megatron_optimizer_config(args)
-    optimizer = get_megatron_optimizer(config, [model], config_overrides=overrides)
-    set_args(args)
-    destroy_num_microbatches_calculator()
-    init_num_microbatches_calculator(
-        args.rank,
-        args.rampup_batch_size,
-        args.global_batch_size,
-        args.micro_batch_size,
-        args.data_parallel_size,
-        args.decrease_batch_size_if_needed,
-    )
-    return optimizer, get_optimizer_param_scheduler(optimizer)
 
 
 def _global_loss(loss_sum: float, tokens: int, tp: int) -> tuple[float, int]:
@@ -127,7 +94,7 @@ def _train(
     iterations = iterations_for(args, splits, spec, resume)
     liveness = Liveness(iterations.store, rank, dist.get_world_size(), server_rank=PLANNING_RANK)
     with iterations, liveness:
-        config, model, optimizer, scheduler = _model_and_optimizer(args, spec.vocab_size)
+        config, model, optimizer, scheduler = stage_in_ddp(args, spec.vocab_size)
         state = TrainState()
         if resume is not None:
             state = checkpointing.load(args, resume, model, optimizer, scheduler)
@@ -213,21 +180,6 @@ def _exit_reason(args: argparse.Namespace, iteration: int, started_at: float) ->
         if float(elapsed) > args.exit_duration_in_mins:
             return f"--exit-duration-in-mins {args.exit_duration_in_mins}"
     return None
-
-
-def _model_and_optimizer(args: argparse.Namespace, vocab_size: int):
-    """This rank's stage of the model in Megatron DDP, its optimiser and LR schedule."""
-    from megatron.training.training import get_megatron_ddp_config
-
-    config, model = build_stage_model(args, vocab_size)
-    if config.fp16 or config.bf16:  # as Megatron's get_model: half-precision inputs and outputs
-        model = Float16Module(config, model)
-    model = DistributedDataParallel(config, get_megatron_ddp_config(args), model)
-    config.no_sync_func = model.no_sync  # reduce gradients in each stage's last backward only
-    config.finalize_model_grads_func = finalize_model_grads
-    optimizer, scheduler = _optimizer(args, model)
-    config.grad_scale_func = optimizer.scale_loss  # fp16's loss scale, as Megatron sets it
-    return config, model, optimizer, scheduler
 
 
 def _iteration_line(args, state, work: Iteration, loss, tokens, measured_s) -> str:

@@ -13,13 +13,16 @@ gets the padding rows fitted (`switch.fit_vocab_rows`), and says so too.
 Layout: `<dir>/iter_<NNNNNNN>/` and `<dir>/latest_iteration.txt`, with one file
 `full_state.pt` written by rank 0 under a temporary name and renamed, the `latest` marker moved
 only after that, so a crash mid-save leaves the previous checkpoint in force. Every rank
-reads the same file on resume.
+reads the same file on resume. The same directory holds the state as a Megatron-LM checkpoint
+too (`megatron_export`: `iter_<NNNNNNN>/` in `--ckpt-format`, `latest_checkpointed_iteration.txt`),
+written before `full_state.pt` moves in, so a homogeneous job or Megatron-LM resumes from it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,16 +46,20 @@ def save(
     state: TrainState,
     optimizer: DisaggregatedOptimizer,
     sampler,
+    export: Callable[[Path], None] | None = None,
 ) -> Path:
     """Gather the full master weights and optimiser states on rank 0 and write them with the
-    data position (a collective: every rank calls it)."""
+    data position (a collective: every rank calls it).
+
+    `export(staged)` runs on rank 0 with the written file before it moves into its iteration
+    directory: Megatron's checkpoint writer (`megatron_export`) fills that directory first, as
+    it wants it empty."""
     directory = Path(directory)
     path = _path(directory, state.iteration)
     full = optimizer.full_state_dict(dst=0)
     streams = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(rng_state(), streams, dst=0)
     if dist.get_rank() == 0:
-        path.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             "format": FORMAT,
             "iteration": state.iteration,
@@ -62,7 +69,14 @@ def save(
             "sampler": sampler.state_dict(),
             "rng_by_rank": streams,
         }
-        save_atomically(payload, path)
+        staged = directory / f".{path.parent.name}.{FULL_STATE}"
+        directory.mkdir(parents=True, exist_ok=True)
+        save_atomically(payload, staged)
+        if export is not None:
+            export(staged)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(_checksum_path(staged), _checksum_path(path))
+        os.replace(staged, path)
         mark_latest(directory, state.iteration)
     dist.barrier()
     return path

@@ -35,6 +35,9 @@ import dataclasses
 import math
 import os
 import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -64,7 +67,7 @@ from ..model_flags import dtype_name
 from ..pipeline.executor import PlanExecutor
 from ..pipeline.liveness import Liveness
 from ..pipeline.plan_source import PLANNING_RANK, open_plan_source
-from . import checkpointing
+from . import checkpointing, megatron_export
 from .candidates import (
     CandidateSet,
     load_candidates,
@@ -252,6 +255,7 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
         timeout_s=args.dynapipe_timeout,
     )
     liveness = Liveness(plans.store, rank, world, server_rank=PLANNING_RANK)
+    export = _megatron_export(args, job.spec.vocab_size)
     with plans, liveness:
         optimizer, models = _build(args, job)
         scheduler = _scheduler(args, optimizer)
@@ -307,8 +311,19 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
                 state.iteration % args.save_interval == 0 or state.iteration == args.train_iters
             ):
                 with liveness.step(iteration):
-                    checkpointing.save(args.save, state, optimizer, sampler)
+                    checkpointing.save(args.save, state, optimizer, sampler, export)
     return losses
+
+
+def _megatron_export(args: argparse.Namespace, vocab: int) -> Callable[[Path], None] | None:
+    """How each save also writes a Megatron-LM checkpoint (`megatron_export`), or None (said
+    once) where the job's flags leave only the layout-independent one."""
+    why_not = megatron_export.cannot_export(args) if args.save else None
+    if not args.save or why_not:
+        if why_not:
+            log_rank0(dist.get_rank(), f"checkpoints in {args.save}: no Megatron copy ({why_not})")
+        return None
+    return partial(megatron_export.export_in_child, args, directory=Path(args.save), vocab=vocab)
 
 
 def _tokens_per_batch(args: argparse.Namespace, lengths: np.ndarray) -> int:

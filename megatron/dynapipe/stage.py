@@ -1,0 +1,62 @@
+"""This rank's pipeline stage as Megatron trains one: the model in Megatron's DDP, with
+Megatron's optimiser and LR/weight-decay schedule, all built from the flags by Megatron's own
+helpers. The homogeneous training loop runs it; the Megatron checkpoint export of a
+heterogeneous job (`hetero.megatron_export`) builds it unpipelined to write its state.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from megatron.core.distributed import DistributedDataParallel
+from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+from megatron.core.optimizer import get_megatron_optimizer
+from megatron.core.transformer.module import Float16Module
+
+from .model import build_stage_model
+
+
+def megatron_optimizer(args: argparse.Namespace, model: torch.nn.Module):
+    """Megatron's optimiser and LR/weight-decay schedule, built from the flags by Megatron's own
+    helpers (`get_megatron_optimizer_config`, `get_optimizer_param_scheduler`). Megatron's
+    scheduler and checkpointing read the flags from its global, and its checkpoint loader
+    updates the micro-batch calculator (unused by DynaPipe's plans, kept at the flags' sizes)."""
+    from megatron.core.num_microbatches_calculator import (
+        destroy_num_microbatches_calculator,
+        init_num_microbatches_calculator,
+    )
+    from megatron.training.global_vars import set_args
+    from megatron.training.training import (
+        get_megatron_optimizer_config,
+        get_optimizer_param_scheduler,
+    )
+
+    config, overrides = get_megatron_optimizer_config(args)
+    optimizer = get_megatron_optimizer(config, [model], config_overrides=overrides)
+    set_args(args)
+    destroy_num_microbatches_calculator()
+    init_num_microbatches_calculator(
+        args.rank,
+        args.rampup_batch_size,
+        args.global_batch_size,
+        args.micro_batch_size,
+        args.data_parallel_size,
+        args.decrease_batch_size_if_needed,
+    )
+    return optimizer, get_optimizer_param_scheduler(optimizer)
+
+
+def stage_in_ddp(args: argparse.Namespace, vocab_size: int):
+    """This rank's stage of the model in Megatron DDP, its optimiser and LR schedule."""
+    from megatron.training.training import get_megatron_ddp_config
+
+    config, model = build_stage_model(args, vocab_size)
+    if config.fp16 or config.bf16:  # as Megatron's get_model: half-precision inputs and outputs
+        model = Float16Module(config, model)
+    model = DistributedDataParallel(config, get_megatron_ddp_config(args), model)
+    config.no_sync_func = model.no_sync  # reduce gradients in each stage's last backward only
+    config.finalize_model_grads_func = finalize_model_grads
+    optimizer, scheduler = megatron_optimizer(args, model)
+    config.grad_scale_func = optimizer.scale_loss  # fp16's loss scale, as Megatron sets it
+    return config, model, optimizer, scheduler
