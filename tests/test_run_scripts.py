@@ -88,3 +88,23 @@ def test_iteration_lines_parse_with_padded_numbers_and_predictions(monkeypatch) 
         ("10", "934", "1,200", None),
         ("5", "9,286", "217", "0.8"),
     ]
+
+
+def test_emulated_cluster_file_is_what_device_speed_emulates(tmp_path: Path) -> None:
+    """The HexiScale script plans on the cluster that `--device-speed` emulates: rank r's FLOPS
+    and memory bandwidth divided by its factor, as the runtime's `emulated_cluster` has them."""
+    from dynapipe_planner.cluster import get_gpu
+    from dynapipe_planner.devices import emulated_cluster, load_cluster
+
+    yaml_path = tmp_path / "cluster.yaml"
+    subprocess.run(
+        [sys.executable, str(RUNS / "_prepare.py"), "emulated-cluster", "H100", "1,1,2,4",
+         str(yaml_path)],
+        check=True,
+    )  # fmt: skip
+    planned, emulated = load_cluster(yaml_path), emulated_cluster(get_gpu("H100"), [1, 1, 2, 4])
+    assert planned.num_devices == emulated.num_devices == 4
+    for rank in range(4):
+        mine, theirs = planned.machine_of(rank).gpu, emulated.machine_of(rank).gpu
+        assert mine.peak_flops == pytest.approx(theirs.peak_flops)
+        assert mine.hbm_bandwidth == pytest.approx(theirs.hbm_bandwidth)

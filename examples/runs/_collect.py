@@ -205,7 +205,8 @@ def _sort_key(x: str) -> tuple[int, float | str]:
 
 
 def plot(run: Run, rows: list[dict[str, Any]]):
-    """One column per panel; rows of axes: measured tokens/s, predicted tokens/s, peak RSS."""
+    """One column per panel; rows of axes: measured tokens/s, predicted tokens/s, peak RSS. A
+    run that failed or cannot run is an x at 0 on the measured axis (the tables' OOM cells)."""
     panels = list(dict.fromkeys(r["panel"] for r in rows))
     methods = list(dict.fromkeys(r["method"] for r in rows))
     metrics = (
@@ -213,17 +214,22 @@ def plot(run: Run, rows: list[dict[str, Any]]):
         ("predicted_tokens_per_s", "predicted tokens/s (planner)"),
         ("peak_rss_gib", "peak RSS, largest process (GiB)"),
     )
-    fig, axes = subplots(run, ncols=len(panels), nrows=len(metrics), width=4.6, height=2.9)
+    width = max(4.6, 8.0 / len(panels))  # room for the title above a single column
+    fig, axes = subplots(run, ncols=len(panels), nrows=len(metrics), width=width, height=2.9)
     for col, panel in enumerate(panels):
         mine = [r for r in rows if r["panel"] == panel]
         xs = sorted({r["x"] for r in mine}, key=_sort_key)
         for row_i, (key, label) in enumerate(metrics):
             ax = axes[row_i * len(panels) + col]
-            for method in methods:
-                at = {r["x"]: r[key] for r in mine if r["method"] == method and r[key] != ""}
+            for m, method in enumerate(methods):
+                runs = [r for r in mine if r["method"] == method]
+                at = {r["x"]: r[key] for r in runs if r[key] != ""}
                 pts = [(k, at[x]) for k, x in enumerate(xs) if x in at]
                 if pts:
-                    ax.plot(*zip(*pts, strict=True), "o-", ms=4, label=method)
+                    ax.plot(*zip(*pts, strict=True), "o-", color=f"C{m}", ms=4, label=method)
+                failed = [xs.index(r["x"]) for r in runs if r["status"] != "ok"]
+                if key == "tokens_per_s" and failed:
+                    ax.plot(failed, [0] * len(failed), "x", color=f"C{m}", ms=7, clip_on=False)
             ax.set_xticks(range(len(xs)), xs, fontsize=7)
             ax.set_xlim(-0.5, len(xs) - 0.5)
             ax.set_xlabel(mine[0]["x_name"], fontsize=8)

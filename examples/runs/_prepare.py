@@ -5,7 +5,9 @@
     search-flags PLAN                      the pretrain_gpt.py flags of a `dynapipe-search
                                            --output` plan; exit 3 with the reasons it cannot run
     emulated-cluster GPU SLOWDOWNS OUTPUT  a `dynapipe-hetero --cluster` YAML of one host whose
-                                           rank r is GPU with its compute SLOWDOWNS[r] times slower
+                                           rank r is GPU with its compute (FLOPS and memory
+                                           bandwidth) SLOWDOWNS[r] times slower, as the runtime's
+                                           `devices.emulated_cluster` sees `--device-speed`
     by-rank PLAN VALUES                    VALUES (one per device) reordered for the ranks of a
                                            `dynapipe-hetero --bind-ranks` plan: rank r gets its
                                            device's value (its slowdown, or its GPU index)
@@ -69,6 +71,7 @@ def write_emulated_cluster(args: argparse.Namespace) -> None:
                 "gpu": args.gpu,
                 "count": 1,
                 "peak_tflops": gpu.peak_flops / factor / 1e12,
+                "hbm_bandwidth_gbs": gpu.hbm_bandwidth / factor / GB,
             }
             for rank, factor in enumerate(_slowdowns(args.slowdowns))
         ],

@@ -7,8 +7,8 @@
 #
 # Where the GPUs are one type, SLOWDOWNS emulates the mix: rank r's forward and backward passes
 # take SLOWDOWNS[r] times as long (--device-speed), and the planner sees the same ranks as a
-# cluster of the DYNAPIPE_GPU with its peak FLOPS divided by the factor (cluster.yaml beside the
-# note; the YAML scales compute only, not memory bandwidth). On a real mixed machine, give
+# cluster of the DYNAPIPE_GPU with its peak FLOPS and memory bandwidth divided by the factor
+# (cluster.yaml beside the note). On a real mixed machine, give
 # CLUSTER: a cluster YAML (examples/clusters/) whose devices are this machine's GPUs in
 # nvidia-smi order; the HexiScale run then places each rank on its device through
 # CUDA_VISIBLE_DEVICES, and no run is slowed.
