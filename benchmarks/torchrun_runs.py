@@ -1,12 +1,15 @@
 """Launching the real training program from a benchmark and reading back its per-iteration
 log lines, shared by the benchmarks that measure `torchrun ... pretrain_gpt.py` on this
-machine (`switch_overhead.py`, `hetero_cpu.py`, `throughput.py`; `free_port` also
-serves `cost_model_accuracy.py`'s own torchrun).
+machine (`switch_overhead.py`, `hetero_cpu.py`, `throughput.py`; `free_port` also serves
+`cost_model_accuracy.py`'s own torchrun); `iteration_rows` also reads the logs of the real-run
+figure scripts (`examples/runs/_collect.py`).
 
 Each run is one `torchrun` with `OMP_NUM_THREADS=1` per rank (the machine is shared); its
 stdout holds one line per iteration, in the homogeneous form (`iteration 3/8 | lm loss ... |
-tokens/s ... | ... | iteration 412 ms ...`) or the heterogeneous one, which names the strategy
-and splits the time into pull, propagation, push and optimiser. Configurations are run in
+tokens/s ... | ... | iteration 412 ms (predicted 9 ms on A100-80GB) ...`) or the heterogeneous
+one, which names the strategy and splits the time into pull, propagation, push and optimiser;
+`predicted` (the planner's iteration time, ms) is None where no planner ran
+(`--baseline megatron-1f1b`). Configurations are run in
 alternating order between rounds (`alternating`) because load drifts on a shared machine.
 """
 
@@ -24,14 +27,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HETERO = re.compile(
-    r"iteration (?P<it>\d+)/\d+ \| strategy (?P<strategy>.+?) \| lm loss (?P<loss>[\d.]+) \| "
+    r"iteration +(?P<it>\d+)/\d+ \| strategy (?P<strategy>.+?) \| lm loss (?P<loss>[\d.]+) \| "
     r"tokens/s (?P<tps>[\d,]+) \| .*?iteration (?P<ms>[\d,]+) ms \(pull (?P<pull>[\d,]+), "
     r"propagation (?P<prop>[\d,]+), push (?P<push>[\d,]+), optimizer (?P<opt>[\d,]+) ms"
+    r".*?\| predicted (?P<predicted>[\d,.]+) ms"
 )
 HOMOGENEOUS = re.compile(
-    r"iteration (?P<it>\d+)/\d+ \| lm loss (?P<loss>[\d.]+) \| tokens/s (?P<tps>[\d,]+) \| "
+    r"iteration +(?P<it>\d+)/\d+ \| lm loss (?P<loss>[\d.]+) \| tokens/s (?P<tps>[\d,]+) \| "
     r"(?:padding eff (?P<eff>[\d.]+) \| micro-batches (?P<mbs>\d+) \| )?"
-    r".*?\| iteration (?P<ms>[\d,]+) ms"
+    r".*?\| iteration (?P<ms>[\d,]+) ms(?: \(predicted (?P<predicted>[\d,.]+) ms)?"
 )
 
 

@@ -6,7 +6,8 @@ alpha_{d,d'}, beta_{d,d'}). It lives next to `cluster.py` rather than inside it:
 describes the homogeneous TP x DP x PP layout of one job and its GPU catalogue, this module
 describes hardware that no single symmetric layout fits, and reads it from YAML.
 
-YAML shape (bandwidths in GB/s, latencies in microseconds, memory in GiB, FLOPS in TFLOPS)::
+YAML shape (bandwidths in GB/s, latencies in microseconds, memory in GiB, FLOPS in TFLOPS;
+`peak_tflops`, `hbm_bandwidth_gbs` and `memory_gib` override the GPU type's figures)::
 
     name: setting-1
     network: {bandwidth_gbs: 0.7, latency_us: 50}     # default between machines
@@ -41,6 +42,7 @@ _MACHINE_KEYS = {
     "intra_bandwidth_gbs",
     "intra_latency_us",
     "peak_tflops",
+    "hbm_bandwidth_gbs",
     "memory_gib",
     "memory_reserve_gib",
 }
@@ -129,6 +131,7 @@ class HeteroCluster:
                     "intra_bandwidth_gbs": m.intra_bandwidth / GB,
                     "intra_latency_us": m.intra_latency_s * 1e6,
                     "peak_tflops": m.gpu.peak_flops / 1e12,
+                    "hbm_bandwidth_gbs": m.gpu.hbm_bandwidth / GB,
                     "memory_gib": m.gpu.memory_bytes / GiB,
                     "memory_reserve_gib": (m.gpu.memory_bytes - m.memory_limit_bytes) / GiB,
                 }
@@ -173,6 +176,9 @@ def _machine(raw: Any, index: int, first_device: int) -> Machine:
         raise PlanningError(f"{where}: count {count} is past {MAX_CLUSTER_DEVICES} GPUs")
     if "peak_tflops" in raw:
         gpu = replace(gpu, peak_flops=_number(raw["peak_tflops"], f"{where}: peak_tflops") * 1e12)
+    if "hbm_bandwidth_gbs" in raw:
+        hbm = _number(raw["hbm_bandwidth_gbs"], f"{where}: hbm_bandwidth_gbs") * GB
+        gpu = replace(gpu, hbm_bandwidth=hbm)
     if "memory_gib" in raw:
         mem = _number(raw["memory_gib"], f"{where}: memory_gib")
         gpu = replace(gpu, memory_bytes=int(mem * GiB))

@@ -89,8 +89,10 @@ def write_outputs(
     ours: str,
     differences: str,
     workload: str = "",
+    source: str = "",
 ) -> list[Path]:
-    """Write PNG, CSV and markdown note; returns their paths. `rows` must share one key set."""
+    """Write PNG, CSV and markdown note; returns their paths. `rows` must share one key set;
+    `source` names the script for the note (default `examples/figures/<name>.py`)."""
     if not rows:
         raise ValueError(f"{run.figure.name}: no rows to write")
     columns = list(rows[0].keys())
@@ -112,7 +114,7 @@ def write_outputs(
         "",
         f"![{run.figure.name}]({png.name})",
         "",
-        f"Computed by `examples/figures/{run.figure.name}.py` in {elapsed:.0f} s"
+        f"Computed by `{source or f'examples/figures/{run.figure.name}.py'}` in {elapsed:.0f} s"
         + (" (quick mode)" if run.quick else "")
         + f"; the plotted numbers are in `{csv_path.name}`.",
     ]
