@@ -131,7 +131,7 @@ def _log_plan(iteration: int, work: Iteration) -> None:
     print(
         f" dynapipe iteration {iteration} | micro-batches {stats['num_microbatches']} | "
         f"padding eff {stats['padding_efficiency']:.3f} | recompute {stats['recompute']} | "
-        f"predicted {stats['predicted_iteration_s'] * 1e3:,.0f} ms | planning "
+        f"predicted {stats['predicted_iteration_s'] * 1e3:,.1f} ms | planning "
         f"{stats['planning_time_s'] * 1e3:,.1f} ms (waited {work.waited_s * 1e3:,.1f} ms)",
         file=sys.stdout,
         flush=True,

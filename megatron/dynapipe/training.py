@@ -198,7 +198,7 @@ def _iteration_line(args, state, work: Iteration, loss, tokens, measured_s) -> s
     )
     if work.plan is not None:
         line += (
-            f" (predicted {stats['predicted_iteration_s'] * 1e3:,.0f} ms on "
+            f" (predicted {stats['predicted_iteration_s'] * 1e3:,.1f} ms on "
             f"{args.dynapipe_gpu}) | planning {stats['planning_time_s'] * 1e3:,.1f} ms "
             f"(waited {work.waited_s * 1e3:,.1f} ms)"
         )
