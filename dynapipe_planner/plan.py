@@ -489,6 +489,10 @@ def validate_structure(plan: ExecutionPlan, source: str = "plan") -> None:
             raise PlanningError(f"{source}: micro-batch {m.id} has no samples or seqlen <= 0")
         if m.row_sizes and (sum(m.row_sizes) != len(m.samples) or min(m.row_sizes) < 1):
             raise PlanningError(f"{source}: micro-batch {m.id} row_sizes do not cover its samples")
+        if m.attention_saved and not m.row_sizes:
+            raise PlanningError(
+                f"{source}: micro-batch {m.id} saves attention but has no packed rows (row_sizes)"
+            )
         mb_replica[m.id] = m.replica
     seen = set()
     for r in plan.ranks:

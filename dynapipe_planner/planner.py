@@ -17,7 +17,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cache, partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -29,7 +29,9 @@ from .errors import PlanningError
 from .microbatch.baselines import (
     Group,
     groups_from_indices,
-    packing_groups,
+    packed_group,
+    packed_rows_groups,
+    packing_bins,
     padding_groups,
     token_budget_groups,
 )
@@ -80,6 +82,9 @@ class PlannerConfig:
     max_seqlen: int = 0
     memory_pressure: float = 0.9
     bubble_tolerance: float = 0.15
+    # DynaPipe's micro-batches may be packed rows (THD on the runtime; issue 21); off for a
+    # program whose forward step cannot take sample boundaries (`cu_seqlens`).
+    packed_rows: bool = True
     # Extra caps on micro-batches in flight for the adaptive schedule's search (None: memory
     # alone controls injection, Alg. 1). Caps rarely win and each multiplies the search.
     injection_caps: tuple[int | None, ...] = (None,)
@@ -187,7 +192,8 @@ class IterationPlanner:
         if groups is not None:
             longest = max(g.seqlen for g in groups)
         else:
-            longest = self.config.max_seqlen if self.config.batching == "packing" else 0
+            packs = self.config.batching in ("packing", "dynamic")
+            longest = self.config.max_seqlen if packs else 0
         best, failures = None, []
         for mode in self._recompute_modes():
             try:
@@ -203,11 +209,18 @@ class IterationPlanner:
                 break
         if best is None:
             raise PlanningError("no feasible plan. " + " | ".join(failures))
+        best = self._rebalanced(best)
+        if groups is None and self._packs_dynamic(lengths):
+            best = self._packed_if_faster(best, lengths, longest)
+        return best
+
+    def _rebalanced(self, best: Candidate) -> Candidate:
+        """`best` with its replicas rebalanced by makespan when they are uneven (and few)."""
         spans = [c.timeline.makespan for c in best.choices]
         if unbalanced(spans) and max(map(len, best.replicas)) <= REBALANCE_MAX_MICROBATCHES:
             rebalanced = self._schedule(best.groups, best.costs, rebalanced_from=best)
             rebalanced.dp_passes, rebalanced.label = best.dp_passes, best.label
-            best = rebalanced
+            return rebalanced
         return best
 
     def _recompute_modes(self) -> list[str | tuple[str, ...]]:
@@ -242,6 +255,8 @@ class IterationPlanner:
         for label, make_groups in options:
             try:
                 made, passes = make_groups()
+                if best is not None and _work_bound(made, costs, self.config) >= best.makespan:
+                    continue  # cannot beat the best so far: skip its schedule search
                 cand = self._schedule(made, costs)
             except PlanningError as e:
                 errors.append(f"{label}: {e}")
@@ -259,17 +274,15 @@ class IterationPlanner:
         """(label, thunk) pairs; each thunk returns (groups, DP passes) or raises."""
         cfg = self.config
         if cfg.batching == "dynamic":
-            yield "dp", partial(self._dynamic_groups, lengths, ids, order, costs)
+            dp = cache(partial(self._dynamic_groups, lengths, ids, order, costs))
+            yield "dp", dp
+            if self._packs_dynamic(lengths):
+                yield "dp, packed rows", lambda: _pack_where_cheaper(*dp(), lengths, costs)
         elif cfg.batching == "padding":
             for size in [cfg.micro_batch_size] if cfg.micro_batch_size else _pow2_range(1, 256):
                 yield f"padding(mbs={size})", partial(_no_passes, padding_groups, lengths, size)
         elif cfg.batching == "packing":
-            max_len = cfg.max_seqlen or int(lengths.max())
-            for size in [cfg.micro_batch_size] if cfg.micro_batch_size else _pow2_range(1, 64):
-                yield (
-                    f"packing(mbs={size})",
-                    partial(_no_passes, packing_groups, lengths, max_len, size),
-                )
+            yield from self._packing_candidates(lengths)
         else:
             longest = int(lengths.sum(axis=1).max() if lengths.ndim == 2 else lengths.max())
             budgets = [cfg.token_budget] if cfg.token_budget else _budget_grid(longest)
@@ -278,6 +291,48 @@ class IterationPlanner:
                     f"token-budget({budget})",
                     partial(_no_passes, token_budget_groups, lengths, budget, order),
                 )
+
+    def _packs_dynamic(self, lengths: np.ndarray) -> bool:
+        """Whether DynaPipe's plan may hold packed rows (decoder-only lengths, switched on)."""
+        return self.config.batching == "dynamic" and self.config.packed_rows and lengths.ndim == 1
+
+    def _packing_candidates(self, lengths: np.ndarray):
+        """(label, thunk) of rows packed to the longest length, each micro-batch size of the
+        grid (or the fixed one); the rows are packed once."""
+        cfg = self.config
+        max_len = cfg.max_seqlen or int(lengths.max())
+        bins = cache(partial(packing_bins, lengths, max_len))
+        fixed = cfg.micro_batch_size if cfg.batching == "packing" else 0
+        for size in [fixed] if fixed else _pow2_range(1, 64):
+            yield f"packing(mbs={size})", partial(_packed_rows, bins, lengths, max_len, size)
+
+    def _packed_if_faster(self, best: Candidate, lengths: np.ndarray, longest: int) -> Candidate:
+        """DynaPipe's plan, or the packing baseline's rows when they are predicted faster: in
+        each recomputation mode the fastest micro-batch size, rebalanced as the baseline's
+        would be, so the plan is never slower than packing (issue 21). Inside the DP's plan
+        each micro-batch is already padded or packed, whichever is cheaper."""
+        candidates = list(self._packing_candidates(lengths))  # rows packed once, grouped per size
+        for mode in self._recompute_modes():
+            try:
+                costs = self.costs(mode, lengths, longest)
+            except PlanningError:
+                continue
+            fastest = None
+            for label, make_groups in candidates:
+                groups, _ = make_groups()
+                if _work_bound(groups, costs, self.config) >= best.makespan:
+                    continue  # cannot beat the plan so far: skip its schedule search
+                try:
+                    cand = self._schedule(groups, costs)
+                except PlanningError:
+                    continue
+                if fastest is None or cand.makespan < fastest.makespan:
+                    cand.label, fastest = label, cand
+            if fastest is not None:
+                fastest = self._rebalanced(fastest)
+                if fastest.makespan < best.makespan:
+                    best = fastest
+        return best
 
     def _dynamic_groups(
         self, lengths: np.ndarray, ids: np.ndarray, order: np.ndarray, costs: PipelineCosts
@@ -454,6 +509,39 @@ class IterationPlanner:
             stats,
             {"cost_model": self.cost_model.describe()},
         )
+
+
+def _stage_work(groups: list[Group], costs: PipelineCosts) -> np.ndarray:
+    """[micro-batch, stage] forward + backward time, packed rows' attention saving taken off."""
+    rows = np.array([g.num_rows for g in groups])
+    seq = np.array([g.seqlen for g in groups])
+    tgt = np.array([g.tgt_seqlen for g in groups])
+    fwd, bwd, _, _ = costs.stage_costs_many(rows, seq, tgt)
+    saved = np.array([g.attention_saved for g in groups])
+    return fwd + bwd - saved[:, None] * costs.attention_coef[None, :]
+
+
+def _work_bound(groups: list[Group], costs: PipelineCosts, config: PlannerConfig) -> float:
+    """A lower bound on any schedule's makespan for `groups`: some pipeline gets at least its
+    share of the busiest stage's work."""
+    return float(_stage_work(groups, costs).sum(axis=0).max()) / config.num_replicas
+
+
+def _pack_where_cheaper(
+    groups: list[Group], passes: int, lengths: np.ndarray, costs: PipelineCosts
+) -> tuple[list[Group], int]:
+    """Each of the DP's padded micro-batches, or its samples packed into rows of its length
+    (`packed_group`) where the cost model prices that faster on the pipeline's stages (fewer
+    rows, no attention over padding; its memory is never more)."""
+    packed = [packed_group(g, lengths) for g in groups]
+    cheaper = _stage_work(packed, costs).sum(axis=1) < _stage_work(groups, costs).sum(axis=1)
+    return [p if c else g for g, p, c in zip(groups, packed, cheaper, strict=True)], passes
+
+
+def _packed_rows(
+    bins: Callable[[], list[list[int]]], lengths: np.ndarray, max_len: int, size: int
+) -> tuple[list[Group], int]:
+    return packed_rows_groups(bins(), lengths, max_len, size), 0
 
 
 def _no_passes(make, *args) -> tuple[list[Group], int]:

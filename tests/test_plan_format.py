@@ -53,7 +53,8 @@ def test_packed_rows_survive(plans):
     assert [m.row_sizes for m in again.microbatches] == [m.row_sizes for m in packed]
     saved = [m.attention_saved for m in packed]
     assert [m.attention_saved for m in again.microbatches] == saved
-    assert not any(m.attention_saved for m in plans["dynamic"].microbatches)
+    # DynaPipe's micro-batches are padded (nothing saved) or packed rows of their own length
+    assert all(m.row_sizes or not m.attention_saved for m in plans["dynamic"].microbatches)
 
 
 def mutate(plan: ExecutionPlan, edit) -> dict:

@@ -262,3 +262,48 @@ def test_tsp_order_is_a_permutation_and_plans_cleanly():
     )
     planner = make_planner(T5_TINY, 2, 1, 8, order="tsp")
     check_plan(planner, planner.plan(lengths), lengths)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=lengths_st,
+    stages=st.integers(1, 4),
+    replicas=st.integers(1, 2),
+    memory_gib=st.floats(4, 40),
+)
+def test_dynapipe_is_never_predicted_slower_than_packing(lengths, stages, replicas, memory_gib):
+    """Packed rows are in DynaPipe's space (issue 21): per DP micro-batch, and the packing
+    baseline's whole-batch rows in every recomputation mode."""
+    times = {}
+    for batching in ("dynamic", "packing"):
+        planner = make_planner(
+            MODEL_PRESETS["gpt-350m"], stages, replicas, memory_gib, batching=batching,
+            schedule="1f1b" if batching == "packing" else "adaptive",
+        )  # fmt: skip
+        try:
+            times[batching] = planner.plan(lengths).stats["predicted_iteration_s"]
+        except PlanningError:
+            times[batching] = float("inf")
+    assert times["dynamic"] <= times["packing"] * (1 + 1e-9)
+
+
+def test_a_micro_batch_packed_into_rows_of_its_length() -> None:
+    from dynapipe_planner.microbatch.baselines import packed_group
+
+    lengths = np.array([7, 3, 4, 2, 9, 1])
+    group = packed_group(Group(np.array([0, 1, 2, 3, 5]), 8), lengths)
+    rows = [sorted(lengths[r].tolist()) for r in group.rows]
+    assert sorted(rows) == [[1, 7], [2], [3, 4]]  # first-fit-decreasing: 7 | 4 3 | 2, then 1
+    assert sorted(group.samples.tolist()) == [0, 1, 2, 3, 5] and group.seqlen == 8
+    assert group.attention_saved == 3 * 64 - (49 + 1) - (16 + 9) - 4
+    alone = packed_group(Group(np.array([0, 4]), 9), lengths)  # 7 + 9 > 9: one per row
+    assert alone.rows == [[0], [4]] and alone.attention_saved == 2 * 81 - 49 - 81
+
+
+def test_dp_micro_batches_become_packed_rows_where_cheaper() -> None:
+    rng = np.random.default_rng(4)
+    lengths = np.clip(np.exp(rng.normal(np.log(200), 1.2, 300)), 8, 2048).astype(int)
+    planner = make_planner(MODEL_PRESETS["gpt-1.3b"], 2, 1, 36)
+    plan = planner.plan(lengths)
+    check_plan(planner, plan, lengths)
+    assert any(m.row_sizes for m in plan.microbatches), plan.stats["batching"]

@@ -4,7 +4,8 @@
 - token budget ("TB"): sorted samples, each micro-batch filled up to a padded-token budget.
 - packing: first-fit-decreasing into rows of a fixed length; rows grouped into micro-batches of
   a fixed size. Attention is priced block-diagonally (flash-attention varlen style), so packing
-  pays only for attention inside each sample: generous to the baseline.
+  pays only for attention inside each sample. `packed_group` packs one micro-batch's samples
+  into rows of its own length (DynaPipe's planner may run a DP micro-batch that way).
 
 Each returns `Group`s; the planner prices and schedules them like DP micro-batches.
 """
@@ -90,16 +91,53 @@ def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
     return bins
 
 
+def packed_group(group: Group, lengths: np.ndarray) -> Group:
+    """`group`'s samples packed first-fit-decreasing into rows of its own padded length: no more
+    rows than one sample per row, and attention only within each sample (varlen)."""
+    clipped = lengths[group.samples].astype(np.int64)
+    shortest = np.partition(clipped, 1)[:2] if len(clipped) > 1 else clipped
+    if len(clipped) < 2 or int(shortest.sum()) > group.seqlen:  # no two samples share a row
+        bins = [[i] for i in range(len(clipped))]
+    else:
+        bins = first_fit_decreasing(clipped, group.seqlen)
+    rows = [[int(group.samples[i]) for i in b] for b in bins]
+    return Group(
+        np.array([i for r in rows for i in r]),
+        group.seqlen,
+        rows=rows,
+        attention_saved=_attention_saved(clipped, bins, group.seqlen),
+    )
+
+
+def _attention_saved(lengths: np.ndarray, bins: list[list[int]], seqlen: int) -> float:
+    """tokens^2 of attention that per-sample attention skips in rows of `seqlen`."""
+    squares = lengths.astype(np.float64) ** 2
+    return len(bins) * float(seqlen) ** 2 - sum(float(squares[b].sum()) for b in bins)
+
+
 def packing_groups(lengths: np.ndarray, max_seqlen: int, micro_batch_size: int) -> list[Group]:
     """Rows packed by first-fit-decreasing to `max_seqlen`, `micro_batch_size` rows per group."""
     if lengths.ndim != 1:
         raise ValueError("packing is implemented for decoder-only lengths")
+    return packed_rows_groups(
+        packing_bins(lengths, max_seqlen), lengths, max_seqlen, micro_batch_size
+    )
+
+
+def packing_bins(lengths: np.ndarray, max_seqlen: int) -> list[list[int]]:
+    """Rows of at most `max_seqlen` tokens, first-fit-decreasing (samples clipped to it)."""
+    return first_fit_decreasing(np.minimum(lengths, max_seqlen), max_seqlen)
+
+
+def packed_rows_groups(
+    bins: list[list[int]], lengths: np.ndarray, max_seqlen: int, micro_batch_size: int
+) -> list[Group]:
+    """`micro_batch_size` rows of `bins` per micro-batch."""
     clipped = np.minimum(lengths, max_seqlen)
-    bins = first_fit_decreasing(clipped, max_seqlen)
     groups = []
     for g in range(0, len(bins), micro_batch_size):
         rows = bins[g : g + micro_batch_size]
-        saved = sum(max_seqlen**2 - float(np.sum(clipped[r].astype(np.float64) ** 2)) for r in rows)
         samples = np.array([i for r in rows for i in r])
+        saved = _attention_saved(clipped, rows, max_seqlen)
         groups.append(Group(samples, max_seqlen, rows=rows, attention_saved=saved))
     return groups

@@ -55,8 +55,9 @@ def search_schedule(
     """Best schedule of kind "adaptive" (searched) or "1f1b" (given order) by makespan.
 
     Adaptive candidates are every cluster permutation of the injection order times every
-    max_inflight option (default None, C, 2C); the first candidate with the smallest makespan
-    wins. Candidates that cannot fit in memory are skipped; if none fits, the error of the
+    max_inflight option (default None, C, 2C), and 1F1B in the given order when it fits (so
+    the adaptive schedule is never slower than 1F1B); the first candidate with the smallest
+    makespan wins. Candidates that cannot fit in memory are skipped; if none fits, the error of the
     first candidate (identity order, so it names original micro-batch indices) is raised.
     A 1F1B schedule whose peak exceeds the limit raises PlanningError as well.
     """
@@ -87,9 +88,14 @@ def search_schedule(
             makespan = float(end.max()) if end.size else 0.0
             if best is None or makespan < best[0]:
                 best = (makespan, order, local, start, end, max_inflight)
+    one_f_one_b = _fitting_one_f_one_b(fwd, bwd, act, lim, act_comm, grad_comm)
     if best is None:
-        raise first_error
+        if one_f_one_b is None:
+            raise first_error
+        return one_f_one_b
     _, order, local, start_local, end_local, max_inflight = best
+    if one_f_one_b is not None and one_f_one_b.timeline.makespan < best[0]:
+        return one_f_one_b  # memory-driven injection lost to plain 1F1B on these micro-batches
 
     orders = [[2 * order[code // 2] + code % 2 for code in stage] for stage in local]
     start = np.empty_like(start_local)
@@ -99,6 +105,21 @@ def search_schedule(
     return ScheduleChoice(
         order, orders, Timeline.from_times(start, end), peak_activation(orders, act), max_inflight
     )
+
+
+def _fitting_one_f_one_b(
+    fwd: np.ndarray,
+    bwd: np.ndarray,
+    act: np.ndarray,
+    lim: np.ndarray,
+    act_comm: np.ndarray,
+    grad_comm: np.ndarray,
+) -> ScheduleChoice | None:
+    """1F1B in the given order when it fits in memory, else None."""
+    try:
+        return _one_f_one_b_choice(fwd, bwd, act, lim, act_comm, grad_comm)
+    except PlanningError:
+        return None
 
 
 def _one_f_one_b_choice(

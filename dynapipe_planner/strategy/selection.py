@@ -428,6 +428,9 @@ class PipelinePlanners:
                     dtype=self.dtype,
                     num_replicas=1,
                     dp_time_budget_s=0.0,
+                    # "packing" is the paper's Eq. 1 packing; "dynapipe" DynaPipe's DP as the
+                    # paper's alternative, padded, so the two stay distinct in the ablations
+                    packed_rows=False,
                 ),
             )
         return self._planners[key]

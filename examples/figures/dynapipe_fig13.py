@@ -2,7 +2,8 @@
 (dynapipe.txt §8.1), Table 1's model for each GPU count, 65,536-token global batches.
 
 Each method gets the paper's grid search over power-of-two TP (within a node) x PP x DP,
-searched on the first global batch of each point; "baseline (c)" is the baseline on DynaPipe's
+screened on the first global batch of each point, the best three run on every batch;
+"baseline (c)" is the baseline on DynaPipe's
 layout (the paper's MLM+DS (c)). Baseline: packing for GPT, fixed-size padding for T5 (our
 packing is decoder-only); micro-batch size grid searched, 1F1B.
 """
@@ -72,9 +73,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             "Our baselines are priced by the same analytic cost model with block-diagonal "
             "attention for packed rows (only within-sample attention), which is kinder to "
             "packing than MLM+DS's full-row attention, so the GPT gaps are smaller than the "
-            "paper's. T5's baseline is fixed-size padding. Layouts are grid searched on one "
-            "batch per point; the data is SYNTHETIC; times are predicted, not measured. "
-            "Out of memory (the layout searched on the first batch fails on a later batch "
+            "paper's, and DynaPipe's plans may hold packed rows themselves (the packing baseline's "
+            "rows whole, or a DP micro-batch's samples packed), so on the same layout DynaPipe "
+            "is never predicted slower than packing. T5's baseline is fixed-size padding. "
+            "Layouts are screened on one batch per point and the best three run on all of "
+            "them; the data is SYNTHETIC; times are predicted, not measured. "
+            "Out of memory (the layout chosen fails on a later batch "
             "under every recomputation mode): "
             + oom_points(rows, "max_seqlen")
             + "."

@@ -103,6 +103,15 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         help="GiB each GPU may use for the planner (default: the device's memory minus a reserve)",
     )
     g.add_argument(
+        "--dynapipe-packed-rows",
+        choices=("on", "off"),
+        default=None,
+        help="let DynaPipe's plans run micro-batches as packed rows (THD sequences with "
+        "cu_seqlens) where the cost model prices them faster (default: on in pretrain_gpt.py; "
+        "off under `import megatron.dynapipe.enable`, where the program's forward_step must "
+        "read `cu_seqlens` to take them)",
+    )
+    g.add_argument(
         "--dynapipe-gpu",
         default="A100-80GB",
         help=f"device the analytic cost model describes: {', '.join(GPU_PRESETS)}",
