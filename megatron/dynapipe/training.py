@@ -35,6 +35,7 @@ from .evaluation import validation_line
 from .iterations import Iteration, iterations_for
 from .log import log_rank0
 from .model import padded_vocab_size
+from .parallel_plan import apply_parallel_plan
 from .pipeline.liveness import Liveness
 from .pipeline.plan_source import PLANNING_RANK
 from .stage import stage_in_ddp
@@ -65,12 +66,21 @@ def pretrain(args: argparse.Namespace, probe: IterationProbe | None = None) -> l
         from .hetero.training import pretrain_hetero
 
         return pretrain_hetero(args)
+    # A searched plan sets TP, PP, the layer split and the batch; it stops a job it does not
+    # fit before any group exists.
+    plan = apply_parallel_plan(args, _world_size()) if args.parallel_plan else None
     cpu_compat.install()
     splits = datasets(args)  # bad data or tokenizer files stop the job before any group exists
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-    ps.initialize(tp, pp, max(1, _world_size() // (tp * pp)), timeout_s=args.dynapipe_timeout)
+    ps.initialize(
+        tp,
+        pp,
+        max(1, _world_size() // (tp * pp)),
+        timeout_s=args.dynapipe_timeout,
+        layer_counts=list(plan.partition) if plan else None,
+    )
     try:
-        return _train(args, splits, tp, probe)
+        return _train(args, splits, tp, probe, plan.checkpointed_layers if plan else ())
     finally:
         checkpointing.release_writer_processes()
         ps.destroy()
@@ -81,7 +91,11 @@ def _world_size() -> int:
 
 
 def _train(
-    args: argparse.Namespace, splits: DataSplits, tp: int, probe: IterationProbe | None
+    args: argparse.Namespace,
+    splits: DataSplits,
+    tp: int,
+    probe: IterationProbe | None,
+    checkpointed: tuple[int, ...],
 ) -> list[float]:
     rank = dist.get_rank()
     for note in args.dynapipe_notes:
@@ -94,7 +108,7 @@ def _train(
     iterations = iterations_for(args, splits, spec, resume)
     liveness = Liveness(iterations.store, rank, dist.get_world_size(), server_rank=PLANNING_RANK)
     with iterations, liveness:
-        config, model, optimizer, scheduler = stage_in_ddp(args, spec.vocab_size)
+        config, model, optimizer, scheduler = stage_in_ddp(args, spec.vocab_size, checkpointed)
         state = TrainState()
         if resume is not None:
             state = checkpointing.load(args, resume, model, optimizer, scheduler)
