@@ -210,6 +210,25 @@ def test_a_bad_plan_file_is_named(dp_only, tmp_path, edit, named):
         load_plan(path)
 
 
+def test_cli_prints_the_parallel_plan_command(tmp_path, capsys):
+    """A plan only the plan file can say (3 of 4 layers recomputed): the CLI prints the
+    pretrain_gpt.py command that runs the file it writes."""
+    model = tmp_path / "tiny.json"
+    model.write_text(json.dumps(dict(name="tiny", arch="gpt", num_layers=4, hidden_size=32,
+                                     num_heads=4, ffn_hidden_size=64, vocab_size=64)))  # fmt: skip
+    path = tmp_path / "plan.json"
+    argv = ["--model", str(model), "--num-gpus", "4", "--memory-budget-gb", "0.002",
+            "--seq-length", "64", "--quiet"]  # fmt: skip
+    assert search_main([*argv, "--output", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "DP4+CKPT x3, DP4 x1" in out
+    line = next(x for x in out.splitlines() if x.startswith("pretrain_gpt.py: "))
+    assert "--num-layers 4 --hidden-size 32" in line and line.endswith(f"--parallel-plan {path}")
+    assert load_plan(path).checkpointed_layers == (0, 1, 2)
+    assert search_main(argv) == 0
+    assert "--parallel-plan FILE\n  note: write FILE with --output FILE" in capsys.readouterr().out
+
+
 def test_six_gpus_use_non_power_of_two_degrees():
     model = MODEL_PRESETS["gpt-125m"]  # 12 heads: TP 3 and 6 split it
     inputs = analytic_cost_inputs(model, GPU, 6, seq_length=512)
