@@ -183,7 +183,7 @@ def test_pretrain_trains_a_searched_plan(tmp_path, capfd) -> None:
     assert losses[0][-1] < losses[0][0], losses[0]
     out = capfd.readouterr().out
     assert "TP 1, PP 2 with layers [3, 1], DP 2" in out and "recomputing layers [0, 2]" in out
-    assert "micro-batches 8 | recompute none" in out  # 4 per replica, 2 replicas
+    assert "micro-batches 8 | recompute layers [0, 2]" in out  # 4 per replica, 2 replicas
 
 
 def _main(monkeypatch, capsys, argv: list[str], world_size: int = 4) -> str:

@@ -148,7 +148,7 @@ def _train(
             state.consumed_samples += work.samples
             state.consumed_tokens += tokens
             if state.iteration % args.log_interval == 0 or state.iteration == args.train_iters:
-                line = _iteration_line(args, state, work, loss, tokens, measured_s)
+                line = _iteration_line(args, state, work, loss, tokens, measured_s, checkpointed)
                 lr = optimizer.param_groups[0]["lr"]
                 line += f" | learning rate {lr:.3E}"
                 if grad_norm is not None:
@@ -196,18 +196,22 @@ def _exit_reason(args: argparse.Namespace, iteration: int, started_at: float) ->
     return None
 
 
-def _iteration_line(args, state, work: Iteration, loss, tokens, measured_s) -> str:
-    """`recompute`: the recomputation mode; with a planner, `predicted` is the plan's iteration
+def _iteration_line(
+    args, state, work: Iteration, loss, tokens, measured_s, checkpointed: tuple[int, ...] = ()
+) -> str:
+    """`recompute`: the recomputation mode, or the layers a searched plan checkpoints
+    (`checkpointed`); with a planner, `predicted` is the plan's iteration
     time, `planning` the planner's time for this plan (spent ahead of training when planner
     workers run) and `waited` how long the loop waited for the plan (rank 0's view)."""
     stats = work.stats
+    recompute = f"layers {list(checkpointed)}" if checkpointed else stats["recompute"]
     width = len(str(args.train_iters))
     done = state.iteration / args.train_iters
     bar = "#" * int(20 * done) + "." * (20 - int(20 * done))
     line = (
         f"[{bar}] iteration {state.iteration:>{width}}/{args.train_iters} | lm loss {loss:.4f} | "
         f"tokens/s {tokens / measured_s:,.0f} | padding eff {stats['padding_efficiency']:.3f} | "
-        f"micro-batches {stats['num_microbatches']} | recompute {stats['recompute']} | "
+        f"micro-batches {stats['num_microbatches']} | recompute {recompute} | "
         f"iteration {measured_s * 1e3:,.0f} ms"
     )
     if work.plan is not None:
