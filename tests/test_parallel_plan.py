@@ -1,7 +1,7 @@
 """`pretrain_gpt.py --parallel-plan`: a dynapipe-search plan file run by the runtime.
 
-Plans with uneven pipeline partitions (PP=2 with layers [3, 1] x DP=2, PP=4 with [1, 2, 1, 2])
-and activation checkpointing of some layers give the loss and every gradient of a
+Plans with uneven pipeline partitions (PP=2 with layers [3, 1] x DP=2 or x TP=2, PP=4 with
+[1, 2, 1, 2]) and activation checkpointing of some layers give the loss and every gradient of a
 single-process reference; the checkpointed layers, and only they, run their forward twice.
 `pretrain` trains such a plan end to end. A plan for another GPU count, model or sequence
 length, or with a layer the runtime cannot run yet (SDP, TP changing inside a stage), and a
@@ -46,18 +46,20 @@ def write_searched_plan(
     ckpt: set[int],
     *,
     num_gpus: int = 4,
+    tp: int = 1,
     num_microbatches: int = 3,
     global_batch_size: int = len(LENGTHS),
     layer: dict[int, LayerStrategy] | None = None,
     model=SPEC,
     seq_length: int = MAX_SEQLEN,
 ) -> Path:
-    """The file `dynapipe-search --output` writes for this plan: every layer DP over the GPUs
-    of its stage (TP 1), checkpointed where `ckpt` says, `layer` replacing single layers."""
+    """The file `dynapipe-search --output` writes for this plan: every layer TP `tp` (GPUs
+    consecutive) and DP over the other GPUs of its stage, checkpointed where `ckpt` says,
+    `layer` replacing single layers."""
     pp = len(partition)
-    group = num_gpus // pp
-    dp = (("dp",), (group,)) if group > 1 else ((), ())
-    strategies = [LayerStrategy(pp, *dp, i in ckpt) for i in range(sum(partition))]
+    tree = [(p, d) for p, d in (("dp", num_gpus // pp // tp), ("tp", tp)) if d > 1]
+    order, degrees = tuple(p for p, _ in tree), tuple(d for _, d in tree)
+    strategies = [LayerStrategy(pp, order, degrees, i in ckpt) for i in range(sum(partition))]
     for i, strategy in (layer or {}).items():
         strategies[i] = strategy
     result = SearchResult(
@@ -130,29 +132,27 @@ def _searched_run(rank: int, world: int, path: str, weights: dict, flags: tuple[
 
 
 @pytest.mark.parametrize(
-    ("partition", "ckpt", "num_microbatches"),
-    [([3, 1], {0, 2}, 3), ([1, 2, 1, 2], {1, 2, 5}, 4)],
-    ids=["pp2-dp2-3+1", "pp4-1+2+1+2"],
+    ("partition", "ckpt", "tp", "num_microbatches"),
+    [([3, 1], {0, 2}, 1, 3), ([1, 2, 1, 2], {1, 2, 5}, 1, 4), ([3, 1], {1}, 2, 3)],
+    ids=["pp2-dp2-3+1", "pp4-1+2+1+2", "tp2-pp2-3+1"],
 )
-def test_searched_plan_gradients_equal_reference(tmp_path, partition, ckpt, num_microbatches):
+def test_searched_plan_gradients_equal_reference(tmp_path, partition, ckpt, tp, num_microbatches):
     """4 ranks run the plan; its loss and every gradient equal the reference's, every layer
     the plan checkpoints runs its forward again in the backward pass, the others once."""
     flags = (*GPT, "--num-layers", str(sum(partition)))
     reference = run_ranks(_reference, 1, flags)[0]
     path = write_searched_plan(
-        tmp_path / "plan.json", partition, ckpt, num_microbatches=num_microbatches
+        tmp_path / "plan.json", partition, ckpt, tp=tp, num_microbatches=num_microbatches
     )
     results = run_ranks(_searched_run, 4, str(path), reference[1], flags)
-    assert_matches_reference(reference, [r[:2] for r in results], 1)
-    assert sorted(i for r in results for i in r[2]) == sorted(
-        i for i in ckpt for _ in range(4 // len(partition))
-    )
-    dp = 4 // len(partition)
+    assert_matches_reference(reference, [r[:2] for r in results], tp)
+    ranks_per_stage = 4 // len(partition)
+    # each checkpointed layer is wrapped on every rank of its stage
+    assert sorted(i for r in results for i in r[2]) == sorted(list(ckpt) * ranks_per_stage)
     for _, _, _, forwards, microbatches in results:
         assert microbatches == num_microbatches  # the plan's count on every replica
         for index, count in forwards.items():
             assert count == microbatches * (2 if index in ckpt else 1), (index, forwards)
-    assert sum(r[4] for r in results[:dp]) == num_microbatches * dp
 
 
 TINY = [
