@@ -156,7 +156,8 @@ def stage_model_like_reference(
     from megatron.dynapipe.model import stage_layer_counts
 
     config, model = build_stage(flags)
-    offset = sum(stage_layer_counts(SPEC.num_layers, pp)[: ps.stage()])
+    counts = ps.pipeline_layer_counts() or stage_layer_counts(SPEC.num_layers, pp)
+    offset = sum(counts[: ps.stage()])
     tied = "output_layer.weight" not in weights
     names = {}
     with torch.no_grad():

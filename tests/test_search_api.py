@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -19,7 +20,15 @@ from dynapipe_planner.search import (
 )
 from dynapipe_planner.search.cli import search_main
 from dynapipe_planner.search.optimizer import _pipeline_searches
-from dynapipe_planner.search.plan_file import megatron_flags, runtime_flags, write_plan
+from dynapipe_planner.search.plan_file import (
+    PlanFileError,
+    check_job,
+    load_plan,
+    megatron_flags,
+    parallel_plan_flags,
+    runtime_flags,
+    write_plan,
+)
 
 MODEL = MODEL_PRESETS["gpt-350m"]
 GPU = get_gpu("A100-40GB")
@@ -143,6 +152,81 @@ def test_cli_prints_a_summary_and_writes_the_plan(tmp_path, capsys):
                         "--global-batch-size", "8", "--quiet"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2 and "smallest budget that works" in err
+
+
+@pytest.fixture(scope="module")
+def dp_only(inputs):
+    """A DP x PP=2 plan whose recomputed layers are no prefix of their stage: Megatron's
+    flags and the runtime's cannot say it, the plan file can."""
+    result = search(
+        MODEL, inputs, 8, 20 * GiB, global_batch_size=64, pp_degrees=[2],
+        strategy_filter=lambda s: s.order == ("dp",) and not s.ckpt,
+    )  # fmt: skip
+    result.strategies[1] = dataclasses.replace(result.strategies[1], ckpt=True)
+    return result
+
+
+def test_the_runtime_runs_what_the_flags_cannot_say(dp_only, tmp_path):
+    assert not megatron_flags(dp_only, MODEL).expressible
+    assert not runtime_flags(dp_only, MODEL, 1024).expressible
+    path = tmp_path / "plan.json"
+    flags = parallel_plan_flags(dp_only, MODEL, 1024, str(path))
+    assert flags.expressible and flags.command_line().endswith(f"--parallel-plan {path}")
+    write_plan(dp_only, path, MODEL, seq_length=1024, num_gpus=8)
+    plan = load_plan(path)
+    assert plan.partition == tuple(dp_only.partition) and plan.checkpointed_layers == (1,)
+    assert plan.strategies == tuple(dp_only.strategies) and plan.data_degree == 8 // dp_only.pp
+    check_job(plan, MODEL, 8, 1024)
+    with pytest.raises(PlanFileError, match="is for 8 GPUs; this job has 4"):
+        check_job(plan, MODEL, 4, 1024)
+    sdp = dataclasses.replace(dp_only, strategies=list(dp_only.strategies))
+    sdp.strategies[3] = dataclasses.replace(sdp.strategies[3], order=("sdp",))
+    refused = parallel_plan_flags(sdp, MODEL, 1024, str(path))
+    assert not refused.expressible and refused.notes[0].startswith(
+        "layer 3 (PP2+SDP4): SDP (ZeRO-3"
+    )
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (lambda d: d.update(version=7), "not a dynapipe-search plan of version 1"),
+        (lambda d: d["layers"].pop(), "23 layer strategies and partition"),
+        (lambda d: d.update(partition=[1, 23]), "layers[1] must be layer 1 of stage 1"),
+        (lambda d: d["layers"][5].update(sdp=2), "layers[5]: sdp 2 disagrees with its order"),
+        (lambda d: d["layers"][5].update(ckpt="yes"), "layers[5]: 'ckpt' must be true or"),
+        (lambda d: d.update(num_microbatches=0), "'num_microbatches' must be a positive"),
+        (lambda d: d.update(num_gpus=16), "layer 0 (PP2+DP4) uses 4 GPU(s) per stage"),
+    ],
+    ids=["version", "layers", "partition", "degree", "ckpt", "microbatches", "gpus"],
+)
+def test_a_bad_plan_file_is_named(dp_only, tmp_path, edit, named):
+    data = json.loads(json.dumps(write_plan(dp_only, tmp_path / "p.json", MODEL, seq_length=1024)))
+    data["num_gpus"] = 8
+    edit(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(PlanFileError, match=re.escape(named)):
+        load_plan(path)
+
+
+def test_cli_prints_the_parallel_plan_command(tmp_path, capsys):
+    """A plan only the plan file can say (3 of 4 layers recomputed): the CLI prints the
+    pretrain_gpt.py command that runs the file it writes."""
+    model = tmp_path / "tiny.json"
+    model.write_text(json.dumps(dict(name="tiny", arch="gpt", num_layers=4, hidden_size=32,
+                                     num_heads=4, ffn_hidden_size=64, vocab_size=64)))  # fmt: skip
+    path = tmp_path / "plan.json"
+    argv = ["--model", str(model), "--num-gpus", "4", "--memory-budget-gb", "0.002",
+            "--seq-length", "64", "--quiet"]  # fmt: skip
+    assert search_main([*argv, "--output", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "DP4+CKPT x3, DP4 x1" in out
+    line = next(x for x in out.splitlines() if x.startswith("pretrain_gpt.py: "))
+    assert "--num-layers 4 --hidden-size 32" in line and line.endswith(f"--parallel-plan {path}")
+    assert load_plan(path).checkpointed_layers == (0, 1, 2)
+    assert search_main(argv) == 0
+    assert "--parallel-plan FILE\n  note: write FILE with --output FILE" in capsys.readouterr().out
 
 
 def test_six_gpus_use_non_power_of_two_degrees():

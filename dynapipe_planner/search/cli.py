@@ -2,8 +2,9 @@
 
 Searches per-layer DP / SDP / TP / CKPT strategies, the PP degree and partition, the
 micro-batch count and the global batch for a model on N GPUs under a per-GPU memory budget;
-prints a summary table, the Megatron-LM and runtime flags when the plan is uniform enough, and
-writes the plan file (`--output`). Progress goes to stderr.
+prints a summary table, the Megatron-LM and runtime flags when the plan is uniform enough (else
+`pretrain_gpt.py --parallel-plan` with the plan file, when the runtime can run it), and writes
+the plan file (`--output`). Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ..errors import PlanningError
 from ..model_spec import MODEL_PRESETS, load_model_spec
 from .cost_inputs import analytic_cost_inputs
 from .optimizer import SearchResult, search
-from .plan_file import megatron_flags, runtime_flags, write_plan
+from .plan_file import megatron_flags, parallel_plan_flags, runtime_flags, write_plan
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -161,10 +162,11 @@ def search_main(argv: Sequence[str] | None = None) -> int:
     print(f"{model.name} on {args.num_gpus} {gpu.name} ({args.gpus_per_node} per node), "
           f"sequence length {args.seq_length}")  # fmt: skip
     print(summary(result))
-    for name, flags in (
-        ("Megatron-LM", megatron_flags(result, model)),
-        ("pretrain_gpt.py", runtime_flags(result, model, args.seq_length)),
-    ):
+    runtime = runtime_flags(result, model, args.seq_length)
+    if not runtime.expressible:  # the plan file itself runs what the flags cannot say
+        runtime = parallel_plan_flags(result, model, args.seq_length, args.output)
+    megatron = megatron_flags(result, model)
+    for name, flags in (("Megatron-LM", megatron), ("pretrain_gpt.py", runtime)):
         if flags.expressible:
             print(f"{name}: {flags.command_line()}")
         else:

@@ -7,20 +7,31 @@ that plain Megatron-LM can run into its exact flags (TP, PP, uneven first/last s
 method and count, micro and global batch, distributed optimizer for SDP) and says plainly what
 it cannot express (layer-varying TP or data degree, strided TP, recomputation that is not a
 per-stage prefix of equal length, middle stages of unequal size, encoder-decoder splits).
-`runtime_flags` does the same for our own `pretrain_gpt.py`.
+`runtime_flags` does the same for our own `pretrain_gpt.py`'s flags.
+
+`load_plan` reads the file back for `pretrain_gpt.py --parallel-plan` (a `SearchedPlan`),
+`check_job` holds it against the job it is given to (GPU count, model, sequence length), and
+`parallel_plan_refusal` says which layer the runtime cannot run yet and why: the runtime builds
+the plan's pipeline partition (§IV-B: any layer counts per stage), its micro-batch count and
+global batch, the DP/TP layers of the decision trees (§III-B) and CKPT of exactly the layers the
+plan names; SDP (ZeRO-3 per layer), TP changing between layers or stages, and strided TP
+groups come later. `parallel_plan_flags` gives the `pretrain_gpt.py` command for such a plan.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cost.table import split_layers
+from ..errors import PlanningError
 from ..megatron_model import model_flags
 from ..model_spec import ModelSpec
 from ..plan import atomic_write
 from .optimizer import GiB, SearchResult
+from .space import PARADIGMS, LayerStrategy
 
 PLAN_VERSION = 1
 
@@ -211,3 +222,221 @@ def write_plan(
     data = plan_dict(result, model, seq_length=seq_length, **job)
     atomic_write(Path(path), (json.dumps(data, indent=1) + "\n").encode())
     return data
+
+
+class PlanFileError(PlanningError):
+    """A plan file that is malformed, or that does not fit the job it is given to."""
+
+
+@dataclass(frozen=True)
+class SearchedPlan:
+    """A plan file as a training job reads it: the model it was searched for, the pipeline
+    partition, every layer's strategy, and the batch (`microbatch_size` samples per
+    micro-batch over all data-parallel ranks together, as the search counts them)."""
+
+    path: str
+    model: ModelSpec
+    seq_length: int
+    num_gpus: int
+    partition: tuple[int, ...]
+    strategies: tuple[LayerStrategy, ...]
+    global_batch_size: int
+    num_microbatches: int
+    microbatch_size: int
+
+    @property
+    def pp(self) -> int:
+        return len(self.partition)
+
+    @property
+    def tp(self) -> int:
+        return self.strategies[0].tp
+
+    @property
+    def data_degree(self) -> int:
+        """Data-parallel replicas of the job (every layer's, once `parallel_plan_refusal` is
+        None)."""
+        return self.strategies[0].data_degree
+
+    @property
+    def checkpointed_layers(self) -> tuple[int, ...]:
+        """The layers (0-based, over the whole model) whose activations are recomputed."""
+        return tuple(i for i, s in enumerate(self.strategies) if s.ckpt)
+
+
+def _field(data: dict, key: str, kind: type, where: str) -> object:
+    value = data.get(key)
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise PlanFileError(f"{where}: {key!r} must be a positive integer, got {value!r}")
+    if not isinstance(value, kind):
+        raise PlanFileError(f"{where}: {key!r} must be a {kind.__name__}, got {value!r}")
+    return value
+
+
+def _layer_strategy(entry: object, pp: int, where: str) -> LayerStrategy:
+    """One entry of the file's "layers" list (`LayerStrategy.to_dict` plus its place)."""
+    if not isinstance(entry, dict):
+        raise PlanFileError(f"{where} must be an object, got {entry!r}")
+    order = _field(entry, "order", list, where)
+    if len(set(order)) != len(order) or not set(order) <= set(PARADIGMS):
+        raise PlanFileError(f"{where}: order must name distinct paradigms of {PARADIGMS}")
+    degrees = tuple(_field(entry, p, int, where) for p in order)
+    if not isinstance(entry.get("ckpt"), bool):
+        raise PlanFileError(f"{where}: 'ckpt' must be true or false, got {entry.get('ckpt')!r}")
+    strategy = LayerStrategy(pp, tuple(order), degrees, entry["ckpt"])
+    for p in PARADIGMS:
+        if entry.get(p, 1) != strategy.degree(p):
+            raise PlanFileError(f"{where}: {p} {entry.get(p)!r} disagrees with its order {order}")
+    return strategy
+
+
+def load_plan(path: str | Path) -> SearchedPlan:
+    """Read a plan file `write_plan` wrote; `PlanFileError` names what is wrong with it."""
+    where = f"plan {path}"
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise PlanFileError(f"{where} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise PlanFileError(f"{where} is not a readable JSON file: {err}") from None
+    if not isinstance(data, dict) or data.get("version") != PLAN_VERSION:
+        raise PlanFileError(f"{where}: not a dynapipe-search plan of version {PLAN_VERSION}")
+    model = ModelSpec.from_dict(_field(data, "model", dict, where))
+    partition = tuple(_field(data, "partition", list, where))
+    if not partition or not all(isinstance(n, int) and n >= 1 for n in partition):
+        raise PlanFileError(f"{where}: partition must list positive layer counts: {partition}")
+    if _field(data, "pp", int, where) != len(partition):
+        raise PlanFileError(f"{where}: pp {data['pp']} but {len(partition)} stages {partition}")
+    layers = _field(data, "layers", list, where)
+    if len(layers) != model.num_layers or sum(partition) != model.num_layers:
+        raise PlanFileError(
+            f"{where}: {len(layers)} layer strategies and partition {list(partition)} for a "
+            f"model of {model.num_layers} layers"
+        )
+    stages = [j for j, n in enumerate(partition) for _ in range(n)]
+    strategies = []
+    for i, entry in enumerate(layers):
+        at = f"{where}: layers[{i}]"
+        strategies.append(_layer_strategy(entry, len(partition), at))
+        if entry.get("layer") != i or entry.get("stage") != stages[i]:
+            raise PlanFileError(f"{at} must be layer {i} of stage {stages[i]} (the partition)")
+    plan = SearchedPlan(
+        str(path),
+        model,
+        _field(data, "seq_length", int, where),
+        _field(data, "num_gpus", int, where),
+        partition,
+        tuple(strategies),
+        _field(data, "global_batch_size", int, where),
+        _field(data, "num_microbatches", int, where),
+        _field(data, "microbatch_size", int, where),
+    )
+    for i, s in enumerate(plan.strategies):
+        if s.group_size * plan.pp != plan.num_gpus:
+            raise PlanFileError(
+                f"{where}: layer {i} ({s}) uses {s.group_size} GPU(s) per stage, but "
+                f"{plan.num_gpus} GPUs in {plan.pp} stage(s) give {plan.num_gpus / plan.pp:g}"
+            )
+    if plan.global_batch_size != plan.num_microbatches * plan.microbatch_size:
+        raise PlanFileError(
+            f"{where}: global batch {plan.global_batch_size} is not {plan.num_microbatches} "
+            f"micro-batches of {plan.microbatch_size}"
+        )
+    return plan
+
+
+# ModelSpec fields a layer's shape depends on, with the flag that sets each. The vocabulary is
+# left out: the runtime's comes from its tokenizer (padded), a search preset's from the paper.
+_MODEL_FLAGS = {
+    "arch": "the architecture",
+    "num_layers": "--num-layers",
+    "hidden_size": "--hidden-size",
+    "num_heads": "--num-attention-heads",
+    "ffn_hidden_size": "--ffn-hidden-size",
+    "kv_channels": "--kv-channels",
+    "num_query_groups": "--num-query-groups",
+    "gated_linear_unit": "--swiglu",
+    "add_bias_linear": "--disable-bias-linear",
+    "normalization": "--normalization",
+    "untie_embeddings_and_output_weights": "--untie-embeddings-and-output-weights",
+    "position_embedding_type": "--position-embedding-type",
+}
+
+
+def check_job(plan: SearchedPlan, model: ModelSpec, world_size: int, seq_length: int) -> None:
+    """`PlanFileError` unless `plan` was searched for this job (`world_size` GPUs, `model`'s
+    layers, sequences of `seq_length`) and the runtime can run it (`parallel_plan_refusal`)."""
+    where = f"plan {plan.path}"
+    if plan.num_gpus != world_size:
+        raise PlanFileError(f"{where} is for {plan.num_gpus} GPUs; this job has {world_size}")
+    for name, flag in _MODEL_FLAGS.items():
+        planned, given = getattr(plan.model, name), getattr(model, name)
+        if planned != given:
+            raise PlanFileError(
+                f"{where} was searched for a model with {name} {planned}; the flags ({flag}) "
+                f"give {given}"
+            )
+    if plan.seq_length != seq_length:
+        raise PlanFileError(
+            f"{where} was searched for sequences of {plan.seq_length} tokens; --seq-length "
+            f"is {seq_length}"
+        )
+    refusal = parallel_plan_refusal(plan.strategies, plan.partition)
+    if refusal is not None:
+        raise PlanFileError(f"{where}: {refusal}")
+    if model.num_heads % plan.tp:
+        raise PlanFileError(f"{where}: TP {plan.tp} does not divide {model.num_heads} heads")
+    if plan.microbatch_size % plan.data_degree:
+        raise PlanFileError(
+            f"{where}: micro-batches of {plan.microbatch_size} samples do not split over "
+            f"{plan.data_degree} data-parallel ranks"
+        )
+
+
+def parallel_plan_refusal(
+    strategies: Sequence[LayerStrategy], partition: Sequence[int]
+) -> str | None:
+    """Why `pretrain_gpt.py --parallel-plan` cannot run these per-layer strategies yet, naming
+    the first layer it cannot run; None when it can."""
+    start = 0
+    for stage, count in enumerate(partition):
+        for layer in range(start, start + count):
+            s = strategies[layer]
+            if s.sdp > 1:
+                return (
+                    f"layer {layer} ({s}): SDP (ZeRO-3 sharding of the layer's states over "
+                    f"{s.sdp} ranks) does not run yet"
+                )
+            if s.tp != strategies[start].tp:
+                return (
+                    f"layer {layer} ({s}): TP {s.tp} in stage {stage}, whose layer {start} runs "
+                    f"TP {strategies[start].tp}; TP changing inside a stage does not run yet"
+                )
+            if s.tp != strategies[0].tp:
+                return (
+                    f"layer {layer} ({s}): TP {s.tp} in stage {stage}, TP {strategies[0].tp} in "
+                    "stage 0; the runtime runs one TP degree per job"
+                )
+            if s.tp > 1 and s.stride("tp") != 1:
+                return (
+                    f"layer {layer} ({s}): TP groups strided by {s.stride('tp')} GPUs; the "
+                    "runtime places TP ranks consecutively"
+                )
+        start += count
+    return None
+
+
+def parallel_plan_flags(
+    result: SearchResult, model: ModelSpec, seq_length: int, path: str | None
+) -> Flags:
+    """`pretrain_gpt.py`'s flags that run the plan file at `path` (`--parallel-plan`; FILE
+    when the search writes none), or why the runtime cannot run this plan yet."""
+    notes = ["the runtime trains GPT models only"] if model.is_encoder_decoder else []
+    refusal = parallel_plan_refusal(result.strategies, result.partition)
+    if refusal is not None:
+        notes.append(refusal)
+    if notes:
+        return Flags(False, notes=notes)
+    flags = [*_flag_items(model_flags(model)), f"--seq-length {seq_length}"]
+    flags.append(f"--parallel-plan {path or 'FILE'}")
+    return Flags(True, flags, notes=[] if path else ["write FILE with --output FILE"])

@@ -186,6 +186,14 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         help="emulate slower devices: rank R's forward and backward take F times as long "
         "(sleeps on top of the measured compute; a bare list gives every rank's factor)",
     )
+    s = parser.add_argument_group("searched plans")
+    s.add_argument(
+        "--parallel-plan",
+        default=None,
+        metavar="FILE",
+        help="train the plan `dynapipe-search --output FILE` wrote: its TP and PP degrees, "
+        "layers per stage, global batch, micro-batch count and recomputed layers",
+    )
     return parser
 
 
@@ -487,6 +495,7 @@ def _check_dynapipe(args: argparse.Namespace, given: dict[str, str]) -> None:
             f"{per_node} processes on this node but {torch.cuda.device_count()} CUDA devices: "
             "NCCL needs one GPU per process (lower --nproc-per-node)"
         )
+    _check_parallel_plan(args, given)
     if args.baseline:
         if args.device_speed:
             raise ArgumentError(
@@ -537,6 +546,41 @@ def _check_dynapipe(args: argparse.Namespace, given: dict[str, str]) -> None:
         args.dynapipe_timeout = 60.0 * args.distributed_timeout_minutes  # Megatron's timeout
     _check_batch(args, given)
     _check_recompute(args, given)
+
+
+# What a --parallel-plan file decides, by destination: flags that would set it too are refused.
+_SET_BY_PARALLEL_PLAN = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "decoder_first_pipeline_num_layers",
+    "decoder_last_pipeline_num_layers",
+    "pipeline_model_parallel_layout",
+    "micro_batch_size",
+    "global_batch_size",
+    "tokens_per_global_batch",
+    "train_samples",
+    "dynamic_micro_batching",
+    "batching",
+    "recompute_granularity",
+    "recompute_method",
+    "recompute_num_layers",
+    "dynapipe_recompute",
+    "dynamic_strategies",
+    "hetero_plan",
+    "baseline",
+)
+
+
+def _check_parallel_plan(args: argparse.Namespace, given: dict[str, str]) -> None:
+    """--parallel-plan decides the layout, the batch and the recomputation itself."""
+    if args.parallel_plan is None:
+        return
+    for dest in _SET_BY_PARALLEL_PLAN:
+        if dest in given:
+            raise ArgumentError(
+                f"{given[dest]}: --parallel-plan {args.parallel_plan} sets the parallel layout, "
+                "the batch and the recomputed layers; drop the flag"
+            )
 
 
 # Numbers that must be finite and positive (a zero memory limit does not mean "no limit").

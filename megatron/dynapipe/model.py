@@ -13,8 +13,9 @@ On top, DynaPipe sets what its executor needs: each micro-batch has its own shap
 (`calculate_per_token_loss`), packed micro-batches run per-sample attention on the local
 attention path too (`packed_attention`), recomputation is switched per plan
 (`pipeline.recompute`), and the layer split comes from the planner's own `split_layers` (or a
-heterogeneous layout's ranges), handed to megatron-core as first/last-stage counts or a
-pipeline layout, so the plan's costs describe the model that runs.
+heterogeneous layout's ranges, or a searched plan's partition: `parallel_state`'s
+`pipeline_layer_counts`), handed to megatron-core as first/last-stage counts or a pipeline
+layout, so the plan's costs describe the model that runs.
 """
 
 from __future__ import annotations

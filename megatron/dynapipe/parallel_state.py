@@ -42,6 +42,7 @@ class _Layout:
     dp: int
     rank: int
     owns_world_group: bool
+    layer_counts: tuple[int, ...] | None = None  # a searched plan's partition; None: even
 
     @property
     def tp_rank(self) -> int:
@@ -115,9 +116,18 @@ def _init_world(backend: str | None, timeout_s: float) -> bool:
 
 
 def initialize(
-    tp: int, pp: int, dp: int, *, backend: str | None = None, timeout_s: float = 600.0
+    tp: int,
+    pp: int,
+    dp: int,
+    *,
+    backend: str | None = None,
+    timeout_s: float = 600.0,
+    layer_counts: list[int] | None = None,
 ) -> None:
     """Build the TP, PP and DP groups of a `dp` x `pp` x `tp` job and fill megatron's globals.
+
+    `layer_counts` (transformer layers per stage, any split) replaces the planner's even split
+    of the layers over the `pp` stages: a searched plan's pipeline partition.
 
     If torch.distributed is not initialised yet, initialise it from the usual environment
     (`MASTER_ADDR`, `MASTER_PORT`, `RANK`, `WORLD_SIZE`) with `backend` (default: nccl when CUDA
@@ -130,6 +140,8 @@ def initialize(
         raise RuntimeError("megatron.dynapipe.parallel_state is already initialised")
     if min(tp, pp, dp) < 1:
         raise ValueError(f"parallel sizes must be >= 1, got tp={tp} pp={pp} dp={dp}")
+    if layer_counts is not None and (len(layer_counts) != pp or min(layer_counts) < 1):
+        raise ValueError(f"layers per stage {layer_counts}: need {pp} counts, each >= 1")
     owns_world_group = _init_world(backend, timeout_s)
     world = dist.get_world_size()
     if world != tp * pp * dp:
@@ -140,7 +152,8 @@ def initialize(
         order="tp-cp-ep-dp-pp",  # tensor-parallel fastest, pipeline slowest: ClusterSpec.rank
         distributed_timeout_minutes=timeout_s / 60,  # a timedelta inside: fractions hold
     )
-    _layout = _Layout(tp, pp, dp, dist.get_rank(), owns_world_group)
+    counts = tuple(layer_counts) if layer_counts is not None else None
+    _layout = _Layout(tp, pp, dp, dist.get_rank(), owns_world_group, counts)
 
 
 def adopt_megatron_groups() -> None:
@@ -277,10 +290,11 @@ def hetero_groups() -> HeteroGroups:
 
 
 def pipeline_layer_counts() -> list[int] | None:
-    """Layers per stage of this rank's pipeline in a heterogeneous job; None if homogeneous."""
+    """Layers per stage of this rank's pipeline where a plan sets them (a heterogeneous job's
+    layouts, a searched plan's partition); None for the planner's even split."""
     layout = _get()
     if not isinstance(layout, _HeteroLayout):
-        return None
+        return None if layout.layer_counts is None else list(layout.layer_counts)
     stages = layout.topology.layouts[layout.replica].stages
     return [s.layers[1] - s.layers[0] for s in stages]
 

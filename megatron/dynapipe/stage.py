@@ -7,6 +7,7 @@ heterogeneous job (`hetero.megatron_export`) builds it unpipelined to write its 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Collection
 
 import torch
 from megatron.core.distributed import DistributedDataParallel
@@ -15,6 +16,7 @@ from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.transformer.module import Float16Module
 
 from .model import build_stage_model
+from .pipeline.recompute import checkpoint_layers
 
 
 def megatron_optimizer(args: argparse.Namespace, model: torch.nn.Module):
@@ -47,11 +49,13 @@ def megatron_optimizer(args: argparse.Namespace, model: torch.nn.Module):
     return optimizer, get_optimizer_param_scheduler(optimizer)
 
 
-def stage_in_ddp(args: argparse.Namespace, vocab_size: int):
-    """This rank's stage of the model in Megatron DDP, its optimiser and LR schedule."""
+def stage_in_ddp(args: argparse.Namespace, vocab_size: int, checkpointed: Collection[int] = ()):
+    """This rank's stage of the model in Megatron DDP, its optimiser and LR schedule; the
+    layers `checkpointed` names (0-based over the whole model) recompute their activations."""
     from megatron.training.training import get_megatron_ddp_config
 
     config, model = build_stage_model(args, vocab_size)
+    checkpoint_layers(model, checkpointed)
     if config.fp16 or config.bf16:  # as Megatron's get_model: half-precision inputs and outputs
         model = Float16Module(config, model)
     model = DistributedDataParallel(config, get_megatron_ddp_config(args), model)

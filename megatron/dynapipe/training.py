@@ -35,6 +35,7 @@ from .evaluation import validation_line
 from .iterations import Iteration, iterations_for
 from .log import log_rank0
 from .model import padded_vocab_size
+from .parallel_plan import apply_parallel_plan
 from .pipeline.liveness import Liveness
 from .pipeline.plan_source import PLANNING_RANK
 from .stage import stage_in_ddp
@@ -65,12 +66,21 @@ def pretrain(args: argparse.Namespace, probe: IterationProbe | None = None) -> l
         from .hetero.training import pretrain_hetero
 
         return pretrain_hetero(args)
+    # A searched plan sets TP, PP, the layer split and the batch; it stops a job it does not
+    # fit before any group exists.
+    plan = apply_parallel_plan(args, _world_size()) if args.parallel_plan else None
     cpu_compat.install()
     splits = datasets(args)  # bad data or tokenizer files stop the job before any group exists
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-    ps.initialize(tp, pp, max(1, _world_size() // (tp * pp)), timeout_s=args.dynapipe_timeout)
+    ps.initialize(
+        tp,
+        pp,
+        max(1, _world_size() // (tp * pp)),
+        timeout_s=args.dynapipe_timeout,
+        layer_counts=list(plan.partition) if plan else None,
+    )
     try:
-        return _train(args, splits, tp, probe)
+        return _train(args, splits, tp, probe, plan.checkpointed_layers if plan else ())
     finally:
         checkpointing.release_writer_processes()
         ps.destroy()
@@ -81,7 +91,11 @@ def _world_size() -> int:
 
 
 def _train(
-    args: argparse.Namespace, splits: DataSplits, tp: int, probe: IterationProbe | None
+    args: argparse.Namespace,
+    splits: DataSplits,
+    tp: int,
+    probe: IterationProbe | None,
+    checkpointed: tuple[int, ...],
 ) -> list[float]:
     rank = dist.get_rank()
     for note in args.dynapipe_notes:
@@ -94,7 +108,7 @@ def _train(
     iterations = iterations_for(args, splits, spec, resume)
     liveness = Liveness(iterations.store, rank, dist.get_world_size(), server_rank=PLANNING_RANK)
     with iterations, liveness:
-        config, model, optimizer, scheduler = stage_in_ddp(args, spec.vocab_size)
+        config, model, optimizer, scheduler = stage_in_ddp(args, spec.vocab_size, checkpointed)
         state = TrainState()
         if resume is not None:
             state = checkpointing.load(args, resume, model, optimizer, scheduler)
@@ -134,7 +148,7 @@ def _train(
             state.consumed_samples += work.samples
             state.consumed_tokens += tokens
             if state.iteration % args.log_interval == 0 or state.iteration == args.train_iters:
-                line = _iteration_line(args, state, work, loss, tokens, measured_s)
+                line = _iteration_line(args, state, work, loss, tokens, measured_s, checkpointed)
                 lr = optimizer.param_groups[0]["lr"]
                 line += f" | learning rate {lr:.3E}"
                 if grad_norm is not None:
@@ -182,18 +196,22 @@ def _exit_reason(args: argparse.Namespace, iteration: int, started_at: float) ->
     return None
 
 
-def _iteration_line(args, state, work: Iteration, loss, tokens, measured_s) -> str:
-    """`recompute`: the recomputation mode; with a planner, `predicted` is the plan's iteration
+def _iteration_line(
+    args, state, work: Iteration, loss, tokens, measured_s, checkpointed: tuple[int, ...] = ()
+) -> str:
+    """`recompute`: the recomputation mode, or the layers a searched plan checkpoints
+    (`checkpointed`); with a planner, `predicted` is the plan's iteration
     time, `planning` the planner's time for this plan (spent ahead of training when planner
     workers run) and `waited` how long the loop waited for the plan (rank 0's view)."""
     stats = work.stats
+    recompute = f"layers {list(checkpointed)}" if checkpointed else stats["recompute"]
     width = len(str(args.train_iters))
     done = state.iteration / args.train_iters
     bar = "#" * int(20 * done) + "." * (20 - int(20 * done))
     line = (
         f"[{bar}] iteration {state.iteration:>{width}}/{args.train_iters} | lm loss {loss:.4f} | "
         f"tokens/s {tokens / measured_s:,.0f} | padding eff {stats['padding_efficiency']:.3f} | "
-        f"micro-batches {stats['num_microbatches']} | recompute {stats['recompute']} | "
+        f"micro-batches {stats['num_microbatches']} | recompute {recompute} | "
         f"iteration {measured_s * 1e3:,.0f} ms"
     )
     if work.plan is not None:

@@ -15,11 +15,24 @@ recompute="auto"), and in a merged heterogeneous plan its pipeline's (`stats["pi
 megatron-core reads full recomputation from the `TransformerConfig` at every forward pass, but
 decides selective recomputation once, when the attention modules are built
 (`checkpoint_core_attention`); so both the config and those module flags are set.
+
+A searched plan (`pretrain_gpt.py --parallel-plan`) instead names the layers to checkpoint,
+any set of them (Galvatron-BMW's CKPT per layer, seed `galvatron_bmw.txt` §III-B, chosen by
+the layer DP of §IV-A). megatron-core's own per-layer controls cannot say an arbitrary set:
+`recompute_method="block"` takes the first N layers of every stage, "uniform" chunks of N
+layers, all stages alike. So `checkpoint_layers` wraps exactly the named TransformerLayers'
+forward in megatron-core's checkpoint (`tensor_parallel.checkpoint`, the function its full
+recomputation runs each chunk through: it restores the CPU, CUDA and tensor-parallel RNG
+states, so dropout recomputes the same mask) and leaves the config at no recomputation.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
+from megatron.core import tensor_parallel
+from megatron.core.transformer.transformer_layer import TransformerLayer
 
 from dynapipe_planner.cost.analytic import RECOMPUTE_MODES
 
@@ -49,3 +62,39 @@ def apply_recompute(model: torch.nn.Module, config, mode: str) -> None:
     for module in model.modules():
         if hasattr(module, "checkpoint_core_attention"):
             module.checkpoint_core_attention = mode == "selective"
+
+
+def checkpoint_layers(model: torch.nn.Module, layers: Collection[int]) -> list[int]:
+    """Recompute the activations of this stage's TransformerLayers whose 0-based index over
+    the whole model (megatron-core's `layer_number - 1`, offset by the pipeline layout) is in
+    `layers`: each keeps only its input in the forward pass and runs again in the backward
+    pass. Returns the indices wrapped on this stage."""
+    wrapped = []
+    for module in model.modules():
+        if isinstance(module, TransformerLayer) and module.layer_number - 1 in layers:
+            module.forward = _checkpointed(module)
+            wrapped.append(module.layer_number - 1)
+    return sorted(wrapped)
+
+
+def _checkpointed(layer: TransformerLayer):
+    """`layer.forward` run through megatron-core's checkpoint while training.
+
+    megatron-core's block calls its layers by keyword; the checkpoint saves only tensors, so
+    tensor arguments pass through it and the others (packed-sequence parameters, None) are
+    bound around it, as megatron-core's own checkpointed forward does."""
+    forward = layer.forward
+
+    def checkpointed_forward(**kwargs: object) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not (layer.training and torch.is_grad_enabled()):
+            return forward(**kwargs)
+        names = [name for name, value in kwargs.items() if torch.is_tensor(value)]
+        others = {name: value for name, value in kwargs.items() if name not in names}
+
+        def run(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+            return forward(**others, **dict(zip(names, tensors, strict=True)))
+
+        distribute = layer.config.distribute_saved_activations
+        return tensor_parallel.checkpoint(run, distribute, *(kwargs[n] for n in names))
+
+    return checkpointed_forward

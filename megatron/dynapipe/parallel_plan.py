@@ -1,0 +1,50 @@
+"""`pretrain_gpt.py --parallel-plan FILE`: train the plan `dynapipe-search --output` wrote.
+
+A Galvatron-BMW plan (seed `galvatron_bmw.txt`) gives every layer a strategy from the decision
+trees of §III-B (DP, SDP, TP, CKPT), splits the layers over the pipeline stages with the
+bi-objective partition of §IV-B (any layer count per stage) and fixes the micro-batch count and
+the global batch (§IV-A). `apply_parallel_plan` reads the file (`dynapipe_planner.search.
+plan_file`), holds it against the job (GPU count, model, sequence length) and turns it into the
+runtime's settings:
+
+- TP and PP degrees, and the data-parallel degree the remaining ranks give; DP layers are
+  replicated with their gradients all-reduced (Megatron DDP, as in every homogeneous job);
+- the partition: `parallel_state.initialize(layer_counts=...)`, which the model builder hands
+  to megatron-core as a pipeline layout;
+- the batch: `global_batch_size` samples in micro-batches of `microbatch_size / DP` samples
+  per data-parallel rank, padded to their longest sample (`--batching padding`), in 1F1B;
+- CKPT: the plan's layers, exactly (`SearchedPlan.checkpointed_layers`, applied by
+  `pipeline.recompute.checkpoint_layers` when the stage is built); no other recomputation.
+
+Plans that need what the runtime does not run yet (SDP, TP changing between layers, strided TP
+groups) stop with a `PlanFileError` naming the layer (`plan_file.parallel_plan_refusal`); so do
+plans for another GPU count, model or sequence length. Each is one line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from dynapipe_planner.megatron_model import spec_from_args
+from dynapipe_planner.search.plan_file import SearchedPlan, check_job, load_plan
+
+
+def apply_parallel_plan(args: argparse.Namespace, world_size: int) -> SearchedPlan:
+    """Load `args.parallel_plan`, check it against this job of `world_size` ranks and set the
+    parallel sizes and the batch it names on `args` (a `PlanFileError` if it does not fit)."""
+    plan = load_plan(args.parallel_plan)
+    check_job(plan, spec_from_args(args, plan.model.vocab_size), world_size, args.seq_length)
+    args.tensor_model_parallel_size = plan.tp
+    args.pipeline_model_parallel_size = plan.pp
+    args.data_parallel_size = plan.data_degree
+    args.global_batch_size = plan.global_batch_size
+    args.micro_batch_size = plan.microbatch_size // plan.data_degree
+    args.batching = "padding"
+    args.dynapipe_recompute = "none"  # the plan's CKPT layers only, not a mode per iteration
+    args.dynapipe_notes.append(
+        f"--parallel-plan {plan.path}: TP {plan.tp}, PP {plan.pp} with layers "
+        f"{list(plan.partition)}, DP {plan.data_degree}; global batch {plan.global_batch_size} "
+        f"in micro-batches of {args.micro_batch_size} per data-parallel rank; recomputing "
+        f"layers {list(plan.checkpointed_layers)}"
+    )
+    return plan

@@ -1,0 +1,231 @@
+"""`pretrain_gpt.py --parallel-plan`: a dynapipe-search plan file run by the runtime.
+
+Plans with uneven pipeline partitions (PP=2 with layers [3, 1] x DP=2 or x TP=2, PP=4 with
+[1, 2, 1, 2]) and activation checkpointing of some layers give the loss and every gradient of a
+single-process reference; the checkpointed layers, and only they, run their forward twice.
+`pretrain` trains such a plan end to end. A plan for another GPU count, model or sequence
+length, or with a layer the runtime cannot run yet (SDP, TP changing inside a stage), and a
+flag the plan decides itself, end `pretrain_gpt.py` with exit status 2 and one line naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("megatron.core")
+
+from distributed import run_ranks  # noqa: E402
+from gpt_reference import (  # noqa: E402
+    DATA,
+    GPT,
+    LENGTHS,
+    MAX_SEQLEN,
+    SPEC,
+    assert_matches_reference,
+    stage_gradients,
+    stage_model_like_reference,
+)
+from gpt_reference import reference as _reference  # noqa: E402
+
+from dynapipe_planner.search.optimizer import SearchResult  # noqa: E402
+from dynapipe_planner.search.plan_file import write_plan  # noqa: E402
+from dynapipe_planner.search.space import LayerStrategy  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def write_searched_plan(
+    path: Path,
+    partition: list[int],
+    ckpt: set[int],
+    *,
+    num_gpus: int = 4,
+    tp: int = 1,
+    num_microbatches: int = 3,
+    global_batch_size: int = len(LENGTHS),
+    layer: dict[int, LayerStrategy] | None = None,
+    model=SPEC,
+    seq_length: int = MAX_SEQLEN,
+) -> Path:
+    """The file `dynapipe-search --output` writes for this plan: every layer TP `tp` (GPUs
+    consecutive) and DP over the other GPUs of its stage, checkpointed where `ckpt` says,
+    `layer` replacing single layers."""
+    pp = len(partition)
+    tree = [(p, d) for p, d in (("dp", num_gpus // pp // tp), ("tp", tp)) if d > 1]
+    order, degrees = tuple(p for p, _ in tree), tuple(d for _, d in tree)
+    strategies = [LayerStrategy(pp, order, degrees, i in ckpt) for i in range(sum(partition))]
+    for i, strategy in (layer or {}).items():
+        strategies[i] = strategy
+    result = SearchResult(
+        throughput=1.0,
+        iteration_time_s=1.0,
+        global_batch_size=global_batch_size,
+        num_microbatches=num_microbatches,
+        pp=pp,
+        partition=partition,
+        strategies=strategies,
+        stage_memory_bytes=[0.0] * pp,
+        stage_time_s=[0.0] * pp,
+        memory_budget_bytes=2**30,
+        bi_objective=True,
+    )
+    model = dataclasses.replace(model, num_layers=sum(partition))
+    write_plan(result, path, model, seq_length=seq_length, num_gpus=num_gpus)
+    return path
+
+
+def _searched_run(rank: int, world: int, path: str, weights: dict, flags: tuple[str, ...]):
+    """One iteration of the searched plan at `path`: the runtime's settings from the file, the
+    stage with the reference's weights and the plan's checkpointed layers, the runtime
+    planner's micro-batches of LENGTHS. Returns ((loss sum, tokens), gradients, the layers
+    checkpointed here, forward passes per layer of this stage, micro-batches of this rank)."""
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    from megatron.dynapipe import cpu_compat
+    from megatron.dynapipe import parallel_state as ps
+    from megatron.dynapipe.data.microbatches import rank_microbatches
+    from megatron.dynapipe.model_flags import spec_args
+    from megatron.dynapipe.parallel_plan import apply_parallel_plan
+    from megatron.dynapipe.pipeline.executor import PlanExecutor
+    from megatron.dynapipe.pipeline.plan_source import planner_recipe
+    from megatron.dynapipe.pipeline.recompute import checkpoint_layers
+
+    cpu_compat.install()
+    args = spec_args(SPEC, MAX_SEQLEN, *flags, "--parallel-plan", path)
+    plan = apply_parallel_plan(args, world)
+    tp, pp, dp = plan.tp, plan.pp, plan.data_degree
+    ps.initialize(tp, pp, dp, layer_counts=list(plan.partition))
+    try:
+        config, model, names = stage_model_like_reference(tp, pp, weights, flags)
+        checkpointed = checkpoint_layers(model, plan.checkpointed_layers)
+        forwards: dict[int, int] = {}
+        for module in model.modules():
+            if isinstance(module, TransformerLayer):
+                index = module.layer_number - 1
+                forwards[index] = 0
+
+                def count(*_, index: int = index) -> None:
+                    forwards[index] += 1
+
+                module.mlp.register_forward_hook(count)
+        iteration_plan = planner_recipe(args, SPEC, dp).build().plan(LENGTHS)
+        executor = PlanExecutor.for_this_rank(
+            model, config, device=torch.device("cpu"), timeout_s=30
+        )
+        batches = rank_microbatches(iteration_plan, ps.replica(), DATA)
+        result = executor.run(iteration_plan, batches)
+        return (
+            (result.loss_sum, result.num_tokens),
+            stage_gradients(model, names, tp),
+            checkpointed,
+            forwards,
+            len(batches),
+        )
+    finally:
+        ps.destroy()
+
+
+@pytest.mark.parametrize(
+    ("partition", "ckpt", "tp", "num_microbatches"),
+    [([3, 1], {0, 2}, 1, 3), ([1, 2, 1, 2], {1, 2, 5}, 1, 4), ([3, 1], {1}, 2, 3)],
+    ids=["pp2-dp2-3+1", "pp4-1+2+1+2", "tp2-pp2-3+1"],
+)
+def test_searched_plan_gradients_equal_reference(tmp_path, partition, ckpt, tp, num_microbatches):
+    """4 ranks run the plan; its loss and every gradient equal the reference's, every layer
+    the plan checkpoints runs its forward again in the backward pass, the others once."""
+    flags = (*GPT, "--num-layers", str(sum(partition)))
+    reference = run_ranks(_reference, 1, flags)[0]
+    path = write_searched_plan(
+        tmp_path / "plan.json", partition, ckpt, tp=tp, num_microbatches=num_microbatches
+    )
+    results = run_ranks(_searched_run, 4, str(path), reference[1], flags)
+    assert_matches_reference(reference, [r[:2] for r in results], tp)
+    ranks_per_stage = 4 // len(partition)
+    # each checkpointed layer is wrapped on every rank of its stage
+    assert sorted(i for r in results for i in r[2]) == sorted(list(ckpt) * ranks_per_stage)
+    for _, _, _, forwards, microbatches in results:
+        assert microbatches == num_microbatches  # the plan's count on every replica
+        for index, count in forwards.items():
+            assert count == microbatches * (2 if index in ckpt else 1), (index, forwards)
+
+
+TINY = [
+    "--hidden-size", "32", "--num-attention-heads", "4", "--ffn-hidden-size", "64",
+    "--seq-length", "64", "--max-position-embeddings", "64", "--data-path", "synthetic:flan",
+    "--hidden-dropout", "0", "--attention-dropout", "0", "--lr", "1e-2",
+    "--lr-decay-style", "constant", "--log-interval", "1", "--eval-iters", "0",
+    "--planner-workers", "0",
+]  # fmt: skip
+
+
+def _train(rank: int, world: int, argv: list[str]) -> list[float]:
+    from megatron.dynapipe.arguments import parse_args
+    from megatron.dynapipe.training import pretrain
+
+    return pretrain(parse_args(argv))
+
+
+def test_pretrain_trains_a_searched_plan(tmp_path, capfd) -> None:
+    """`pretrain` with --parallel-plan: PP=2 with layers [3, 1] x DP=2, layers 0 and 2
+    recomputed, 16 samples in 4 micro-batches; the loss falls."""
+    path = write_searched_plan(
+        tmp_path / "plan.json", [3, 1], {0, 2}, num_microbatches=4, global_batch_size=16
+    )
+    argv = [*TINY, "--num-layers", "4", "--train-iters", "3", "--parallel-plan", str(path)]
+    losses = run_ranks(_train, 4, argv, timeout_s=120)
+    assert all(rank_losses == losses[0] for rank_losses in losses)
+    assert losses[0][-1] < losses[0][0], losses[0]
+    out = capfd.readouterr().out
+    assert "TP 1, PP 2 with layers [3, 1], DP 2" in out and "recomputing layers [0, 2]" in out
+    assert "micro-batches 8 | recompute layers [0, 2]" in out  # 4 per replica, 2 replicas
+
+
+def _main(monkeypatch, capsys, argv: list[str], world_size: int = 4) -> str:
+    """pretrain_gpt.py's main in this process: exit status 2, one line on stderr (returned)."""
+    spec = importlib.util.spec_from_file_location("pretrain_gpt", ROOT / "pretrain_gpt.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setenv("WORLD_SIZE", str(world_size))
+    monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *argv])
+    try:
+        code = script.main()
+    except SystemExit as exit:  # a flag refused while parsing (ArgumentError)
+        code = exit.code
+    assert code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+SDP2 = LayerStrategy(2, ("sdp",), (2,), False)
+TP2 = LayerStrategy(2, ("tp",), (2,), False)
+
+
+@pytest.mark.parametrize(
+    ("plan", "flags", "world", "named"),
+    [
+        ({}, [], 8, "is for 4 GPUs; this job has 8"),
+        ({}, ["--num-layers", "6"], 4, "num_layers 4; the flags (--num-layers) give 6"),
+        ({}, ["--hidden-size", "64"], 4, "hidden_size 32; the flags (--hidden-size) give 64"),
+        ({"seq_length": 128}, [], 4, "sequences of 128 tokens; --seq-length is 64"),
+        ({"layer": {2: SDP2}}, [], 4, "layer 2 (PP2+SDP2): SDP (ZeRO-3 sharding"),
+        ({"layer": {1: TP2}}, [], 4, "layer 1 (PP2+TP2): TP 2 in stage 0, whose layer 0 runs"),
+        ({"missing": True}, [], 4, "does not exist"),
+        ({}, ["--pipeline-model-parallel-size", "2"], 4, "--pipeline-model-parallel-size: --par"),
+    ],
+    ids=["gpus", "layers", "hidden", "seq-length", "sdp", "tp-in-stage", "no-file", "flag"],
+)
+def test_bad_plan_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, plan, flags, world, named):
+    path = tmp_path / "plan.json"
+    if not plan.get("missing"):
+        kwargs = {k: v for k, v in plan.items() if k != "missing"}
+        write_searched_plan(path, [3, 1], {0}, **kwargs)
+    argv = [*TINY, "--num-layers", "4", "--train-iters", "1", *flags]
+    line = _main(monkeypatch, capsys, [*argv, "--parallel-plan", str(path)], world)
+    assert line.startswith("pretrain_gpt.py: error: ") and named in line, line
