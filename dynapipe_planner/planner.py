@@ -109,6 +109,7 @@ class Candidate:
     choices: list[ScheduleChoice]
     peak_memory: np.ndarray
     dp_passes: int = 0
+    budget_exhausted: bool = False
     label: str = ""
     makespan: float = field(init=False)
     bubble: float = field(init=False)
@@ -207,6 +208,7 @@ class IterationPlanner:
         if unbalanced(spans) and max(map(len, best.replicas)) <= REBALANCE_MAX_MICROBATCHES:
             rebalanced = self._schedule(best.groups, best.costs, rebalanced_from=best)
             rebalanced.dp_passes, rebalanced.label = best.dp_passes, best.label
+            rebalanced.budget_exhausted = best.budget_exhausted
             best = rebalanced
         return best
 
@@ -235,18 +237,18 @@ class IterationPlanner:
     ) -> Candidate:
         best, errors = None, []
         options = (
-            [("given", partial(_no_passes, list, groups))]
+            [("given", partial(_without_dp, list, groups))]
             if groups is not None
             else self._candidate_groups(lengths, ids, order, costs)
         )
         for label, make_groups in options:
             try:
-                made, passes = make_groups()
+                made, passes, exhausted = make_groups()
                 cand = self._schedule(made, costs)
             except PlanningError as e:
                 errors.append(f"{label}: {e}")
                 continue
-            cand.dp_passes, cand.label = passes, label
+            cand.dp_passes, cand.budget_exhausted, cand.label = passes, exhausted, label
             if best is None or cand.makespan < best.makespan:
                 best = cand
         if best is None:
@@ -256,19 +258,20 @@ class IterationPlanner:
     def _candidate_groups(
         self, lengths: np.ndarray, ids: np.ndarray, order: np.ndarray, costs: PipelineCosts
     ):
-        """(label, thunk) pairs; each thunk returns (groups, DP passes) or raises."""
+        """(label, thunk) pairs; each thunk returns (groups, DP passes, whether the DP ran out
+        of its time budget) or raises."""
         cfg = self.config
         if cfg.batching == "dynamic":
             yield "dp", partial(self._dynamic_groups, lengths, ids, order, costs)
         elif cfg.batching == "padding":
             for size in [cfg.micro_batch_size] if cfg.micro_batch_size else _pow2_range(1, 256):
-                yield f"padding(mbs={size})", partial(_no_passes, padding_groups, lengths, size)
+                yield f"padding(mbs={size})", partial(_without_dp, padding_groups, lengths, size)
         elif cfg.batching == "packing":
             max_len = cfg.max_seqlen or int(lengths.max())
             for size in [cfg.micro_batch_size] if cfg.micro_batch_size else _pow2_range(1, 64):
                 yield (
                     f"packing(mbs={size})",
-                    partial(_no_passes, packing_groups, lengths, max_len, size),
+                    partial(_without_dp, packing_groups, lengths, max_len, size),
                 )
         else:
             longest = int(lengths.sum(axis=1).max() if lengths.ndim == 2 else lengths.max())
@@ -276,13 +279,15 @@ class IterationPlanner:
             for budget in budgets:
                 yield (
                     f"token-budget({budget})",
-                    partial(_no_passes, token_budget_groups, lengths, budget, order),
+                    partial(_without_dp, token_budget_groups, lengths, budget, order),
                 )
 
     def _dynamic_groups(
         self, lengths: np.ndarray, ids: np.ndarray, order: np.ndarray, costs: PipelineCosts
-    ) -> tuple[list[Group], int]:
-        """DP micro-batches under the schedule's memory rule (§4 "Limit memory consumption").
+    ) -> tuple[list[Group], int, bool]:
+        """DP micro-batches under the schedule's memory rule (§4 "Limit memory consumption"),
+        the DP's passes, and whether its wall-clock budget ran out (its partition is then the
+        best found so far, not the optimum).
 
         1F1B keeps up to C - j micro-batches on stage j. The adaptive schedule needs only each
         micro-batch to fit alone, but micro-batches that fill memory alone cannot overlap, so it
@@ -309,7 +314,7 @@ class IterationPlanner:
                     raise
                 continue
             index_lists = split_for_replicas(list(mb.microbatches), cfg.num_replicas)
-            return groups_from_indices(lengths, index_lists), mb.passes
+            return groups_from_indices(lengths, index_lists), mb.passes, mb.budget_exhausted
         raise AssertionError("unreachable")
 
     def _schedule(
@@ -444,6 +449,7 @@ class IterationPlanner:
             "batching": cand.label,
             "schedule": cfg.schedule,
             "dp_passes": cand.dp_passes,
+            "budget_exhausted": cand.budget_exhausted,
             "planning_time_s": planning_s,
         }
         return ExecutionPlan(
@@ -456,8 +462,8 @@ class IterationPlanner:
         )
 
 
-def _no_passes(make, *args) -> tuple[list[Group], int]:
-    return make(*args), 0
+def _without_dp(make, *args) -> tuple[list[Group], int, bool]:
+    return make(*args), 0, False
 
 
 def _pow2(x: int) -> int:

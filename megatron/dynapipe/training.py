@@ -185,7 +185,9 @@ def _exit_reason(args: argparse.Namespace, iteration: int, started_at: float) ->
 def _iteration_line(args, state, work: Iteration, loss, tokens, measured_s) -> str:
     """`recompute`: the recomputation mode; with a planner, `predicted` is the plan's iteration
     time, `planning` the planner's time for this plan (spent ahead of training when planner
-    workers run) and `waited` how long the loop waited for the plan (rank 0's view)."""
+    workers run) and `waited` how long the loop waited for the plan (rank 0's view); "planner
+    budget exhausted" follows only when the micro-batch DP ran out of its wall-clock budget
+    (the plan is then the best partition found, not the optimum)."""
     stats = work.stats
     width = len(str(args.train_iters))
     done = state.iteration / args.train_iters
@@ -202,4 +204,6 @@ def _iteration_line(args, state, work: Iteration, loss, tokens, measured_s) -> s
             f"{args.dynapipe_gpu}) | planning {stats['planning_time_s'] * 1e3:,.1f} ms "
             f"(waited {work.waited_s * 1e3:,.1f} ms)"
         )
+        if stats.get("budget_exhausted"):
+            line += " | planner budget exhausted"
     return line
