@@ -102,5 +102,6 @@ def _merged_stats(per_pipeline: list[dict[str, Any]]) -> dict[str, Any]:
         "padding_efficiency": tokens / padded,
         "peak_memory_bytes": [list(s["peak_memory_bytes"]) for s in per_pipeline],
         "num_microbatches": sum(s["num_microbatches"] for s in per_pipeline),
+        "budget_exhausted": any(s.get("budget_exhausted", False) for s in per_pipeline),
         "pipelines": [dict(s) for s in per_pipeline],
     }

@@ -114,6 +114,7 @@ class Candidate:
     choices: list[ScheduleChoice]
     peak_memory: np.ndarray
     dp_passes: int = 0
+    budget_exhausted: bool = False
     label: str = ""
     makespan: float = field(init=False)
     bubble: float = field(init=False)
@@ -220,6 +221,7 @@ class IterationPlanner:
         if unbalanced(spans) and max(map(len, best.replicas)) <= REBALANCE_MAX_MICROBATCHES:
             rebalanced = self._schedule(best.groups, best.costs, rebalanced_from=best)
             rebalanced.dp_passes, rebalanced.label = best.dp_passes, best.label
+            rebalanced.budget_exhausted = best.budget_exhausted
             return rebalanced
         return best
 
@@ -248,20 +250,20 @@ class IterationPlanner:
     ) -> Candidate:
         best, errors = None, []
         options = (
-            [("given", partial(_no_passes, list, groups))]
+            [("given", partial(_without_dp, list, groups))]
             if groups is not None
             else self._candidate_groups(lengths, ids, order, costs)
         )
         for label, make_groups in options:
             try:
-                made, passes = make_groups()
+                made, passes, exhausted = make_groups()
                 if best is not None and _work_bound(made, costs, self.config) >= best.makespan:
                     continue  # cannot beat the best so far: skip its schedule search
                 cand = self._schedule(made, costs)
             except PlanningError as e:
                 errors.append(f"{label}: {e}")
                 continue
-            cand.dp_passes, cand.label = passes, label
+            cand.dp_passes, cand.budget_exhausted, cand.label = passes, exhausted, label
             if best is None or cand.makespan < best.makespan:
                 best = cand
         if best is None:
@@ -271,7 +273,8 @@ class IterationPlanner:
     def _candidate_groups(
         self, lengths: np.ndarray, ids: np.ndarray, order: np.ndarray, costs: PipelineCosts
     ):
-        """(label, thunk) pairs; each thunk returns (groups, DP passes) or raises."""
+        """(label, thunk) pairs; each thunk returns (groups, DP passes, whether the DP ran out
+        of its time budget) or raises."""
         cfg = self.config
         if cfg.batching == "dynamic":
             dp = cache(partial(self._dynamic_groups, lengths, ids, order, costs))
@@ -280,7 +283,7 @@ class IterationPlanner:
                 yield "dp, packed rows", lambda: _pack_where_cheaper(*dp(), lengths, costs)
         elif cfg.batching == "padding":
             for size in [cfg.micro_batch_size] if cfg.micro_batch_size else _pow2_range(1, 256):
-                yield f"padding(mbs={size})", partial(_no_passes, padding_groups, lengths, size)
+                yield f"padding(mbs={size})", partial(_without_dp, padding_groups, lengths, size)
         elif cfg.batching == "packing":
             yield from self._packing_candidates(lengths)
         else:
@@ -289,7 +292,7 @@ class IterationPlanner:
             for budget in budgets:
                 yield (
                     f"token-budget({budget})",
-                    partial(_no_passes, token_budget_groups, lengths, budget, order),
+                    partial(_without_dp, token_budget_groups, lengths, budget, order),
                 )
 
     def _packs_dynamic(self, lengths: np.ndarray) -> bool:
@@ -319,7 +322,7 @@ class IterationPlanner:
                 continue
             fastest = None
             for label, make_groups in candidates:
-                groups, _ = make_groups()
+                groups, *_ = make_groups()
                 if _work_bound(groups, costs, self.config) >= best.makespan:
                     continue  # cannot beat the plan so far: skip its schedule search
                 try:
@@ -336,8 +339,10 @@ class IterationPlanner:
 
     def _dynamic_groups(
         self, lengths: np.ndarray, ids: np.ndarray, order: np.ndarray, costs: PipelineCosts
-    ) -> tuple[list[Group], int]:
-        """DP micro-batches under the schedule's memory rule (§4 "Limit memory consumption").
+    ) -> tuple[list[Group], int, bool]:
+        """DP micro-batches under the schedule's memory rule (§4 "Limit memory consumption"),
+        the DP's passes, and whether its wall-clock budget ran out (its partition is then the
+        best found so far, not the optimum).
 
         1F1B keeps up to C - j micro-batches on stage j. The adaptive schedule needs only each
         micro-batch to fit alone, but micro-batches that fill memory alone cannot overlap, so it
@@ -364,7 +369,7 @@ class IterationPlanner:
                     raise
                 continue
             index_lists = split_for_replicas(list(mb.microbatches), cfg.num_replicas)
-            return groups_from_indices(lengths, index_lists), mb.passes
+            return groups_from_indices(lengths, index_lists), mb.passes, mb.budget_exhausted
         raise AssertionError("unreachable")
 
     def _schedule(
@@ -499,6 +504,7 @@ class IterationPlanner:
             "batching": cand.label,
             "schedule": cfg.schedule,
             "dp_passes": cand.dp_passes,
+            "budget_exhausted": cand.budget_exhausted,
             "planning_time_s": planning_s,
         }
         return ExecutionPlan(
@@ -528,24 +534,25 @@ def _work_bound(groups: list[Group], costs: PipelineCosts, config: PlannerConfig
 
 
 def _pack_where_cheaper(
-    groups: list[Group], passes: int, lengths: np.ndarray, costs: PipelineCosts
-) -> tuple[list[Group], int]:
+    groups: list[Group], passes: int, exhausted: bool, lengths: np.ndarray, costs: PipelineCosts
+) -> tuple[list[Group], int, bool]:
     """Each of the DP's padded micro-batches, or its samples packed into rows of its length
     (`packed_group`) where the cost model prices that faster on the pipeline's stages (fewer
     rows, no attention over padding; its memory is never more)."""
     packed = [packed_group(g, lengths) for g in groups]
     cheaper = _stage_work(packed, costs).sum(axis=1) < _stage_work(groups, costs).sum(axis=1)
-    return [p if c else g for g, p, c in zip(groups, packed, cheaper, strict=True)], passes
+    chosen = [p if c else g for g, p, c in zip(groups, packed, cheaper, strict=True)]
+    return chosen, passes, exhausted
 
 
 def _packed_rows(
     bins: Callable[[], list[list[int]]], lengths: np.ndarray, max_len: int, size: int
-) -> tuple[list[Group], int]:
-    return packed_rows_groups(bins(), lengths, max_len, size), 0
+) -> tuple[list[Group], int, bool]:
+    return packed_rows_groups(bins(), lengths, max_len, size), 0, False
 
 
-def _no_passes(make, *args) -> tuple[list[Group], int]:
-    return make(*args), 0
+def _without_dp(make, *args) -> tuple[list[Group], int, bool]:
+    return make(*args), 0, False
 
 
 def _pow2(x: int) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from functools import cache
 
 import numpy as np
@@ -118,6 +119,10 @@ def test_merge_renumbers_microbatches_and_combines_stats(two_pipelines):
     assert stats["peak_memory_bytes"] == [p.stats["peak_memory_bytes"] for p in plans]
     assert stats["pipelines"] == [p.stats for p in plans]
     assert merged.meta["cost_models"] == [p.meta["cost_model"] for p in plans]
+    assert stats["budget_exhausted"] is False
+    # one pipeline's DP cut short by its time budget marks the whole iteration
+    cut = replace(plans[1], stats={**plans[1].stats, "budget_exhausted": True})
+    assert merge_pipeline_plans([plans[0], cut], merged.replicas).stats["budget_exhausted"]
 
 
 def test_one_cost_table_for_a_mixed_plan_is_refused(two_pipelines):

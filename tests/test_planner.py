@@ -182,6 +182,22 @@ def test_mix_stages_rejects_tables_of_other_grids():
         mix_stages([short, long])
 
 
+def test_an_exhausted_dp_budget_reaches_the_plans_stats():
+    """With a budget no DP pass fits in, the plan is still valid and says the DP was cut short;
+    without a budget (0) the same DP runs all its passes and says nothing was cut."""
+    lengths = np.random.default_rng(3).integers(1, 2000, 80)
+    model = MODEL_PRESETS["gpt-350m"]
+    full = make_planner(model, 3, 2, 20, bucket_rel=0.0, dp_time_budget_s=0.0).plan(lengths)
+    assert full.stats["dp_passes"] > 1 and full.stats["budget_exhausted"] is False
+    planner = make_planner(model, 3, 2, 20, bucket_rel=0.0, dp_time_budget_s=1e-9)
+    cut = planner.plan(lengths)
+    assert cut.stats["dp_passes"] == 1 and cut.stats["budget_exhausted"] is True
+    check_plan(planner, cut, lengths)
+    assert ExecutionPlan.from_bytes(cut.to_bytes()).stats["budget_exhausted"] is True
+    padded = make_planner(model, 3, 2, 20, batching="padding", dp_time_budget_s=1e-9)
+    assert padded.plan(lengths).stats["budget_exhausted"] is False
+
+
 def test_deterministic():
     lengths = np.random.default_rng(3).integers(1, 2000, 80)
     a = make_planner(MODEL_PRESETS["gpt-350m"], 3, 2, 20).plan(lengths).to_dict()

@@ -164,3 +164,40 @@ def test_pretrain_gpt_under_torchrun() -> None:
     lines = [line for line in out.stdout.splitlines() if "| lm loss" in line]
     assert len(lines) == 2 and "iteration 2/2" in lines[-1], out.stdout
     assert "tokens/s" in lines[0] and "padding eff" in lines[0] and "planning" in lines[0]
+
+
+def test_iteration_line_says_when_the_planner_budget_ran_out(monkeypatch) -> None:
+    """The line is unchanged unless the plan's DP ran out of its wall-clock budget; then it
+    says so after the planning fields, and the benchmarks' parser still reads it."""
+    from argparse import Namespace
+    from types import SimpleNamespace
+
+    from dynapipe_planner.plan import ExecutionPlan
+    from megatron.dynapipe.iterations import Iteration
+    from megatron.dynapipe.training import _iteration_line
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks.torchrun_runs import iteration_rows
+
+    args = Namespace(train_iters=10, dynapipe_gpu="A100-80GB")
+    stats = {
+        "padding_efficiency": 0.953, "num_microbatches": 4, "recompute": "none",
+        "predicted_iteration_s": 0.008, "planning_time_s": 0.0008,
+    }  # fmt: skip
+
+    def line(exhausted: bool) -> str:
+        plan = ExecutionPlan(1, 1, [], [], {**stats, "budget_exhausted": exhausted})
+        work = Iteration(lambda: None, plan.stats, 4, waited_s=0.0007, plan=plan)
+        return _iteration_line(args, SimpleNamespace(iteration=2), work, 5.15391, 15610, 6.691)
+
+    expected = (
+        "[####................] iteration  2/10 | lm loss 5.1539 | tokens/s 2,333 | "
+        "padding eff 0.953 | micro-batches 4 | recompute none | iteration 6,691 ms "
+        "(predicted 8.0 ms on A100-80GB) | planning 0.8 ms (waited 0.7 ms)"
+    )
+    assert line(False) == expected
+    assert line(True) == expected + " | planner budget exhausted"
+    rows = iteration_rows(line(True) + " | learning rate 1.000E-04")
+    assert [(r["it"], r["tps"], r["ms"], r["predicted"]) for r in rows] == [
+        ("2", "2,333", "6,691", "8.0")
+    ]

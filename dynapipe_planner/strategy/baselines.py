@@ -5,9 +5,15 @@ isolates the strategy and assignment choices.
 - Megatron-LM style (`megatron_iteration`): one homogeneous strategy sized for the context
   length; sequences packed into rows of the context length (first-fit decreasing), the rows
   split evenly over the pipelines, one row per micro-batch, 1F1B.
-- DP-balanced (`dp_balanced_iteration`, what upstream Megatron-LM ships as `dp_balanced`): the
-  same rows, given to the pipelines longest-processing-time first by their attention-aware cost
-  (sum of T(l) of their sequences), so pipelines get different numbers of micro-batches.
+- Megatron-LM's dp_balanced (`megatron_dp_balanced_iteration`), the packing scheduler upstream
+  Megatron-LM ships under that name, as issue #21 describes it: sequences packed in arrival
+  order (no sorting) up to the context length, packs split until their number is a multiple of
+  the data-parallel size, packs dealt round-robin to the pipelines; no cost model.
+- Cost-aware DP-balanced (`cost_balanced_iteration`, our own baseline, no system ships it):
+  Megatron-style's rows given to the pipelines longest-processing-time first by their
+  attention-aware cost (sum of T(l) of their sequences), so pipelines get different numbers of
+  micro-batches. It knows the cost model upstream's dp_balanced lacks, yet prices a pipeline by
+  its sequences alone, not its rows' schedule, so it does not always beat upstream's.
 - HotSPa style (`hotspa_iteration`): a few homogeneous strategies for increasing length ranges;
   each range's sequences run on all GPUs under its strategy in turn, with a hot switch
   (re-sharding the bf16 weights) between strategies.
@@ -76,6 +82,63 @@ def rows_latency(
     return planner.predict(own, groups)
 
 
+def arrival_order_packs(lengths: np.ndarray, row_len: int) -> list[list[int]]:
+    """Sequences (truncated to `row_len`) in arrival order, each joining the open pack while
+    the pack's tokens stay within `row_len` and opening a new pack otherwise (next fit)."""
+    packs: list[list[int]] = []
+    room = 0
+    for i, length in enumerate(np.minimum(lengths, row_len).tolist()):
+        if not packs or length > room:
+            packs.append([])
+            room = row_len
+        packs[-1].append(i)
+        room -= length
+    return packs
+
+
+def split_to_multiple(
+    packs: Sequence[Sequence[int]], lengths: np.ndarray, multiple: int
+) -> list[list[int]]:
+    """`packs` split in two until their number is a multiple of `multiple`, or no pack holds
+    two sequences. The description says only that packs are split; we split the pack with the
+    most tokens (the first such among ties) at the sequence boundary nearest half of them (the
+    earlier boundary among ties), the two halves taking its place."""
+    out = [list(p) for p in packs]
+    while len(out) % multiple:
+        tokens = [int(lengths[p].sum()) if len(p) > 1 else -1 for p in out]
+        k = int(np.argmax(tokens))
+        if tokens[k] < 0:
+            break
+        prefix = np.cumsum(lengths[out[k]])[:-1]
+        cut = int(np.argmin(np.abs(2 * prefix - tokens[k]))) + 1
+        out[k : k + 1] = [out[k][:cut], out[k][cut:]]
+    return out
+
+
+def megatron_dp_balanced_shares(
+    lengths: np.ndarray, row_len: int, num_pipelines: int
+) -> list[list[list[int]]]:
+    """Megatron-LM's dp_balanced: arrival-order packs of `row_len`, split to a multiple of
+    `num_pipelines`, pack k to pipeline k mod `num_pipelines`; each pipeline's packs in order."""
+    packs = arrival_order_packs(lengths, row_len)
+    packs = split_to_multiple(packs, np.minimum(lengths, row_len), num_pipelines)
+    return [packs[j::num_pipelines] for j in range(num_pipelines)]
+
+
+def _pipelines_latency(
+    lengths: np.ndarray,
+    shares: Sequence[Sequence[Sequence[int]]],
+    scheme: ParallelScheme,
+    num_gpus: int,
+    context: int,
+    planners,
+) -> IterationLatency:
+    """Each pipeline of `scheme` runs its share of rows (1F1B, one row per micro-batch)."""
+    planner = planners.of(scheme, "packing")
+    per = [rows_latency(lengths, rows, context, planner) for rows in shares]
+    return IterationLatency(max(per), tuple(per_gpu(per, [scheme] * len(per), num_gpus).tolist()))
+
+
 def megatron_iteration(
     lengths: np.ndarray, scheme: ParallelScheme, num_gpus: int, context: int, planners
 ) -> IterationLatency:
@@ -83,28 +146,33 @@ def megatron_iteration(
     split of a global batch), 1F1B with one row per micro-batch."""
     rows = fixed_rows(lengths, context)
     count = num_gpus // scheme.num_gpus
-    planner = planners.of(scheme, "packing")
-    per = [rows_latency(lengths, rows[j::count], context, planner) for j in range(count)]
-    return IterationLatency(max(per), tuple(per_gpu(per, [scheme] * count, num_gpus).tolist()))
+    shares = [rows[j::count] for j in range(count)]
+    return _pipelines_latency(lengths, shares, scheme, num_gpus, context, planners)
 
 
-def dp_balanced_iteration(
+def megatron_dp_balanced_iteration(
+    lengths: np.ndarray, scheme: ParallelScheme, num_gpus: int, context: int, planners
+) -> IterationLatency:
+    """Megatron-LM's dp_balanced packs (`megatron_dp_balanced_shares`), 1F1B per pipeline."""
+    shares = megatron_dp_balanced_shares(lengths, context, num_gpus // scheme.num_gpus)
+    return _pipelines_latency(lengths, shares, scheme, num_gpus, context, planners)
+
+
+def cost_balanced_iteration(
     lengths: np.ndarray, profile: SchemeProfile, num_gpus: int, context: int, planners
 ) -> IterationLatency:
-    """The same rows, each to the pipeline with the least attention-aware work so far."""
+    """Our cost-aware DP-balanced: Megatron-style's rows, each (costliest first) to the
+    pipeline with the least attention-aware work so far."""
     rows = fixed_rows(lengths, context)
     times = profile.time(np.minimum(lengths, context).astype(np.float64))
     cost = [float(times[row].sum()) for row in rows]
     count = num_gpus // profile.scheme.num_gpus
-    load, share = [0.0] * count, [[] for _ in range(count)]
+    load, shares = [0.0] * count, [[] for _ in range(count)]
     for r in sorted(range(len(rows)), key=lambda r: (-cost[r], r)):
         j = min(range(count), key=lambda j: (load[j], j))
         load[j] += cost[r]
-        share[j].append(rows[r])
-    planner = planners.of(profile.scheme, "packing")
-    per = [rows_latency(lengths, share[j], context, planner) for j in range(count)]
-    busy = per_gpu(per, [profile.scheme] * count, num_gpus)
-    return IterationLatency(max(per), tuple(busy.tolist()))
+        shares[j].append(rows[r])
+    return _pipelines_latency(lengths, shares, profile.scheme, num_gpus, context, planners)
 
 
 def hotspa_iteration(

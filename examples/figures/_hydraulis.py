@@ -7,7 +7,8 @@ from benchmarks.hydraulis_quality import setting
 
 METHODS = {
     "megatron": "Megatron-style",
-    "dp-balanced": "DP-balanced",
+    "megatron dp_balanced": "Megatron-LM dp_balanced",
+    "cost-aware dp-balanced": "cost-aware DP-balanced (ours)",
     "hotspa": "HotSPa-style",
     "(a) dispatch+max": "(a) homogeneous + dispatch, pack to MaxLen",
     "(b) +Eq.1 pack": "(b) + Eq. 1 packing",

@@ -23,7 +23,8 @@ FACTORS = {
     "context": (8192, 16384, 32768, 65536),
     "tokens": (100_000, 200_000, 400_000),
 }
-SHOWN = ("megatron", "dp-balanced", "hotspa", "(d) +selection", "(e) +DynaPipe=ours")
+BASELINES = ("megatron", "megatron dp_balanced", "cost-aware dp-balanced", "hotspa")
+SHOWN = (*BASELINES, "(d) +selection", "(e) +DynaPipe=ours")
 LABELS = {
     "gpus": "number of GPUs",
     "context": "maximum sequence length (tokens)",
@@ -73,11 +74,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         ax.legend(fontsize=6)
         for value in factors[factor]:
             at = {r["method"]: r["latency_s"] for r in mine if r["value"] == value}
-            best = min(at[m] for m in ("megatron", "dp-balanced", "hotspa"))
+            best = min(at[m] for m in BASELINES)
             lines.append(
                 f"- {factor} = {value:,}: Hydraulis {at['(d) +selection']:.2f} s, best baseline "
                 f"{best:.2f} s ({best / at['(d) +selection']:.2f}x), Megatron-style "
-                f"{at['megatron']:.2f} s, HotSPa-style {at['hotspa']:.2f} s."
+                f"{at['megatron']:.2f} s, Megatron-LM dp_balanced "
+                f"{at['megatron dp_balanced']:.2f} s, cost-aware DP-balanced (ours) "
+                f"{at['cost-aware dp-balanced']:.2f} s, HotSPa-style {at['hotspa']:.2f} s."
             )
     write_outputs(
         run,

@@ -83,8 +83,8 @@ FIGURES = {
                 "measured throughput of dynamic strategies vs homogeneous baselines",
             ),
             "§8.2, Fig. 10 (LLaMA 7B/13B/32B on 8-64 A800, contexts 16K and 32K): Hydraulis "
-            '"achieves 1.32-2.66x improvement over the best baselines" (Megatron-LM style '
-            "homogeneous strategies with packing, DP-balanced, HotSPa-style).",
+            '"achieves 1.32-2.66x improvement over the best baselines" (Megatron-LM, '
+            "DeepSpeed and HotSPa, each with its tuned homogeneous strategies).",
         ),
         Figure(
             PaperFigure(

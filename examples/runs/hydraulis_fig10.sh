@@ -4,8 +4,8 @@
 # the disaggregated optimiser) against Megatron-LM style homogeneous training on one TP x PP
 # layout (megatron-core's 1F1B over rows packed to the context length, packing-1f1b, and over
 # Megatron's fixed-length windows, megatron-1f1b), for each context length, beside the
-# planner's predictions. DP-balanced and HotSPa-style, the paper's other baselines, have no
-# runtime here; the simulated figure (examples/figures/hydraulis_fig10.py) prices them.
+# planner's predictions. Megatron-LM's dp_balanced, our cost-aware DP-balanced and HotSPa-style
+# have no runtime here; the simulated figure (examples/figures/hydraulis_fig10.py) prices them.
 #
 #   examples/runs/hydraulis_fig10.sh                    # the GPUs nvidia-smi lists
 #   TINY=1 examples/runs/hydraulis_fig10.sh             # 2 CPU ranks, tiny GPT (minutes)

@@ -202,7 +202,9 @@ def _iteration_line(
     """`recompute`: the recomputation mode, or the layers a searched plan checkpoints
     (`checkpointed`); with a planner, `predicted` is the plan's iteration
     time, `planning` the planner's time for this plan (spent ahead of training when planner
-    workers run) and `waited` how long the loop waited for the plan (rank 0's view)."""
+    workers run) and `waited` how long the loop waited for the plan (rank 0's view); "planner
+    budget exhausted" follows only when the micro-batch DP ran out of its wall-clock budget
+    (the plan is then the best partition found, not the optimum)."""
     stats = work.stats
     recompute = f"layers {list(checkpointed)}" if checkpointed else stats["recompute"]
     width = len(str(args.train_iters))
@@ -220,4 +222,6 @@ def _iteration_line(
             f"{args.dynapipe_gpu}) | planning {stats['planning_time_s'] * 1e3:,.1f} ms "
             f"(waited {work.waited_s * 1e3:,.1f} ms)"
         )
+        if stats.get("budget_exhausted"):
+            line += " | planner budget exhausted"
     return line
