@@ -37,7 +37,7 @@ from .cost import (
 )
 from .cost.table import mix_stages
 from .data import PRESETS, global_batches, load_lengths, sample_lengths, truncate
-from .errors import PlanningError
+from .errors import PlanningError, iteration_name
 from .model_spec import MODEL_PRESETS, load_model_spec
 from .plan import ExecutionPlan, MicroBatch, load_plan
 from .planner import BATCHING, RECOMPUTE, SCHEDULES, IterationPlanner, PlannerConfig
@@ -178,7 +178,7 @@ def _run_plan(args: argparse.Namespace) -> int:
                 to_write.append((Path(args.output_dir) / f"iter_{it:05d}.{args.format}", plan))
         if unplannable is None and all("error" in runs[-1] for runs in results.values()):
             why = next(iter(results.values()))[-1]["error"]
-            unplannable = f"iteration {it + 1}: no plan fits ({why})"
+            unplannable = f"{iteration_name(it)}: no plan fits ({why})"
         if args.iterations > 1:
             print(
                 f"[{it + 1}/{args.iterations}] {len(idx)} samples planned "

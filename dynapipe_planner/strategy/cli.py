@@ -197,7 +197,7 @@ def _plan(args: argparse.Namespace) -> int:
             (t for s, t in choice.estimates.items() if len(s.pipelines) == 1), default=np.nan
         )
         print(
-            f"{it:>4}{len(ids):>9}{int(job.lengths[ids].max()):>9}{choice.latency:>11.3f}"
+            f"{it + 1:>4}{len(ids):>9}{int(job.lengths[ids].max()):>9}{choice.latency:>11.3f}"
             f"{homogeneous:>10.3f}  {choice.strategy}  ({len(choice.estimates)} candidates, "
             f"{spent:.2f} s)"
         )
