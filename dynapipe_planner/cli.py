@@ -25,6 +25,7 @@ from .cli_args import (
     memory_gib,
     nonnegative_int,
     positive_int,
+    report_error,
     sample_count,
     seed,
 )
@@ -131,7 +132,7 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run_plan(args)
     except PlanningError as e:
-        print(f"dynapipe-plan: error: {e}", file=sys.stderr)
+        report_error("dynapipe-plan", e, args)
         return 2
 
 
@@ -305,7 +306,7 @@ def simulate_main(argv: Sequence[str] | None = None) -> int:
         costs = _plan_costs(plan, args.plan)
         result = simulate(plan, costs, check_memory=not args.no_memory_check)
     except PlanningError as e:
-        print(f"dynapipe-simulate: error: {e}", file=sys.stderr)
+        report_error("dynapipe-simulate", e, args)
         return 2
     summary = result.summary()
     predicted = plan.stats.get("predicted_iteration_s")

@@ -209,11 +209,13 @@ def test_resume_under_another_strategy_set(tmp_path: Path, reference, uninterrup
 def _convert(rank: int, world: int, argv: list[str]) -> str:
     import importlib.util
 
+    from megatron.dynapipe.arguments import parse_args
+
     path = Path(__file__).resolve().parents[1] / "tools" / "checkpoint_to_megatron.py"
     spec = importlib.util.spec_from_file_location("checkpoint_to_megatron", path)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    return tool.convert(argv)
+    return tool.convert(parse_args(argv))
 
 
 def _homogeneous(rank: int, world: int, argv: list[str]) -> list[float]:

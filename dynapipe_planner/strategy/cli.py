@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from ..cli_args import (
     gpu_count,
     memory_gib,
     positive_int,
+    report_error,
     sample_count,
     seed,
 )
@@ -114,7 +114,7 @@ def strategy_main(argv: Sequence[str] | None = None) -> int:
     try:
         return _propose(args) if args.command == "propose" else _plan(args)
     except PlanningError as e:
-        print(f"dynapipe-strategy: error: {e}", file=sys.stderr)
+        report_error("dynapipe-strategy", e, args)
         return 2
 
 

@@ -33,6 +33,7 @@ from typing import NoReturn
 
 import torch
 
+from dynapipe_planner.cli_args import DEBUG_HELP
 from dynapipe_planner.cluster import GPU_PRESETS
 from dynapipe_planner.planner import BATCHING, RECOMPUTE, SCHEDULES
 
@@ -134,6 +135,7 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         help="seconds a rank waits for a plan or a peer before failing with an error (default: "
         "Megatron's --distributed-timeout-minutes when given, else 600)",
     )
+    g.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     h = parser.add_argument_group("heterogeneous jobs")
     h.add_argument(
         "--dynamic-strategies",
