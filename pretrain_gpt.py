@@ -26,6 +26,9 @@ import warnings
 # each parameter at INFO; keep the output to DynaPipe's per-iteration lines and real problems.
 warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.core")
 warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.training")
+# torch says at import, on machines without CUDA, where it would look for the CUDA toolkit to
+# build extensions; nothing here builds one, and an error must stay one line.
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 from dynapipe_planner.cli_args import report_error  # noqa: E402
 from dynapipe_planner.errors import PlanningError, PlanningServiceError  # noqa: E402
