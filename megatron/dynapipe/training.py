@@ -103,6 +103,8 @@ def _train(
     rank = dist.get_rank()
     for note in args.dynapipe_notes:
         log_rank0(rank, note)
+    if rank == 0 and args.save:
+        checkpointing.remove_interrupted_saves(args.save)
     dataset = splits.train
     spec = spec_from_args(args, padded_vocab_size(args, dataset.vocab_size, tp))
     if args.load and resume is None:
