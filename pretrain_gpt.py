@@ -13,20 +13,24 @@ slower devices on CPU ranks. `--help` lists Megatron's flags and DynaPipe's.
 A user error (bad data, tokenizer files, checkpoint, plan file, a model that fits nowhere) ends
 the job with exit status 2 and one line on rank 0. A fault of the running job (a peer that
 died, a plan that never came or was refused, a failed transfer) ends it with exit status 1 and
-one line on each rank that saw it, naming that rank; DYNAPIPE_DEBUG=1 adds the traceback.
+one line on each rank that saw it, naming that rank. `--debug` (or DYNAPIPE_DEBUG=1) adds the
+traceback to either.
 """
 
 import logging
 import os
 import sys
-import traceback
 import warnings
 
 # megatron-core warns at import about every optional GPU package it falls back from, and logs
 # each parameter at INFO; keep the output to DynaPipe's per-iteration lines and real problems.
 warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.core")
 warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.training")
+# torch says at import, on machines without CUDA, where it would look for the CUDA toolkit to
+# build extensions; nothing here builds one, and an error must stay one line.
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
+from dynapipe_planner.cli_args import report_error  # noqa: E402
 from dynapipe_planner.errors import PlanningError, PlanningServiceError  # noqa: E402
 from megatron.dynapipe.arguments import parse_args  # noqa: E402
 from megatron.dynapipe.checkpointing import CheckpointError  # noqa: E402
@@ -50,17 +54,15 @@ def main() -> int:
     logging.getLogger("megatron.core.models.gpt.gpt_model").setLevel(logging.ERROR)
     # megatron-1f1b builds its GPTDataset indices in memory on purpose (megatron_samples).
     logging.getLogger("megatron.core.datasets.gpt_dataset").setLevel(logging.ERROR)
+    args = parse_args()  # a bad flag ends here: exit status 2, one line
     try:
-        pretrain(parse_args())
+        pretrain(args)
     except (*USER_ERRORS, PlanningError) as error:
         if os.environ.get("RANK", "0") == "0":
-            print(f"pretrain_gpt.py: error: {error}", file=sys.stderr, flush=True)
+            report_error("pretrain_gpt.py", error, args)
         return 2
     except JOB_FAULTS as error:
-        if os.environ.get("DYNAPIPE_DEBUG") == "1":
-            traceback.print_exc()
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        print(f"pretrain_gpt.py: error: {first_line}", file=sys.stderr, flush=True)
+        report_error("pretrain_gpt.py", error, args)
         return 1
     return 0
 

@@ -25,6 +25,7 @@ from .cli_args import (
     memory_gib,
     nonnegative_int,
     positive_int,
+    report_error,
     sample_count,
     seed,
 )
@@ -37,7 +38,7 @@ from .cost import (
 )
 from .cost.table import mix_stages
 from .data import PRESETS, global_batches, load_lengths, sample_lengths, truncate
-from .errors import PlanningError
+from .errors import PlanningError, iteration_name
 from .model_spec import MODEL_PRESETS, load_model_spec
 from .plan import ExecutionPlan, MicroBatch, load_plan
 from .planner import BATCHING, RECOMPUTE, SCHEDULES, IterationPlanner, PlannerConfig
@@ -131,7 +132,7 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run_plan(args)
     except PlanningError as e:
-        print(f"dynapipe-plan: error: {e}", file=sys.stderr)
+        report_error("dynapipe-plan", e, args)
         return 2
 
 
@@ -178,7 +179,7 @@ def _run_plan(args: argparse.Namespace) -> int:
                 to_write.append((Path(args.output_dir) / f"iter_{it:05d}.{args.format}", plan))
         if unplannable is None and all("error" in runs[-1] for runs in results.values()):
             why = next(iter(results.values()))[-1]["error"]
-            unplannable = f"iteration {it + 1}: no plan fits ({why})"
+            unplannable = f"{iteration_name(it)}: no plan fits ({why})"
         if args.iterations > 1:
             print(
                 f"[{it + 1}/{args.iterations}] {len(idx)} samples planned "
@@ -305,7 +306,7 @@ def simulate_main(argv: Sequence[str] | None = None) -> int:
         costs = _plan_costs(plan, args.plan)
         result = simulate(plan, costs, check_memory=not args.no_memory_check)
     except PlanningError as e:
-        print(f"dynapipe-simulate: error: {e}", file=sys.stderr)
+        report_error("dynapipe-simulate", e, args)
         return 2
     summary = result.summary()
     predicted = plan.stats.get("predicted_iteration_s")

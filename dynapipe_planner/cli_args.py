@@ -1,12 +1,17 @@
-"""Argument checking shared by the planner CLIs (#18): every bad input is answered with exit
-status 2 and one line `<prog>: error: ...` naming the offending item, at parse time where it can
-be (a number that is not finite, not positive, or past what the planner can count)."""
+"""Argument checking and error reporting shared by the planner CLIs (#18): every bad input is
+answered with exit status 2 and one line `<prog>: error: ...` naming the offending item, at parse
+time where it can be (a number that is not finite, not positive, or past what the planner can
+count). `--debug` (or DYNAPIPE_DEBUG=1) adds the traceback of an error raised past parsing, for
+whoever debugs the program rather than the input; `pretrain_gpt.py` reports through the same
+`report_error`."""
 
 from __future__ import annotations
 
 import argparse
 import math
 import os
+import sys
+import traceback
 from pathlib import Path
 from typing import NoReturn
 
@@ -17,12 +22,33 @@ MAX_SAMPLES = 10**8  # synthetic samples drawn: int64 arrays of 800 MB
 MAX_GPUS = 16384  # as `devices.MAX_CLUSTER_DEVICES`
 
 
+DEBUG_HELP = "on an error, print its traceback before the one-line message (as DYNAPIPE_DEBUG=1)"
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse reporting a bad flag on one line, without the usage block, under the program's
-    own name (a subcommand's parser is named `<prog> <command>`)."""
+    own name (a subcommand's parser is named `<prog> <command>`). Every such parser takes
+    `--debug` for `report_error`, subcommands too; unless given it is absent from the namespace,
+    so that a subcommand's default cannot undo `<prog> --debug <command>`."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP
+        )
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog.split()[0]}: error: {message}\n")
+
+
+def report_error(prog: str, error: BaseException, args: argparse.Namespace | None) -> None:
+    """Tell the user why the run failed: one line `<prog>: error: <the message's first line>`
+    on stderr. The traceback comes before it only when asked for (`--debug`, DYNAPIPE_DEBUG=1):
+    a user error is the input's fault and the line names the input; frames would bury it."""
+    if getattr(args, "debug", False) or os.environ.get("DYNAPIPE_DEBUG") == "1":
+        traceback.print_exception(error, file=sys.stderr)
+    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    print(f"{prog}: error: {first_line}", file=sys.stderr, flush=True)
 
 
 def _int(text: str) -> int:

@@ -1,6 +1,7 @@
 """The planner's exceptions: one base type for bad input, so CLIs can print any of them cleanly,
 and subclasses for the plan checks of the simulator, so tests and callers can tell them apart;
-apart from those, the failures of the planning service, which are not the input's fault."""
+apart from those, the failures of the planning service, which are not the input's fault; and
+how every message names an iteration."""
 
 
 class PlanningError(ValueError):
@@ -28,3 +29,10 @@ class PlanningServiceError(RuntimeError):
 
 class PlanTimeoutError(PlanningServiceError, TimeoutError):
     """A plan did not arrive in time (from the planner workers or from the planning rank)."""
+
+
+def iteration_name(index: int) -> str:
+    """How a message names the iteration of 0-based `index` (the sampler's, the planning
+    service's and the plan store's key): counted from 1, as the progress lines count them
+    (`iteration 1/10` is index 0), so an error names the iteration the user sees in the log."""
+    return f"iteration {index + 1}"

@@ -21,7 +21,8 @@ Design choices and why:
 - Work goes out through one shared queue, so whichever worker is free takes the next iteration;
   results are keyed by iteration, so `get(n)` returns iteration n's plan however the workers
   finish. Plans travel as `ExecutionPlan.to_bytes()`, ready to publish without re-encoding.
-- A late plan never hangs silently: `get` logs "waiting for plan of iteration n (planner
+  Keys count from 0; messages name key n "iteration n+1", as the progress lines count.
+- A late plan never hangs silently: `get` logs "waiting for plan of iteration n+1 (planner
   busy/late, ...)" every `log_interval_s` and raises `PlanTimeoutError` naming the iteration
   after `timeout_s`. A worker's `PlanningError` is re-raised for the iteration it concerns; a
   dead worker breaks the service with an error naming what it was planning.
@@ -55,7 +56,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from .errors import PlanningError, PlanningServiceError, PlanTimeoutError
+from .errors import PlanningError, PlanningServiceError, PlanTimeoutError, iteration_name
 from .plan import ExecutionPlan
 from .planner import CostModel, IterationPlanner, PlannerConfig
 
@@ -109,7 +110,7 @@ class PlannedIteration:
     waited_s: float = 0.0
 
     def plan(self) -> ExecutionPlan:
-        return ExecutionPlan.from_bytes(self.data, f"plan of iteration {self.iteration}")
+        return ExecutionPlan.from_bytes(self.data, f"plan of {iteration_name(self.iteration)}")
 
 
 @dataclass
@@ -200,7 +201,9 @@ class PlanningService:
     def get_planned(self, iteration: int, timeout_s: float | None = None) -> PlannedIteration:
         """Like `get`, but the plan stays in binary form and comes with its timings."""
         if self._closed:
-            raise PlanningServiceError(f"cannot get iteration {iteration}: the service is closed")
+            raise PlanningServiceError(
+                f"cannot get {iteration_name(iteration)}: the service is closed"
+            )
         self._read_until(iteration)
         if self.num_workers == 0:
             return self._plan_inline(iteration)
@@ -214,14 +217,14 @@ class PlanningService:
             now = time.monotonic()
             if now >= deadline:
                 raise PlanTimeoutError(
-                    f"plan of iteration {iteration} not ready after {now - started:.1f} s "
+                    f"plan of {iteration_name(iteration)} not ready after {now - started:.1f} s "
                     f"({self._progress()}); planning is slower than training: add planner "
                     f"workers, raise the lookahead or the timeout, or lower the DP time budget"
                 )
             if now >= next_log:
                 self._log.warning(
-                    "waiting for plan of iteration %d (planner busy/late, %.1f s so far; %s)",
-                    iteration,
+                    "waiting for plan of %s (planner busy/late, %.1f s so far; %s)",
+                    iteration_name(iteration),
                     now - started,
                     self._progress(),
                 )
@@ -275,7 +278,8 @@ class PlanningService:
         it = int(item.iteration)
         if self._last_read is not None and it <= self._last_read:
             raise PlanningServiceError(
-                f"work source gave iteration {it} after {self._last_read}; iterations must increase"
+                f"work source gave {iteration_name(it)} after {iteration_name(self._last_read)}; "
+                "iterations must increase"
             )
         self._last_read = it
         lengths = np.asarray(item.lengths)
@@ -294,11 +298,16 @@ class PlanningService:
             return
         if self._exhausted and (self._last_read is None or self._last_read < iteration):
             raise PlanningServiceError(
-                f"no plan for iteration {iteration}: the work source ended "
-                + ("before its first item" if self._last_read is None else f"at {self._last_read}")
+                f"no plan for {iteration_name(iteration)}: the work source ended "
+                + (
+                    "before its first item"
+                    if self._last_read is None
+                    else f"at {iteration_name(self._last_read)}"
+                )
             )
         raise PlanningServiceError(
-            f"no plan for iteration {iteration}: it was already taken or the work source skipped it"
+            f"no plan for {iteration_name(iteration)}: it was already taken or the work source "
+            "skipped it"
         )
 
     def _top_up(self) -> None:
@@ -316,7 +325,7 @@ class PlanningService:
         try:
             data = self._planner.plan(item.lengths, item.sample_ids).to_bytes()
         except PlanningError as e:
-            raise PlanningError(f"iteration {iteration}: {e}") from e
+            raise PlanningError(f"{iteration_name(iteration)}: {e}") from e
         spent = time.perf_counter() - started
         return PlannedIteration(iteration, data, spent, spent)
 
@@ -350,10 +359,11 @@ class PlanningService:
                 data, planning_s = payload
                 self._results[iteration] = PlannedIteration(iteration, data, planning_s)
             elif kind == "invalid":
-                self._results[iteration] = PlanningError(f"iteration {iteration}: {payload}")
+                self._results[iteration] = PlanningError(f"{iteration_name(iteration)}: {payload}")
             else:
                 self._results[iteration] = PlanningServiceError(
-                    f"planner worker {w.process.name} failed on iteration {iteration}:\n{payload}"
+                    f"planner worker {w.process.name} failed on {iteration_name(iteration)}:\n"
+                    + payload
                 )
 
     def _check_workers(self, iteration: int) -> None:
@@ -368,7 +378,7 @@ class PlanningService:
                     else f"exited with code {code}"
                 )
                 doing = (
-                    f"while planning iteration {w.planning}"
+                    f"while planning {iteration_name(w.planning)}"
                     if w.planning is not None
                     else ("before it was ready" if w.startup_s is None else "while idle")
                 )
@@ -377,16 +387,16 @@ class PlanningService:
                 )
                 break
         if self._broken is not None:
-            raise PlanningServiceError(f"no plan for iteration {iteration}: {self._broken}")
+            raise PlanningServiceError(f"no plan for {iteration_name(iteration)}: {self._broken}")
 
     def _progress(self) -> str:
         busy = [
-            f"{w.planning} for {time.monotonic() - w.planning_since:.1f} s"
+            f"{iteration_name(w.planning)} for {time.monotonic() - w.planning_since:.1f} s"
             for w in self._workers
             if w.planning is not None
         ]
         starting = sum(w.startup_s is None for w in self._workers)
-        parts = [f"planning iterations {', '.join(busy)}" if busy else "no plan in progress"]
+        parts = [f"planning {', '.join(busy)}" if busy else "no plan in progress"]
         if starting:
             parts.append(f"{starting} of {len(self._workers)} workers still starting")
         return "; ".join(parts)

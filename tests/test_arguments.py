@@ -116,3 +116,11 @@ def test_gpu_only_defaults_are_switched_off_with_a_note() -> None:
 def test_argparse_errors_are_one_line_without_megatrons_usage(capsys) -> None:
     line = _refused(capsys, "--tokenizer-type", "Foo")
     assert "--tokenizer-type" in line and "'Foo'" in line
+
+
+def test_every_number_rule_names_a_numeric_flag() -> None:
+    """A rule under a destination no flag has checks nothing (`--norm-epsilon` is stored as
+    `layernorm_epsilon`, for one)."""
+    from megatron.dynapipe.arguments import _NUMBERS, _parser, add_dynapipe_args
+
+    assert sorted(set(_NUMBERS) - set(_parser(add_dynapipe_args)[2])) == []

@@ -328,6 +328,42 @@ def test_bad_output_paths(tmp_path, plan_file, prog, flag, _, where):
     assert not (tmp_path / "nope").exists()
 
 
+DEBUG_CASES = [
+    *(pytest.param(prog, main, argv, "--model", id=prog) for prog, (main, argv) in BASE.items()),
+    pytest.param("dynapipe-simulate", simulate_main, [], "plan", id="dynapipe-simulate"),
+]
+
+
+@pytest.mark.parametrize("asked", ["quiet", "--debug", "DYNAPIPE_DEBUG"])
+@pytest.mark.parametrize(("prog", "main", "argv", "bad_item"), DEBUG_CASES)
+def test_debug_adds_the_traceback_of_an_error(tmp_path, monkeypatch, prog, main, argv, bad_item,
+                                              asked):  # fmt: skip
+    """A file the planner refuses (here a model or plan without fields) is one line; `--debug`
+    or DYNAPIPE_DEBUG=1 prints the traceback before that line, and the exit status stays 2."""
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    argv = [str(bad)] if bad_item == "plan" else with_flag(argv, bad_item, str(bad))
+    monkeypatch.setenv("DYNAPIPE_DEBUG", "1" if asked == "DYNAPIPE_DEBUG" else "0")
+    if asked == "--debug":
+        argv = [*argv, "--debug"]
+    code, _, err = run(main, argv)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert lines[-1].startswith(f"{prog}: error: "), lines[-1]
+    if asked == "quiet":
+        assert len(lines) == 1, err
+    else:
+        assert lines[0] == "Traceback (most recent call last):" and len(lines) > 2, err
+
+
+def test_debug_before_a_subcommand(tmp_path):
+    """`dynapipe-strategy --debug propose ...`: the subcommand's parser leaves the flag set."""
+    main, argv = BASE["dynapipe-strategy"]
+    (tmp_path / "bad.json").write_text("{}")
+    code, _, err = run(main, ["--debug", *with_flag(argv, "--model", str(tmp_path / "bad.json"))])
+    assert code == 2 and "Traceback (most recent call last):" in err, err
+
+
 def test_huge_global_batch_ends_within_budget():
     """`--global-batch 1e20` (as an integer) once looped past the time budget."""
     main, argv = BASE["dynapipe-hetero"]

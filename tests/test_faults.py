@@ -6,6 +6,7 @@ which serves the plan store) and every survivor raises naming it and the iterati
 hangs instead ends the job when the transfer or the all-reduce waiting for it times out; (b)
 rank 0's planner worker never delivers a plan and every rank raises naming the iteration. Times are
 checked loosely (under 3x the timeout) only to show nothing waits for a default timeout.
+Messages count iterations from 1, as the progress lines do: the first iteration is "iteration 1".
 Corrupt checkpoints and dataset indexes are covered by test_training and test_runtime_data.
 """
 
@@ -31,10 +32,11 @@ FAULTY = [*TINY, "--train-iters", "3", "--dynapipe-timeout", str(TIMEOUT_S)]
 
 
 def _train_until(
-    rank: int, faulty_rank: int, fault: Callable[[], None], layout: list[str]
+    rank: int, faulty_rank: int, fault: Callable[[], None], layout: list[str], at: int = 1
 ) -> tuple[str, float]:
-    """Train; `faulty_rank` calls `fault` at its first forward pass of iteration 1. Returns
-    this rank's error and the seconds from the start of iteration 1 to it."""
+    """Train; `faulty_rank` calls `fault` at its first forward pass of the iteration of index
+    `at` (0 is the first). Returns this rank's error and the seconds from that iteration's
+    start to it."""
     from megatron.dynapipe.arguments import parse_args
     from megatron.dynapipe.pipeline.executor import PlanExecutor
     from megatron.dynapipe.training import pretrain
@@ -44,7 +46,7 @@ def _train_until(
 
     def run_with_fault(self, plan, batches, *, iteration=0):
         begun[iteration] = time.monotonic()
-        if iteration == 1 and rank == faulty_rank:
+        if iteration == at and rank == faulty_rank:
             self._forward = lambda *args: fault()
         return run(self, plan, batches, iteration=iteration)
 
@@ -52,12 +54,12 @@ def _train_until(
     try:
         pretrain(parse_args([*FAULTY, "--planner-workers", "0", *layout]))
     except Exception as err:
-        return f"{type(err).__name__}: {err}", time.monotonic() - begun[1]
+        return f"{type(err).__name__}: {err}", time.monotonic() - begun[at]
     return "no error", 0.0
 
 
-def _dies(rank: int, world: int, dying_rank: int, layout: list[str]) -> tuple[str, float]:
-    return _train_until(rank, dying_rank, _die_after_the_handoff, layout)
+def _dies(rank: int, world: int, dying_rank: int, layout: list[str], at: int) -> tuple[str, float]:
+    return _train_until(rank, dying_rank, _die_after_the_handoff, layout, at)
 
 
 def _die_after_the_handoff() -> None:
@@ -69,27 +71,29 @@ def _die_after_the_handoff() -> None:
 
 
 @pytest.mark.parametrize(
-    ("layout", "dying_rank", "p2p"),
+    ("layout", "dying_rank", "p2p", "at"),
     [
-        (["--pipeline-model-parallel-size", "2"], 1, True),  # the last stage
-        (["--pipeline-model-parallel-size", "1"], 1, False),  # DP=2: in the gradient all-reduce
-        (["--pipeline-model-parallel-size", "2"], 0, True),  # also the plan store's server
+        (["--pipeline-model-parallel-size", "2"], 1, True, 1),  # the last stage
+        (["--pipeline-model-parallel-size", "1"], 1, False, 1),  # DP=2: in the all-reduce
+        (["--pipeline-model-parallel-size", "2"], 0, True, 1),  # also the plan store's server
+        (["--pipeline-model-parallel-size", "2"], 1, True, 0),  # in the first iteration
     ],
 )
-def test_a_rank_that_dies_is_named_by_the_survivors(layout, dying_rank, p2p) -> None:
-    results = run_ranks(_dies, 2, dying_rank, layout, timeout_s=60, may_die={dying_rank})
+def test_a_rank_that_dies_is_named_by_the_survivors(layout, dying_rank, p2p, at) -> None:
+    results = run_ranks(_dies, 2, dying_rank, layout, at, timeout_s=60, may_die={dying_rank})
     assert results[dying_rank] is None
     survivor = 1 - dying_rank
     error, spent = results[survivor]
+    # Index `at` is the progress line's "iteration {at + 1}/3", and so the error's.
     assert error.startswith(
-        f"PeerFailure: rank {survivor}, iteration 1: rank {dying_rank} stopped answering"
+        f"PeerFailure: rank {survivor}, iteration {at + 1}: rank {dying_rank} stopped answering"
     ), error
     assert p2p == (f"rank {dying_rank} did not complete the transfer" in error)
     assert spent < 3 * TIMEOUT_S
 
 
 def _hangs(rank: int, world: int, layout: list[str], pid_file: Path) -> tuple[str, float] | None:
-    """Rank 1 hangs (alive, heartbeating) in iteration 1; rank 0 stops it once it has failed."""
+    """Rank 1 hangs (alive, heartbeating) in iteration 2; rank 0 stops it once it has failed."""
     if rank == 1:
         pid_file.write_text(str(os.getpid()))
         return _train_until(rank, 1, lambda: time.sleep(3600), layout)
@@ -108,7 +112,7 @@ def _hangs(rank: int, world: int, layout: list[str], pid_file: Path) -> tuple[st
 def test_a_rank_that_hangs_ends_the_job_within_the_timeout(tmp_path, layout, p2p) -> None:
     results = run_ranks(_hangs, 2, layout, tmp_path / "pid", timeout_s=60, may_die={1})
     error, spent = results[0]
-    assert error.startswith("PeerFailure: rank 0, iteration 1: every other rank still answers")
+    assert error.startswith("PeerFailure: rank 0, iteration 2: every other rank still answers")
     assert p2p == ("rank 1 did not complete the transfer within 5 s" in error), error
     assert TIMEOUT_S <= spent < 3 * TIMEOUT_S
 
@@ -146,12 +150,13 @@ def _planner_hangs(rank: int, world: int) -> tuple[str, float]:
 
 def test_a_plan_that_never_comes_fails_every_rank_naming_the_iteration() -> None:
     (planner_error, planner_spent), (error, spent) = run_ranks(_planner_hangs, 2, timeout_s=60)
-    assert planner_error.startswith("PlanTimeoutError: plan of iteration 0 not ready after")
-    # The error says what the planner was doing: planning iteration 0 or, on a loaded machine
+    # The first iteration is "iteration 1", as its progress line would be.
+    assert planner_error.startswith("PlanTimeoutError: plan of iteration 1 not ready after")
+    # The error says what the planner was doing: planning iteration 1 or, on a loaded machine
     # where the spawned worker is still importing when the timeout comes, still starting.
-    assert "planning iterations 0 for" in planner_error or (
+    assert "planning iteration 1 for" in planner_error or (
         "no plan in progress; 1 of 1 workers still starting" in planner_error
     )
-    assert error.startswith("PlanTimeoutError: rank 1: no plan for iteration 0 after 5.0 s; ")
+    assert error.startswith("PlanTimeoutError: rank 1: no plan for iteration 1 after 5.0 s; ")
     assert "rank 0 plans and publishes it" in error
     assert planner_spent < 3 * TIMEOUT_S and spent < 3 * TIMEOUT_S

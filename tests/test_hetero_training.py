@@ -209,11 +209,13 @@ def test_resume_under_another_strategy_set(tmp_path: Path, reference, uninterrup
 def _convert(rank: int, world: int, argv: list[str]) -> str:
     import importlib.util
 
+    from megatron.dynapipe.arguments import parse_args
+
     path = Path(__file__).resolve().parents[1] / "tools" / "checkpoint_to_megatron.py"
     spec = importlib.util.spec_from_file_location("checkpoint_to_megatron", path)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    return tool.convert(argv)
+    return tool.convert(parse_args(argv))
 
 
 def _homogeneous(rank: int, world: int, argv: list[str]) -> list[float]:
@@ -358,3 +360,66 @@ def test_a_flipped_byte_in_a_full_state_checkpoint_is_named(tmp_path: Path) -> N
     shard.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=rf"{shard} is corrupt: its SHA-256 differs"):
         checkpointing.read(tmp_path / "ckpt")
+
+
+class _Killed(BaseException):
+    """Stands for the process dying at that point of a save."""
+
+
+def _saves_then_dies_exporting(rank: int, world: int, directory: Path) -> None:
+    """Saves iteration 1 whole, then iteration 2 until its Megatron export has written part of
+    `iter_0000002/` and the process dies (one rank: the gather and barrier are its own)."""
+    from megatron.dynapipe.checkpointing import TrainState
+    from megatron.dynapipe.hetero import checkpointing
+
+    class Optimizer:
+        def full_state_dict(self, dst: int) -> dict:
+            return {"w": {"param": torch.arange(10.0)}}
+
+    class Sampler:
+        def state_dict(self) -> dict:
+            return {"position": 0}
+
+    def dying_export(staged: Path) -> None:
+        (directory / "iter_0000002").mkdir()
+        (directory / "iter_0000002" / "__0_0.distcp").write_bytes(b"part of a shard")
+        os._exit(1)
+
+    checkpointing.save(directory, TrainState(1), Optimizer(), Sampler())
+    checkpointing.save(directory, TrainState(2), Optimizer(), Sampler(), dying_export)
+
+
+def test_the_next_run_removes_what_a_killed_full_state_save_left(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
+    """A save killed while Megatron's export writes leaves the staged `full_state.pt` and its
+    checksum beside a partial `iter_0000002/`; one killed before the marker's rename leaves
+    `latest_iteration.tmp`. The next run's clean-up removes them, a warning line each, and the
+    checkpoint in force still reads."""
+    from megatron.dynapipe.hetero import checkpointing
+
+    ckpt = tmp_path / "ckpt"
+    run_ranks(_saves_then_dies_exporting, 1, ckpt, timeout_s=60, may_die={0})
+    staged = [".iter_0000002.full_state.pt", ".iter_0000002.full_state.pt.sha256"]
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        *staged,
+        "iter_0000001",
+        "iter_0000002",
+        "latest_iteration.txt",
+    ]
+
+    def killed(*args) -> None:
+        raise _Killed
+
+    with monkeypatch.context() as m, pytest.raises(_Killed):
+        m.setattr(checkpointing.os, "replace", killed)
+        checkpointing.mark_latest(ckpt, 2)
+    assert (ckpt / "latest_iteration.tmp").exists()
+    with caplog.at_level("WARNING"):
+        checkpointing.remove_interrupted_saves(ckpt)
+    assert sorted(p.name for p in ckpt.iterdir()) == ["iter_0000001", "latest_iteration.txt"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"removed {ckpt / name}: a save interrupted before it was complete"
+        for name in [*staged, "iter_0000002"]
+    ]
+    assert checkpointing.read(ckpt).payload["iteration"] == 1

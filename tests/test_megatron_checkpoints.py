@@ -3,7 +3,8 @@
 A PP=2, DP=2 job's checkpoint is a dist_checkpointing directory that megatron-core loads into a
 freshly built, unpipelined model: that model's loss on the next global batch is the loss the
 uninterrupted run reports for it. A save killed half-way leaves the previous checkpoint in
-force, and the resumed run reproduces the uninterrupted one; a truncated shard is named.
+force, the next run removes the partial iteration it left, and the resumed run reproduces the
+uninterrupted one; a truncated shard is named.
 """
 
 from __future__ import annotations
@@ -126,8 +127,59 @@ def test_a_save_killed_half_way_leaves_the_last_good_checkpoint(tmp_path) -> Non
     save_every = _flags("--save", str(ckpt), "--save-interval", "1")
     run_ranks(_killed_during_second_save, 2, save_every, timeout_s=180, may_die=(0, 1))
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
-    resumed = run_ranks(_train, 2, _flags("--load", str(ckpt)), timeout_s=180)[0]
+    partial = ckpt / "iter_0000002"
+    assert partial.is_dir() and not (partial / ".metadata").exists()
+    # The next run saves to the same place (at iteration 3 only): the partial iteration 2 goes
+    # (its warning line: test_only_incomplete_iterations_after_the_tracked_one_are_removed).
+    resume = _flags("--load", str(ckpt), "--save", str(ckpt))
+    resumed = run_ranks(_train, 2, resume, timeout_s=180)[0]
     assert resumed == pytest.approx(full[1:], rel=1e-6)
+    assert sorted(p.name for p in ckpt.glob("iter_*")) == ["iter_0000001", "iter_0000003"]
+
+
+def _torch_file(path: Path, whole: bool = True) -> None:
+    """A `model_optim_rng.pt` as torch.save writes it, or cut short as a killed save leaves it."""
+    path.parent.mkdir(parents=True)
+    torch.save({"w": torch.zeros(64)}, path)
+    if not whole:
+        path.write_bytes(path.read_bytes()[:-40])
+
+
+def test_only_incomplete_iterations_after_the_tracked_one_are_removed(tmp_path, caplog) -> None:
+    """torch_dist is complete with its .metadata or metadata.json, torch with a whole
+    model_optim_rng.pt in every mp_rank directory; the tracked iteration and earlier ones are
+    never touched."""
+    from megatron.dynapipe.checkpointing import remove_interrupted_saves
+
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "iter_0000001").mkdir(parents=True)  # earlier than the tracker: kept as it is
+    (ckpt / "iter_0000002" / "__0_0.distcp").parent.mkdir()  # tracked: kept
+    (ckpt / "iter_0000002" / "__0_0.distcp").write_bytes(b"x")
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("2\n")
+    (ckpt / "iter_0000003").mkdir()
+    (ckpt / "iter_0000003" / "__0_0.distcp").write_bytes(b"x")  # no .metadata: partial
+    (ckpt / "iter_0000004").mkdir()
+    (ckpt / "iter_0000004" / "metadata.json").write_text("{}")  # complete, tracker not moved
+    _torch_file(ckpt / "iter_0000005" / "mp_rank_00_000" / "model_optim_rng.pt")
+    _torch_file(ckpt / "iter_0000005" / "mp_rank_00_001" / "model_optim_rng.pt", whole=False)
+    _torch_file(ckpt / "iter_0000006" / "mp_rank_00" / "model_optim_rng.pt")
+    (ckpt / "iter_0000007").mkdir()  # created, nothing written yet
+    (ckpt / "iter_0000008").mkdir()
+    (ckpt / "iter_0000008" / ".metadata").write_bytes(b"x")  # every shard written
+    (ckpt / "iter_notes").mkdir()  # not an iteration
+    with caplog.at_level("WARNING", logger="megatron.dynapipe.checkpointing"):
+        remove_interrupted_saves(ckpt)
+    left = sorted(p.name for p in ckpt.glob("iter_*"))
+    kept = ["iter_0000001", "iter_0000002", "iter_0000004", "iter_0000006", "iter_0000008"]
+    assert left == [*kept, "iter_notes"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"removed {ckpt / name}: a save interrupted before it was complete"
+        for name in ("iter_0000003", "iter_0000005", "iter_0000007")
+    ]
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("seven\n")  # damaged: judge nothing
+    (ckpt / "iter_0000009").mkdir()
+    remove_interrupted_saves(ckpt)
+    assert (ckpt / "iter_0000009").is_dir()
 
 
 def test_a_truncated_shard_is_named(tmp_path) -> None:

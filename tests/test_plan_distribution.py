@@ -92,13 +92,13 @@ class _ListHandler(logging.Handler):
 def test_a_missing_plan_fails_in_time_naming_the_iteration():
     results = run_ranks(_miss_a_plan, 3, free_port(), timeout_s=60)
     assert results[0]["error"].startswith(
-        "PlanningServiceError: rank 0 has no plan for iteration 1"
+        "PlanningServiceError: rank 0 has no plan for iteration 2"  # key 1, counted from 1
     )
     for r in results[1:]:
         assert r["error"].startswith("PlanTimeoutError: rank ")
-        assert "no plan for iteration 1 after 0.7 s; rank 0 plans and publishes it" in r["error"]
+        assert "no plan for iteration 2 after 0.7 s; rank 0 plans and publishes it" in r["error"]
         assert 0.6 < r["spent"] < 3
-        assert any("waiting for plan of iteration 1 from rank 0" in m for m in r["log"])
+        assert any("waiting for plan of iteration 2 from rank 0" in m for m in r["log"])
 
 
 class _StoreThatDiesOnRead:
@@ -121,7 +121,7 @@ def test_a_store_lost_while_reading_names_the_planner_and_iteration():
         channel.fetch(7)
     message = str(raised.value)
     assert message.startswith("rank 2: lost the plan store of rank 0 (the planner)")
-    assert "while reading the plan of iteration 7" in message
+    assert "while reading the plan of iteration 8" in message  # key 7, counted from 1
     assert "Connection reset by peer while reading dynapipe/plan/7" in message
 
 

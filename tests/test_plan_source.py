@@ -27,7 +27,7 @@ def _resume_and_mismatch(rank: int, world: int) -> str:
     with open_plan_source(
         RECIPE, sampler, LENGTHS, stop_iteration=3, num_workers=0, timeout_s=30
     ) as plans:
-        with pytest.raises(PlanningServiceError, match="no plan for iteration 0"):
+        with pytest.raises(PlanningServiceError, match="no plan for iteration 1: it was"):
             plans.get(0, LENGTHS[:0])  # planning began after it
         _, batch = next(sampler)
         plan, _ = plans.get(1, batch)
@@ -40,5 +40,5 @@ def _resume_and_mismatch(rank: int, world: int) -> str:
 
 def test_plans_start_at_the_sampler_and_must_cover_its_batch() -> None:
     (message,) = run_ranks(_resume_and_mismatch, 1)
-    assert message.startswith("rank 0: the plan of iteration 2 covers")
+    assert message.startswith("rank 0: the plan of iteration 3 covers")  # key 2, from 1
     assert "differ from the sampler's batch" in message

@@ -86,9 +86,12 @@ def test_plans_are_keyed_by_iteration_whatever_the_order():
             got = service.get_planned(i, timeout_s=30)
             assert got.iteration == i and got.planning_s > 0
             assert comparable(got.plan()) == expected[i]
-        with pytest.raises(PlanningServiceError, match="iteration 12: it was already taken"):
+        # Messages count iterations from 1, as the progress lines do: key 12 is iteration 13.
+        with pytest.raises(PlanningServiceError, match="iteration 13: it was already taken"):
             service.get(12)
-        with pytest.raises(PlanningServiceError, match="iteration 14: the work source ended"):
+        with pytest.raises(
+            PlanningServiceError, match="iteration 15: the work source ended at iteration 14"
+        ):
             service.get(14)
         # A worker that started late, after the other had planned everything, may not have
         # reported yet (its "ready" is read with its first plan): only reported times count.
@@ -104,7 +107,7 @@ def test_a_failed_plan_names_its_iteration_and_the_service_goes_on(workers):
     with PlanningService(RECIPE, items, num_workers=workers) as service:
         service.get(0, timeout_s=30)
         service.get(1, timeout_s=30)
-        with pytest.raises(PlanningError, match=r"^iteration 2: .*sample 9 \(length 300000\)"):
+        with pytest.raises(PlanningError, match=r"^iteration 3: .*sample 9 \(length 300000\)"):
             service.get(2, timeout_s=30)
         service.get(3, timeout_s=30)
     assert_no_children(service)
@@ -119,15 +122,15 @@ def test_a_late_plan_is_logged_then_times_out_naming_the_iteration(caplog):
         with pytest.raises(PlanTimeoutError) as raised:
             service.get(5, timeout_s=0.4)
         # The message gives the time actually waited: the timeout, or more under load.
-        waited = re.search(r"plan of iteration 5 not ready after (\d+\.\d) s", str(raised.value))
+        waited = re.search(r"plan of iteration 6 not ready after (\d+\.\d) s", str(raised.value))
         assert waited and float(waited.group(1)) >= 0.4
-        assert "waiting for plan of iteration 5 (planner busy/late" in caplog.text
+        assert "waiting for plan of iteration 6 (planner busy/late" in caplog.text
     finally:
         started = time.monotonic()
         service.close()  # the worker is still planning: it must go at once
     assert time.monotonic() - started < 2
     assert_no_children(service)
-    with pytest.raises(PlanningServiceError, match="iteration 5: the service is closed"):
+    with pytest.raises(PlanningServiceError, match="iteration 6: the service is closed"):
         service.get(5)
 
 
@@ -136,9 +139,9 @@ def test_a_dead_worker_fails_the_iteration_that_waits_for_it():
         service.get(0, timeout_s=30)
         (pid,) = service.worker_pids
         os.kill(pid, signal.SIGKILL)
-        with pytest.raises(PlanningServiceError, match=r"iteration 1: .* killed by SIGKILL"):
-            service.get(1, timeout_s=30)
         with pytest.raises(PlanningServiceError, match=r"iteration 2: .* killed by SIGKILL"):
+            service.get(1, timeout_s=30)
+        with pytest.raises(PlanningServiceError, match=r"iteration 3: .* killed by SIGKILL"):
             service.get(2, timeout_s=30)
     assert_no_children(service)
 
@@ -189,7 +192,7 @@ def test_work_source_iterations_must_increase():
     items = [*work(2), (1, LENGTHS[:3], np.arange(3))]
     with PlanningService(RECIPE, items, num_workers=0) as service:
         service.get(1)
-        with pytest.raises(PlanningServiceError, match="gave iteration 1 after 1"):
+        with pytest.raises(PlanningServiceError, match="gave iteration 2 after iteration 2"):
             service.get(2)
 
 

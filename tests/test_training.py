@@ -8,6 +8,7 @@ data order and plans).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -114,42 +115,49 @@ def test_bpe_blend_with_split_trains_and_evaluates(gpt2_bpe, preprocess_tool, tm
 )
 def test_pretrain_gpt_bad_data_is_one_line_and_exit_2(flags, named, capsys, monkeypatch):
     """pretrain_gpt.py's user errors end the run before any process group exists."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("pretrain_gpt", ROOT / "pretrain_gpt.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     model = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4"]
     model += ["--seq-length", "128", "--train-iters", "1"]
     monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *model, *flags])
-    assert script.main() == 2
+    monkeypatch.delenv("DYNAPIPE_DEBUG", raising=False)
+    assert _pretrain_gpt().main() == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and named in lines[0], lines
+    monkeypatch.setattr(sys, "argv", [*sys.argv, "--debug"])  # the traceback too, still exit 2
+    assert _pretrain_gpt().main() == 2
+    debugged = capsys.readouterr().err.strip().splitlines()
+    assert debugged[0] == "Traceback (most recent call last):" and debugged[-1] == lines[0]
 
 
-@pytest.mark.parametrize("debug", [False, True], ids=["quiet", "DYNAPIPE_DEBUG"])
-def test_a_job_fault_is_one_line_exit_1_with_traceback_on_request(debug, capsys, monkeypatch):
-    """A fault of the running job (here a peer that died) is one line on the rank that saw it;
-    the traceback only with DYNAPIPE_DEBUG=1."""
+def _pretrain_gpt():
+    """pretrain_gpt.py as a module (its `main` returns the exit status)."""
     import importlib.util
-
-    from megatron.dynapipe.pipeline.liveness import PeerFailure
 
     spec = importlib.util.spec_from_file_location("pretrain_gpt", ROOT / "pretrain_gpt.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+@pytest.mark.parametrize("debug", ["quiet", "--debug", "DYNAPIPE_DEBUG"])
+def test_a_job_fault_is_one_line_exit_1_with_traceback_on_request(debug, capsys, monkeypatch):
+    """A fault of the running job (here a peer that died) is one line on the rank that saw it;
+    the traceback only with --debug or DYNAPIPE_DEBUG=1."""
+    from megatron.dynapipe.pipeline.liveness import PeerFailure
+
+    script = _pretrain_gpt()
 
     def peer_died(args):
         raise PeerFailure("rank 1, iteration 4: rank 3 stopped answering\n(original error ...)")
 
     monkeypatch.setattr(script, "pretrain", peer_died)
-    monkeypatch.setattr(script, "parse_args", lambda: None)
-    monkeypatch.setenv("DYNAPIPE_DEBUG", "1" if debug else "0")
+    flags = argparse.Namespace(debug=debug == "--debug")
+    monkeypatch.setattr(script, "parse_args", lambda: flags)
+    monkeypatch.setenv("DYNAPIPE_DEBUG", "1" if debug == "DYNAPIPE_DEBUG" else "0")
     assert script.main() == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "pretrain_gpt.py: error: rank 1, iteration 4: rank 3 stopped answering"
-    assert ("Traceback (most recent call last):" in err) == debug
-    assert len(err) > 1 if debug else len(err) == 1
+    assert ("Traceback (most recent call last):" in err) == (debug != "quiet")
+    assert len(err) > 1 if debug != "quiet" else len(err) == 1
 
 
 def test_pretrain_gpt_under_torchrun() -> None:

@@ -9,24 +9,24 @@ This tool writes the Megatron checkpoint for a `full_state.pt` saved without it 
 same Megatron flags as the run; `--load` the heterogeneous checkpoint, `--save` where to
 write), with `megatron.dynapipe.hetero.megatron_export`, the code the job's own save runs.
 One process, on the CPU, holding the whole model. Bad input ends with exit status 2 and one
-line.
+line (`--debug` adds the traceback).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 
 
-def convert(argv: Sequence[str]) -> str:
-    """Convert; returns the line to print."""
-    from megatron.dynapipe.arguments import ArgumentError, parse_args
+def convert(args: argparse.Namespace) -> str:
+    """Convert as the parsed flags say; returns the line to print."""
+    from megatron.dynapipe.arguments import ArgumentError
     from megatron.dynapipe.data.datasets import datasets
     from megatron.dynapipe.hetero import checkpointing as hetero_checkpointing
     from megatron.dynapipe.hetero.megatron_export import cannot_export, export
     from megatron.dynapipe.model import padded_vocab_size
 
-    args = parse_args(argv)
     if not args.load or not args.save:
         raise ArgumentError("give --load (the full_state.pt checkpoint) and --save")
     why_not = cannot_export(args)
@@ -37,16 +37,18 @@ def convert(argv: Sequence[str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from dynapipe_planner.cli_args import report_error
+    from megatron.dynapipe.arguments import parse_args
     from megatron.dynapipe.checkpointing import CheckpointError
     from megatron.dynapipe.data.base import DataError
     from megatron.dynapipe.hetero.megatron_export import one_process_group
 
-    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))  # bad flags: exit 2 here
     one_process_group()
     try:
-        print(convert(argv), flush=True)
+        print(convert(args), flush=True)
     except (CheckpointError, DataError) as error:
-        print(f"checkpoint_to_megatron.py: error: {error}", file=sys.stderr, flush=True)
+        report_error("checkpoint_to_megatron.py", error, args)  # --debug: with the traceback
         return 2
     return 0
 

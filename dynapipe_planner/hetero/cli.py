@@ -19,6 +19,7 @@ from ..cli_args import (
     nonnegative_int,
     positive_float,
     positive_int,
+    report_error,
     seed,
 )
 from ..cost.analytic import RECOMPUTE_CHOICES
@@ -143,7 +144,7 @@ def hetero_main(argv: Sequence[str] | None = None) -> int:
             save_plan(plan, args.output)
             say(f"plan written to {os.path.abspath(args.output)}")
     except PlanningError as e:
-        print(f"dynapipe-hetero: error: {e}", file=sys.stderr)
+        report_error("dynapipe-hetero", e, args)
         return 2
     return 0
 

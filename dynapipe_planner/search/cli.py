@@ -22,6 +22,7 @@ from ..cli_args import (
     positive_float,
     positive_int,
     positive_memory_gib,
+    report_error,
 )
 from ..cluster import GPU_PRESETS, GiB, get_gpu
 from ..errors import PlanningError
@@ -157,7 +158,7 @@ def search_main(argv: Sequence[str] | None = None) -> int:
         finally:
             bar.close()
     except PlanningError as e:
-        print(f"dynapipe-search: error: {e}", file=sys.stderr)
+        report_error("dynapipe-search", e, args)
         return 2
     print(f"{model.name} on {args.num_gpus} {gpu.name} ({args.gpus_per_node} per node), "
           f"sequence length {args.seq_length}")  # fmt: skip

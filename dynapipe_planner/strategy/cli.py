@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from ..cli_args import (
     gpu_count,
     memory_gib,
     positive_int,
+    report_error,
     sample_count,
     seed,
 )
@@ -114,7 +114,7 @@ def strategy_main(argv: Sequence[str] | None = None) -> int:
     try:
         return _propose(args) if args.command == "propose" else _plan(args)
     except PlanningError as e:
-        print(f"dynapipe-strategy: error: {e}", file=sys.stderr)
+        report_error("dynapipe-strategy", e, args)
         return 2
 
 
@@ -197,7 +197,7 @@ def _plan(args: argparse.Namespace) -> int:
             (t for s, t in choice.estimates.items() if len(s.pipelines) == 1), default=np.nan
         )
         print(
-            f"{it:>4}{len(ids):>9}{int(job.lengths[ids].max()):>9}{choice.latency:>11.3f}"
+            f"{it + 1:>4}{len(ids):>9}{int(job.lengths[ids].max()):>9}{choice.latency:>11.3f}"
             f"{homogeneous:>10.3f}  {choice.strategy}  ({len(choice.estimates)} candidates, "
             f"{spent:.2f} s)"
         )

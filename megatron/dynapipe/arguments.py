@@ -33,6 +33,7 @@ from typing import NoReturn
 
 import torch
 
+from dynapipe_planner.cli_args import DEBUG_HELP
 from dynapipe_planner.cluster import GPU_PRESETS
 from dynapipe_planner.planner import BATCHING, RECOMPUTE, SCHEDULES
 
@@ -134,6 +135,7 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         help="seconds a rank waits for a plan or a peer before failing with an error (default: "
         "Megatron's --distributed-timeout-minutes when given, else 600)",
     )
+    g.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     h = parser.add_argument_group("heterogeneous jobs")
     h.add_argument(
         "--dynamic-strategies",
@@ -236,6 +238,7 @@ def _before_validation(
         args.rank = torch.distributed.get_rank()
         args.world_size = torch.distributed.get_world_size()
     unsupported(args, given, extra_args_provider)
+    check_numbers(args, given, extra_args_provider)
     cpu_defaults(args, given)
 
 
@@ -331,8 +334,11 @@ def given_flags(argv: Sequence[str], extra_args_provider: ExtraArgs) -> dict[str
 
 
 @functools.cache
-def _parser(extra_args_provider: ExtraArgs) -> tuple[dict[str, str], dict[str, object]]:
-    """Of the full parser: option string -> destination, and destination -> default."""
+def _parser(
+    extra_args_provider: ExtraArgs,
+) -> tuple[dict[str, str], dict[str, object], dict[str, type]]:
+    """Of the full parser: option string -> destination, destination -> default, and the
+    destinations argparse parses as numbers -> int or float."""
     from megatron.training.arguments import add_megatron_arguments
 
     parser = extra_args_provider(
@@ -341,7 +347,8 @@ def _parser(extra_args_provider: ExtraArgs) -> tuple[dict[str, str], dict[str, o
     options = {
         option: action.dest for action in parser._actions for option in action.option_strings
     }
-    return options, {action.dest: action.default for action in parser._actions}
+    numbers = {a.dest: a.type for a in parser._actions if a.type in (int, float)}
+    return options, {action.dest: action.default for action in parser._actions}, numbers
 
 
 @contextlib.contextmanager
@@ -412,6 +419,74 @@ def unsupported(
     for dest, why in _UNSUPPORTED.items():
         if dest in given and getattr(args, dest) != defaults[dest]:
             raise ArgumentError(f"{given[dest]}: {why}")
+
+
+# What the numbers a run is made of must be, by destination, besides an int fitting int64 and a
+# float being finite (every numeric flag). argparse checks only the type, and Megatron's checks
+# miss most of these: a 0 divides by zero in its validation, a dropout of 1.5 or an Adam beta
+# of -1 fails in torch's constructors, a negative interval or a NaN clip is silently taken.
+_POSITIVE = (lambda v: v > 0, "positive")
+_NONNEGATIVE = (lambda v: v >= 0, "non-negative")
+_NUMBERS: dict[str, tuple[Callable[[float], bool], str]] = {
+    **dict.fromkeys(
+        (
+            "seq_length", "tokens_per_global_batch", "dynapipe_memory_limit",
+            "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+            "kv_channels", "num_query_groups", "max_position_embeddings",
+            "make_vocab_size_divisible_by", "padded_vocab_size", "rotary_base",
+            "layernorm_epsilon", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+            "micro_batch_size", "global_batch_size", "train_iters", "train_samples", "adam_eps",
+            "lr_decay_iters", "lr_decay_samples", "loss_scale", "initial_loss_scale",
+            "min_loss_scale", "loss_scale_window", "log_interval", "eval_interval",
+            "save_interval", "exit_interval", "exit_duration_in_mins",
+        ),
+        _POSITIVE,
+    ),
+    **dict.fromkeys(
+        (
+            "strategy_window", "max_cached_strategies", "lr", "min_lr", "weight_decay",
+            "start_weight_decay", "end_weight_decay", "clip_grad", "init_method_std",
+            "eval_iters", "lr_warmup_iters", "lr_warmup_samples", "lr_warmup_init",
+            "manual_gc_interval",
+        ),
+        _NONNEGATIVE,
+    ),
+    **dict.fromkeys(
+        ("hidden_dropout", "attention_dropout", "lr_warmup_fraction"),
+        (lambda v: 0 <= v <= 1, "between 0 and 1"),
+    ),
+    **dict.fromkeys(("adam_beta1", "adam_beta2"), (lambda v: 0 <= v < 1, "in [0, 1)")),
+    # numpy seeds below 2**32, and Megatron adds 100 x the pipeline rank
+    "seed": (lambda v: 0 < v < 2**31, "positive and below 2**31"),
+    # timedelta holds at most 10**9 days; a timeout of decades is a typo anyway
+    "dynapipe_timeout": (lambda v: 0 < v <= 10**9, "positive and at most 10**9 seconds"),
+    "distributed_timeout_minutes": (
+        lambda v: 0 < v <= 10**7,
+        "positive and at most 10**7 minutes",
+    ),
+    "planner_workers": (lambda v: 0 <= v <= 1024, "between 0 and 1024 processes"),
+}  # fmt: skip
+
+
+def check_numbers(
+    args: argparse.Namespace, given: dict[str, str], extra_args_provider: ExtraArgs
+) -> None:
+    """Stop on the first number given that the run cannot be made of (`_NUMBERS`), naming the
+    flag as typed: before Megatron's own checks, which divide by some of them."""
+    numbers = _parser(extra_args_provider)[2]
+    for dest, option in given.items():
+        value = getattr(args, dest, None)
+        if dest not in numbers or value is None:
+            continue
+        rule = _NUMBERS.get(dest)
+        for v in value if isinstance(value, list) else [value]:
+            if numbers[dest] is int and not -(2**63) <= v < 2**63:
+                raise ArgumentError(f"{option} must fit in int64, got {v}")
+            if numbers[dest] is float and not math.isfinite(v):
+                what = "finite" if rule is None else f"finite and {rule[1]}"
+                raise ArgumentError(f"{option} must be {what}, got {v}")
+            if rule is not None and not rule[0](v):
+                raise ArgumentError(f"{option} must be {rule[1]}, got {v}")
 
 
 # Fused kernels Megatron uses by default. These come from TransformerEngine (or apex) builds:
@@ -526,16 +601,7 @@ def _check_dynapipe(args: argparse.Namespace, given: dict[str, str]) -> None:
         raise ArgumentError("--strategy-candidates and --strategy-window need --dynamic-strategies")
     elif args.overlap_pull_push:
         raise ArgumentError("--overlap-pull-push needs --dynamic-strategies or --hetero-plan")
-    for dest, flag in _POSITIVE.items():
-        value = getattr(args, dest)
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise ArgumentError(f"{flag} must be a positive number, got {value}")
-    if args.seed <= 0:  # Megatron's initialisation refuses it too, later (_set_random_seed)
-        raise ArgumentError(f"--seed must be a positive integer, got {args.seed}")
-    if args.max_cached_strategies < 0:
-        raise ArgumentError(
-            f"--max-cached-strategies must be >= 0, got {args.max_cached_strategies}"
-        )
+    _check_checkpoint_dirs(args)
     if args.batching is None:
         args.batching = "dynamic" if args.dynamic_micro_batching else "padding"
     if args.seq_length is None:
@@ -583,12 +649,21 @@ def _check_parallel_plan(args: argparse.Namespace, given: dict[str, str]) -> Non
             )
 
 
-# Numbers that must be finite and positive (a zero memory limit does not mean "no limit").
-_POSITIVE = {
-    "seq_length": "--seq-length",
-    "dynapipe_timeout": "--dynapipe-timeout",
-    "dynapipe_memory_limit": "--dynapipe-memory-limit",
-}
+def _check_checkpoint_dirs(args: argparse.Namespace) -> None:
+    """`--load` and `--save` name directories. A file given as --load would start training
+    from scratch (Megatron finds no tracker in it), and a --save that cannot be made would fail
+    at the first save, after the training it was meant to keep: both stop here instead."""
+    if args.load and os.path.exists(args.load) and not os.path.isdir(args.load):
+        raise ArgumentError(f"--load {args.load} is not a directory")
+    if not args.save:
+        return
+    existing = os.path.abspath(args.save)
+    while not os.path.exists(existing):  # Megatron creates the missing directories
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ArgumentError(f"--save {args.save}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ArgumentError(f"--save {args.save}: directory {existing} is not writable")
 
 
 def _megatron_global_batch(args: argparse.Namespace) -> None:

@@ -8,7 +8,9 @@ writes Megatron's legacy `mp_rank_*/model_optim_rng.pt` files. `load` hands the 
 Megatron's `load_checkpoint`. A Megatron-LM run therefore continues under DynaPipe, a DynaPipe
 run continues under Megatron-LM, and megatron-core's `dist_checkpointing.load` reads the
 weights into a freshly built model. Megatron writes the tracker file only after every rank has
-written its part, so a save that dies half-way leaves the previous checkpoint in force.
+written its part, so a save that dies half-way leaves the previous checkpoint in force; what it
+did write, an `iter_NNNNNNN` directory later than the tracker's and incomplete, is removed when
+the next run starts (`remove_interrupted_saves`).
 
 The data position lives where Megatron keeps it, in the saved arguments: `consumed_train_samples`
 (Megatron's), plus DynaPipe's sampler place (`dynapipe_data_position`: global batches of a
@@ -22,7 +24,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
+import shutil
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +37,9 @@ import torch.distributed as dist
 
 # The files of DynaPipe's layout-independent checkpoints (heterogeneous jobs, `hetero`).
 LATEST = "latest_iteration.txt"
+FULL_STATE = "full_state.pt"
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -225,6 +233,53 @@ def load(
         point.state.consumed_tokens,
         float(flops or 0.0),
     )
+
+
+def remove_interrupted_saves(directory: str | os.PathLike) -> None:
+    """Remove the iterations a killed save left in `directory` (the --save directory; rank 0,
+    at start): see `remove_partial_iterations`, after the iteration Megatron's tracker names.
+    A tracker that names no iteration (release, or damaged) leaves everything in place."""
+    directory = Path(directory)
+    tracked = None
+    if has_checkpoint(directory):
+        try:
+            tracked, release = _tracked_iteration(directory)
+        except CheckpointError:  # a --load of it names the damage; nothing is judged by it
+            return
+        if release:
+            return
+    remove_partial_iterations(directory, tracked)
+
+
+def remove_partial_iterations(directory: Path, tracked: int | None) -> None:
+    """Remove each `iter_NNNNNNN` directory later than `tracked` (the iteration the tracker
+    names; None: no tracker yet) that a save did not complete, with one warning line naming it.
+    The tracker moves only after a whole save, so such a directory was never in force and no
+    load reads it; it only holds the disk. Nothing tracked or earlier, and nothing complete
+    (a save killed between its last file and the tracker), is touched."""
+    if not directory.is_dir():
+        return
+    for path in sorted(directory.glob("iter_*")):
+        number = path.name.removeprefix("iter_")
+        if not (number.isdigit() and path.is_dir()):
+            continue
+        if (tracked is not None and int(number) <= tracked) or _complete_save(path):
+            continue
+        shutil.rmtree(path)
+        _log.warning("removed %s: a save interrupted before it was complete", path)
+
+
+def _complete_save(path: Path) -> bool:
+    """Whether the `iter_NNNNNNN` directory `path` holds a whole save in any format this
+    runtime writes: torch.distributed.checkpoint's `.metadata` (rank 0 writes it once every
+    rank's shards are written; torch_dist adds `metadata.json` after it); a heterogeneous
+    job's `full_state.pt` (renamed into place whole); or `--ckpt-format torch`'s
+    `mp_rank_*/model_optim_rng.pt`, each a whole zip archive (torch.save's format: a write
+    cut short lacks the archive's closing record)."""
+    if any((path / name).is_file() for name in (".metadata", "metadata.json", FULL_STATE)):
+        return True
+    ranks = list(path.glob("mp_rank_*"))
+    return bool(ranks) and all(zipfile.is_zipfile(r / "model_optim_rng.pt") for r in ranks)
 
 
 def release_writer_processes() -> None:

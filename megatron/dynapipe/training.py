@@ -70,7 +70,9 @@ def pretrain(args: argparse.Namespace, probe: IterationProbe | None = None) -> l
     # fit before any group exists.
     plan = apply_parallel_plan(args, _world_size()) if args.parallel_plan else None
     cpu_compat.install()
-    splits = datasets(args)  # bad data or tokenizer files stop the job before any group exists
+    # Bad data, tokenizer files or checkpoints stop the job before any group exists.
+    splits = datasets(args)
+    resume = checkpointing.resume_point(args)
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     ps.initialize(
         tp,
@@ -80,7 +82,7 @@ def pretrain(args: argparse.Namespace, probe: IterationProbe | None = None) -> l
         layer_counts=list(plan.partition) if plan else None,
     )
     try:
-        return _train(args, splits, tp, probe, plan.checkpointed_layers if plan else ())
+        return _train(args, splits, resume, tp, probe, plan.checkpointed_layers if plan else ())
     finally:
         checkpointing.release_writer_processes()
         ps.destroy()
@@ -93,6 +95,7 @@ def _world_size() -> int:
 def _train(
     args: argparse.Namespace,
     splits: DataSplits,
+    resume: checkpointing.ResumePoint | None,
     tp: int,
     probe: IterationProbe | None,
     checkpointed: tuple[int, ...],
@@ -100,9 +103,10 @@ def _train(
     rank = dist.get_rank()
     for note in args.dynapipe_notes:
         log_rank0(rank, note)
+    if rank == 0 and args.save:
+        checkpointing.remove_interrupted_saves(args.save)
     dataset = splits.train
     spec = spec_from_args(args, padded_vocab_size(args, dataset.vocab_size, tp))
-    resume = checkpointing.resume_point(args)
     if args.load and resume is None:
         log_rank0(rank, f"no checkpoint in {args.load}: starting from scratch")
     iterations = iterations_for(args, splits, spec, resume)

@@ -12,8 +12,9 @@ gets the padding rows fitted (`switch.fit_vocab_rows`), and says so too.
 
 Layout: `<dir>/iter_<NNNNNNN>/` and `<dir>/latest_iteration.txt`, with one file
 `full_state.pt` written by rank 0 under a temporary name and renamed, the `latest` marker moved
-only after that, so a crash mid-save leaves the previous checkpoint in force. Every rank
-reads the same file on resume. The same directory holds the state as a Megatron-LM checkpoint
+only after that, so a crash mid-save leaves the previous checkpoint in force; the next run
+removes what the crash left (`remove_interrupted_saves`). Every rank reads the same file on
+resume. The same directory holds the state as a Megatron-LM checkpoint
 too (`megatron_export`: `iter_<NNNNNNN>/` in `--ckpt-format`, `latest_checkpointed_iteration.txt`),
 written before `full_state.pt` moves in, so a homogeneous job or Megatron-LM resumes from it.
 """
@@ -21,6 +22,7 @@ written before `full_state.pt` moves in, so a homogeneous job or Megatron-LM res
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,12 +31,21 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..checkpointing import LATEST, CheckpointError, TrainState, rng_state, set_rng_state
+from ..checkpointing import (
+    FULL_STATE,
+    LATEST,
+    CheckpointError,
+    TrainState,
+    remove_partial_iterations,
+    rng_state,
+    set_rng_state,
+)
 from .switch import DisaggregatedOptimizer
 
-FULL_STATE = "full_state.pt"
 FORMAT = "dynapipe-full-fp32-v1"
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"  # a homogeneous job's checkpoint
+
+_log = logging.getLogger(__name__)
 
 
 def _path(directory: Path, iteration: int) -> Path:
@@ -69,7 +80,7 @@ def save(
             "sampler": sampler.state_dict(),
             "rng_by_rank": streams,
         }
-        staged = directory / f".{path.parent.name}.{FULL_STATE}"
+        staged = _staged(path)
         directory.mkdir(parents=True, exist_ok=True)
         save_atomically(payload, staged)
         if export is not None:
@@ -80,6 +91,12 @@ def save(
         mark_latest(directory, state.iteration)
     dist.barrier()
     return path
+
+
+def _staged(path: Path) -> Path:
+    """Where `save` writes `path` before moving it in: beside its iteration directory, which
+    Megatron's writer wants empty (`remove_interrupted_saves` knows the name)."""
+    return path.parent.parent / f".{path.parent.name}.{path.name}"
 
 
 def save_atomically(payload: dict, path: Path) -> None:
@@ -115,10 +132,32 @@ def verify_checksum(path: Path) -> None:
 
 def mark_latest(directory: Path, iteration: int) -> None:
     """Point `LATEST` at `iteration` (atomically), once its files are all written."""
-    marker = directory / LATEST
-    tmp_marker = marker.with_suffix(".tmp")
-    tmp_marker.write_text(f"{iteration}\n")
-    os.replace(tmp_marker, marker)
+    pending = _pending_marker(directory)
+    pending.write_text(f"{iteration}\n")
+    os.replace(pending, directory / LATEST)
+
+
+def _pending_marker(directory: Path) -> Path:
+    return (directory / LATEST).with_suffix(".tmp")
+
+
+def remove_interrupted_saves(directory: str | os.PathLike) -> None:
+    """Remove what a killed save left in `directory` (the --save directory; rank 0, at start,
+    when no save runs): staged `full_state.pt` files never moved into their iteration (and
+    their temporary files and checksums), the iterations later than `LATEST` that no save
+    completed (`remove_partial_iterations`: a Megatron export cut short), and a `LATEST` update
+    never renamed into place (the previous checkpoint stays in force). Each removal is one
+    warning line. A damaged `LATEST` leaves everything."""
+    directory = Path(directory)
+    try:
+        tracked = latest_iteration(directory) if has_checkpoint(directory) else None
+    except CheckpointError:  # a --load of it names the damage; nothing is judged by it
+        return
+    _pending_marker(directory).unlink(missing_ok=True)
+    for leftover in sorted(directory.glob(f".iter_*.{FULL_STATE}*")):
+        leftover.unlink()
+        _log.warning("removed %s: a save interrupted before it was complete", leftover)
+    remove_partial_iterations(directory, tracked)
 
 
 def has_checkpoint(directory: str | os.PathLike) -> bool:

@@ -242,6 +242,8 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
     names = job.candidates.names
     listed = "; ".join(f"{k}: {n}" for k, n in enumerate(names))
     log_rank0(rank, f"{len(names)} strategies: {listed}")
+    if rank == 0 and args.save:
+        checkpointing.remove_interrupted_saves(args.save)
     sampler = global_batch_sampler(args, dataset.lengths())
     checkpoint = checkpointing.read_latest(args)
     if checkpoint is not None:

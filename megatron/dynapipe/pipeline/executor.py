@@ -312,7 +312,7 @@ class PlanExecutor:
                 state.input = state.output = state.output_grad = None
             elif ins.op.endswith("Start"):
                 where = (  # errors of this transfer, up to its Wait, name it so
-                    f"iteration {iteration}, replica {self.replica} stage {self.stage}, "
+                    f"iteration {iteration + 1}, replica {self.replica} stage {self.stage}, "
                     f"instruction {index} ({ins.op} mb {ins.mb})"
                 )
                 shape = packed_shape(ins.shape) if ins.mb in packed else ins.shape

@@ -24,6 +24,8 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from dynapipe_planner.errors import iteration_name
+
 PREFIX = "dynapipe/alive"
 
 
@@ -110,8 +112,8 @@ class Liveness:
             raise
         except RuntimeError as err:
             raise PeerFailure(
-                f"rank {self.rank}, iteration {iteration}: {self.diagnose()}; this rank failed "
-                f"with: {err}"
+                f"rank {self.rank}, {iteration_name(iteration)}: {self.diagnose()}; this rank "
+                f"failed with: {err}"
             ) from err
 
     def _key(self, rank: int) -> str:

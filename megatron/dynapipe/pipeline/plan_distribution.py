@@ -42,7 +42,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from dynapipe_planner.errors import PlanningServiceError, PlanTimeoutError
+from dynapipe_planner.errors import PlanningServiceError, PlanTimeoutError, iteration_name
 from dynapipe_planner.plan import ExecutionPlan
 from dynapipe_planner.service import PlanningService
 
@@ -151,7 +151,7 @@ class PlanChannel:
         """Make `plan` the plan of `iteration` for every rank (publisher only)."""
         if not self.is_publisher:
             raise PlanningServiceError(
-                f"rank {self.rank} cannot publish iteration {iteration}: rank "
+                f"rank {self.rank} cannot publish {iteration_name(iteration)}: rank "
                 f"{self.publisher_rank} is the planner"
             )
         data = plan if isinstance(plan, bytes) else plan.to_bytes()
@@ -163,12 +163,12 @@ class PlanChannel:
     def fetch(self, iteration: int, timeout_s: float | None = None) -> ExecutionPlan:
         """This iteration's plan, waiting at most `timeout_s` (default: the channel's)."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        source = f"plan of iteration {iteration}"
+        source = f"plan of {iteration_name(iteration)}"
         if self.is_publisher:
             if iteration not in self._published:
                 if self.service is None:
                     raise PlanningServiceError(
-                        f"rank {self.rank} has no plan for iteration {iteration}: publish it "
+                        f"rank {self.rank} has no plan for {iteration_name(iteration)}: publish it "
                         f"first or give the channel a planning service"
                     )
                 self.publish(iteration, self.service.get_planned(iteration, timeout).data)
@@ -204,7 +204,7 @@ class PlanChannel:
         except dist.DistNetworkError as e:
             raise PlanningServiceError(
                 f"rank {self.rank}: lost the plan store of rank {self.publisher_rank} (the "
-                f"planner) while {doing} the plan of iteration {iteration}: {e}"
+                f"planner) while {doing} the plan of {iteration_name(iteration)}: {e}"
             ) from e
 
     def _key(self, iteration: int) -> str:
@@ -217,7 +217,8 @@ class PlanChannel:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise PlanTimeoutError(
-                    f"rank {self.rank}: no plan for iteration {iteration} after {timeout:.1f} s; "
+                    f"rank {self.rank}: no plan for {iteration_name(iteration)} after "
+                    f"{timeout:.1f} s; "
                     f"rank {self.publisher_rank} plans and publishes it (store key {key!r}): "
                     f"is it alive, and is its planner keeping up?"
                 )
@@ -229,10 +230,9 @@ class PlanChannel:
                 pass  # not there yet
             if time.monotonic() < deadline:
                 self._log.warning(
-                    "rank %d waiting for plan of iteration %d from rank %d (the planner), "
-                    "%.1f s so far",
+                    "rank %d waiting for plan of %s from rank %d (the planner), %.1f s so far",
                     self.rank,
-                    iteration,
+                    iteration_name(iteration),
                     self.publisher_rank,
                     time.monotonic() - started,
                 )

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from dynapipe_planner.cluster import ClusterSpec, GiB, get_gpu
 from dynapipe_planner.cost import AnalyticCostModel, ProfiledCostModel
+from dynapipe_planner.errors import iteration_name
 from dynapipe_planner.model_spec import ModelSpec
 from dynapipe_planner.plan import ExecutionPlan
 from dynapipe_planner.planner import PlannerConfig
@@ -93,7 +94,7 @@ class PlanSource:
         planned = np.sort(np.concatenate([mb.samples for mb in plan.microbatches]))
         if not np.array_equal(planned, np.sort(batch)):
             raise PlanMismatch(
-                f"rank {self.channel.rank}: the plan of iteration {iteration} covers "
+                f"rank {self.channel.rank}: the plan of {iteration_name(iteration)} covers "
                 f"{len(planned)} samples that differ from the sampler's batch of {len(batch)}; "
                 f"the planning rank and this rank disagree on the data order"
             )
