@@ -33,6 +33,7 @@ import torch
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer import TransformerConfig
 
+from dynapipe_planner.errors import iteration_name
 from dynapipe_planner.plan import ExecutionPlan
 
 from .. import parallel_state as ps
@@ -138,7 +139,7 @@ class MegatronPackingBaseline(_MegatronSchedule):
                 continue
             if mb.seqlen != self.row_length or mb.num_rows > self.rows or not mb.row_sizes:
                 raise PlanRejected(
-                    f"iteration {iteration}: micro-batch {mb.id} has {mb.num_rows} rows of "
+                    f"{iteration_name(iteration)}: micro-batch {mb.id} has {mb.num_rows} rows of "
                     f"{mb.seqlen} tokens; megatron-core's schedule runs at most "
                     f"{self.rows} packed rows of {self.row_length} (use --batching packing)"
                 )
