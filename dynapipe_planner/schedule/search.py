@@ -88,7 +88,10 @@ def search_schedule(
             makespan = float(end.max()) if end.size else 0.0
             if best is None or makespan < best[0]:
                 best = (makespan, order, local, start, end, max_inflight)
-    one_f_one_b = _fitting_one_f_one_b(fwd, bwd, act, lim, act_comm, grad_comm)
+    try:  # 1F1B in the given order, when it fits
+        one_f_one_b = _one_f_one_b_choice(fwd, bwd, act, lim, act_comm, grad_comm)
+    except PlanningError:
+        one_f_one_b = None
     if best is None:
         if one_f_one_b is None:
             raise first_error
@@ -105,21 +108,6 @@ def search_schedule(
     return ScheduleChoice(
         order, orders, Timeline.from_times(start, end), peak_activation(orders, act), max_inflight
     )
-
-
-def _fitting_one_f_one_b(
-    fwd: np.ndarray,
-    bwd: np.ndarray,
-    act: np.ndarray,
-    lim: np.ndarray,
-    act_comm: np.ndarray,
-    grad_comm: np.ndarray,
-) -> ScheduleChoice | None:
-    """1F1B in the given order when it fits in memory, else None."""
-    try:
-        return _one_f_one_b_choice(fwd, bwd, act, lim, act_comm, grad_comm)
-    except PlanningError:
-        return None
 
 
 def _one_f_one_b_choice(
