@@ -186,6 +186,7 @@ def path_cases(scratch: Path) -> list[Case]:
              str(scratch / "no.json")),
         Case("--hetero-plan missing", with_flags(("--hetero-plan", str(scratch / "no.json"))),
              str(scratch / "no.json")),
+        Case("--lr missing", with_flags((), ("--lr",)), "--lr"),
         Case("--parallel-plan missing",
              with_flags(("--parallel-plan", str(scratch / "no.json")),
                         ("--dynamic-micro-batching", "--tokens-per-global-batch")),

@@ -29,6 +29,7 @@ from dynapipe_planner.plan import ExecutionPlan
 
 from . import checkpointing, cpu_compat
 from . import parallel_state as ps
+from .arguments import ArgumentError
 from .checkpointing import TrainState
 from .data.datasets import DataSplits, datasets
 from .evaluation import validation_line
@@ -62,6 +63,8 @@ def pretrain(args: argparse.Namespace, probe: IterationProbe | None = None) -> l
     pipeline run (the plan's instructions, up to finalised gradients; not the optimiser step),
     the part the plan predicts: the cost-model accuracy benchmark measures it there.
     """
+    if args.lr is None:  # Megatron has no default either; its optimiser would fail deep inside
+        raise ArgumentError("--lr: give the learning rate (it has no default)")
     if getattr(args, "dynamic_strategies", False) or getattr(args, "hetero_plan", None):
         from .hetero.training import pretrain_hetero
 
