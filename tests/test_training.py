@@ -116,7 +116,7 @@ def test_bpe_blend_with_split_trains_and_evaluates(gpt2_bpe, preprocess_tool, tm
 def test_pretrain_gpt_bad_data_is_one_line_and_exit_2(flags, named, capsys, monkeypatch):
     """pretrain_gpt.py's user errors end the run before any process group exists."""
     model = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4"]
-    model += ["--seq-length", "128", "--train-iters", "1"]
+    model += ["--seq-length", "128", "--train-iters", "1", "--lr", "1e-3"]
     monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *model, *flags])
     monkeypatch.delenv("DYNAPIPE_DEBUG", raising=False)
     assert _pretrain_gpt().main() == 2
