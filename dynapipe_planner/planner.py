@@ -248,16 +248,28 @@ class IterationPlanner:
         costs: PipelineCosts,
         groups: list[Group] | None = None,
     ) -> Candidate:
-        best, errors = None, []
         options = (
             [("given", partial(_without_dp, list, groups))]
             if groups is not None
             else self._candidate_groups(lengths, ids, order, costs)
         )
+        best, errors = self._fastest(options, costs)
+        if best is None:
+            raise PlanningError("; ".join(errors) or "no candidate micro-batching")
+        return best
+
+    def _fastest(
+        self, options, costs: PipelineCosts, to_beat: float = math.inf
+    ) -> tuple[Candidate | None, list[str]]:
+        """The fastest of `options` ((label, thunk) pairs) under `costs` (None if none was
+        scheduled), and why the others failed. An option whose work bound cannot beat the
+        best so far, or `to_beat`, is not scheduled (no schedule of it could)."""
+        best, errors = None, []
         for label, make_groups in options:
             try:
                 made, passes, exhausted = make_groups()
-                if best is not None and _work_bound(made, costs, self.config) >= best.makespan:
+                bar = min(to_beat, best.makespan) if best is not None else to_beat
+                if _work_bound(made, costs, self.config) >= bar:
                     continue  # cannot beat the best so far: skip its schedule search
                 cand = self._schedule(made, costs)
             except PlanningError as e:
@@ -266,9 +278,7 @@ class IterationPlanner:
             cand.dp_passes, cand.budget_exhausted, cand.label = passes, exhausted, label
             if best is None or cand.makespan < best.makespan:
                 best = cand
-        if best is None:
-            raise PlanningError("; ".join(errors) or "no candidate micro-batching")
-        return best
+        return best, errors
 
     def _candidate_groups(
         self, lengths: np.ndarray, ids: np.ndarray, order: np.ndarray, costs: PipelineCosts
@@ -320,17 +330,7 @@ class IterationPlanner:
                 costs = self.costs(mode, lengths, longest)
             except PlanningError:
                 continue
-            fastest = None
-            for label, make_groups in candidates:
-                groups, *_ = make_groups()
-                if _work_bound(groups, costs, self.config) >= best.makespan:
-                    continue  # cannot beat the plan so far: skip its schedule search
-                try:
-                    cand = self._schedule(groups, costs)
-                except PlanningError:
-                    continue
-                if fastest is None or cand.makespan < fastest.makespan:
-                    cand.label, fastest = label, cand
+            fastest, _ = self._fastest(candidates, costs, to_beat=best.makespan)
             if fastest is not None:
                 fastest = self._rebalanced(fastest)
                 if fastest.makespan < best.makespan:
@@ -376,14 +376,7 @@ class IterationPlanner:
         self, groups: list[Group], costs: PipelineCosts, rebalanced_from: Candidate | None = None
     ) -> Candidate:
         cfg = self.config
-        rows = np.array([g.num_rows for g in groups])
-        seq = np.array([g.seqlen for g in groups])
-        tgt = np.array([g.tgt_seqlen for g in groups])
-        fwd, bwd, act, tra = costs.stage_costs_many(rows, seq, tgt)
-        saved = np.array([g.attention_saved for g in groups])
-        if saved.any():
-            cut = saved[:, None] * costs.attention_coef[None, :]
-            fwd, bwd = fwd - cut / 3, bwd - 2 * cut / 3
+        rows, seq, tgt, fwd, bwd, act, tra = _priced(groups, costs)
         avail = costs.available_memory()
         alone = act + tra
         bad = np.flatnonzero(~np.isfinite(fwd).all(axis=1) | (alone > avail).any(axis=1))
@@ -517,14 +510,25 @@ class IterationPlanner:
         )
 
 
-def _stage_work(groups: list[Group], costs: PipelineCosts) -> np.ndarray:
-    """[micro-batch, stage] forward + backward time, packed rows' attention saving taken off."""
+def _priced(groups: list[Group], costs: PipelineCosts) -> tuple[np.ndarray, ...]:
+    """Each micro-batch's rows, seqlen and target seqlen, and its [micro-batch, stage]
+    forward, backward, stored-activation and transient costs; packed rows' attention saving
+    is taken off the times (a third from the forward, two thirds from the backward)."""
     rows = np.array([g.num_rows for g in groups])
     seq = np.array([g.seqlen for g in groups])
     tgt = np.array([g.tgt_seqlen for g in groups])
-    fwd, bwd, _, _ = costs.stage_costs_many(rows, seq, tgt)
+    fwd, bwd, act, tra = costs.stage_costs_many(rows, seq, tgt)
     saved = np.array([g.attention_saved for g in groups])
-    return fwd + bwd - saved[:, None] * costs.attention_coef[None, :]
+    if saved.any():
+        cut = saved[:, None] * costs.attention_coef[None, :]
+        fwd, bwd = fwd - cut / 3, bwd - 2 * cut / 3
+    return rows, seq, tgt, fwd, bwd, act, tra
+
+
+def _stage_work(groups: list[Group], costs: PipelineCosts) -> np.ndarray:
+    """[micro-batch, stage] forward + backward time."""
+    _, _, _, fwd, bwd, _, _ = _priced(groups, costs)
+    return fwd + bwd
 
 
 def _work_bound(groups: list[Group], costs: PipelineCosts, config: PlannerConfig) -> float:
