@@ -52,7 +52,7 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.torchrun_runs import ROOT, add_model_args, free_port
+from benchmarks.torchrun_runs import ROOT, add_model_args, free_port, model_flags
 
 WORLD = 2
 
@@ -76,17 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _model_flags(args: argparse.Namespace) -> list[str]:
-    return [
-        "--num-layers", str(args.num_layers), "--hidden-size", str(args.hidden_size),
-        "--num-attention-heads", str(args.num_attention_heads),
-        "--seq-length", str(args.seq_length),
-    ]  # fmt: skip
-
-
 def _training_argv(args: argparse.Namespace) -> list[str]:
     return [
-        *_model_flags(args),
+        *model_flags(args),
         "--pipeline-model-parallel-size", str(WORLD), "--dynamic-micro-batching",
         "--pipeline-schedule", "adaptive",
         "--tokens-per-global-batch", str(args.tokens_per_global_batch),
@@ -192,7 +184,7 @@ def _profile(args: argparse.Namespace, out: Path) -> str:
     print(f"profiling the cost table ({_load()})", flush=True)
     started = time.perf_counter()
     cmd = [
-        sys.executable, str(ROOT / "tools" / "profile_costs.py"), *_model_flags(args),
+        sys.executable, str(ROOT / "tools" / "profile_costs.py"), *model_flags(args),
         "--microbatch-sizes", args.microbatch_sizes, "--max-tokens", str(args.max_tokens),
         "--cpu-threads", "1", "--output", str(path),
     ]  # fmt: skip
@@ -205,7 +197,7 @@ def _train(args: argparse.Namespace, out: Path, mode: str) -> list[list[dict]]:
     print(f"training pass measuring {mode} ({_load()})", flush=True)
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
-        "--master-port", str(free_port()), __file__, *_model_flags(args),
+        "--master-port", str(free_port()), __file__, *model_flags(args),
         "--tokens-per-global-batch", str(args.tokens_per_global_batch),
         "--iterations", str(args.iterations), "--memory-limit", str(args.memory_limit),
         "--data-path", args.data_path, "--cost-table", args.cost_table,

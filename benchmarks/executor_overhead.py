@@ -33,7 +33,7 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.torchrun_runs import ROOT, add_model_args, free_port
+from benchmarks.torchrun_runs import ROOT, add_model_args, free_port, model_flags
 
 WORLD = 2
 
@@ -51,9 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _megatron_flags(args: argparse.Namespace) -> list[str]:
     return [
-        "--num-layers", str(args.num_layers), "--hidden-size", str(args.hidden_size),
-        "--num-attention-heads", str(args.num_attention_heads),
-        "--seq-length", str(args.seq_length), "--pipeline-model-parallel-size", str(WORLD),
+        *model_flags(args), "--pipeline-model-parallel-size", str(WORLD),
         "--batching", "padding", "--micro-batch-size", str(args.micro_batch_size),
         "--global-batch-size", str(args.micro_batch_size * args.microbatches),
         "--train-iters", "1", "--lr", "1e-4", "--hidden-dropout", "0", "--attention-dropout", "0",

@@ -57,7 +57,7 @@ import yaml
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.torchrun_runs import RunTimedOut, alternating, run
+from benchmarks.torchrun_runs import RunTimedOut, add_model_args, alternating, model_flags, run
 from dynapipe_planner.devices import load_cluster
 from dynapipe_planner.hetero.baselines import symmetric_layouts, symmetric_plan
 from dynapipe_planner.hetero.cost import HeteroCostModel, TrainingJob
@@ -97,11 +97,10 @@ def cluster_description(slowdowns: list[float], tflops: float, args: argparse.Na
     }
 
 
-def model_flags(args: argparse.Namespace) -> list[str]:
+def job_flags(args: argparse.Namespace) -> list[str]:
+    """Every run's flags: the model, data, batch and schedule."""
     return [
-        "--num-layers", str(args.num_layers), "--hidden-size", str(args.hidden_size),
-        "--num-attention-heads", str(args.num_attention_heads),
-        "--seq-length", str(args.seq_length),
+        *model_flags(args),
         "--tokens-per-global-batch", str(args.tokens_per_global_batch),
         "--data-path", args.data_path, "--seed", "1234", "--dynamic-micro-batching",
         "--dynapipe-memory-limit", str(args.memory_limit_gb),
@@ -169,10 +168,7 @@ def main() -> None:
         default=[4.0, 4.0, 8.0, 8.0],
         help="emulated slowdown of every rank (comma list; its length is the rank count)",
     )
-    p.add_argument("--num-layers", type=int, default=4)
-    p.add_argument("--hidden-size", type=int, default=64)
-    p.add_argument("--num-attention-heads", type=int, default=4)
-    p.add_argument("--seq-length", type=int, default=128)
+    add_model_args(p, hidden_size=64, seq_length=128)
     p.add_argument("--tokens-per-global-batch", type=int, default=4096)
     p.add_argument("--data-path", default="synthetic:webcode")
     p.add_argument("--memory-limit-gb", type=float, default=1.0)
@@ -220,7 +216,7 @@ def main() -> None:
         timed_out: list[str] = []
 
         def measure(label: str, flags: list[str]) -> list[dict[str, str]] | None:
-            argv = [*model_flags(args), *flags]
+            argv = [*job_flags(args), *flags]
             try:
                 return run(label, world, argv, args.warmup_iters, args.measured_iters,
                            args.run_timeout_s)  # fmt: skip

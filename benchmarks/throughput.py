@@ -32,7 +32,7 @@ import os
 import statistics
 from dataclasses import dataclass
 
-from benchmarks.torchrun_runs import add_model_args, run
+from benchmarks.torchrun_runs import add_model_args, model_flags, run
 
 BASELINES = {
     "packing-1f1b": ["--baseline", "packing-1f1b"],
@@ -73,8 +73,13 @@ def parser(description: str, defaults: Defaults) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--data-path", default="synthetic:flan", help="as pretrain_gpt.py's")
     p.add_argument("--tokens-per-global-batch", type=int, default=defaults.tokens_per_global_batch)
-    add_model_args(p, hidden_size=defaults.hidden_size, seq_length=defaults.seq_length)
-    p.set_defaults(num_layers=defaults.num_layers, num_attention_heads=defaults.num_attention_heads)
+    add_model_args(
+        p,
+        hidden_size=defaults.hidden_size,
+        seq_length=defaults.seq_length,
+        num_layers=defaults.num_layers,
+        num_attention_heads=defaults.num_attention_heads,
+    )
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument(
         "--nproc-per-node",
@@ -123,9 +128,7 @@ def parser(description: str, defaults: Defaults) -> argparse.ArgumentParser:
 
 def _model_args(args: argparse.Namespace) -> list[str]:
     return [
-        "--num-layers", str(args.num_layers), "--hidden-size", str(args.hidden_size),
-        "--num-attention-heads", str(args.num_attention_heads),
-        "--seq-length", str(args.seq_length),
+        *model_flags(args),
         "--pipeline-model-parallel-size", str(args.pipeline_model_parallel_size),
         "--tokens-per-global-batch", str(args.tokens_per_global_batch),
         "--data-path", args.data_path, "--seed", str(args.seed),

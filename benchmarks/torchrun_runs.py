@@ -39,12 +39,23 @@ HOMOGENEOUS = re.compile(
 )
 
 
-def add_model_args(parser, *, hidden_size: int, seq_length: int) -> None:
-    """The small GPT's flags the CPU benchmarks share, with each benchmark's defaults."""
-    parser.add_argument("--num-layers", type=int, default=4)
+def add_model_args(
+    parser, *, hidden_size: int, seq_length: int, num_layers: int = 4, num_attention_heads: int = 4
+) -> None:
+    """The GPT's flags the benchmarks share, with each benchmark's defaults."""
+    parser.add_argument("--num-layers", type=int, default=num_layers)
     parser.add_argument("--hidden-size", type=int, default=hidden_size)
-    parser.add_argument("--num-attention-heads", type=int, default=4)
+    parser.add_argument("--num-attention-heads", type=int, default=num_attention_heads)
     parser.add_argument("--seq-length", type=int, default=seq_length)
+
+
+def model_flags(args) -> list[str]:
+    """`add_model_args`' values as the Megatron flags `pretrain_gpt.py` takes."""
+    return [
+        "--num-layers", str(args.num_layers), "--hidden-size", str(args.hidden_size),
+        "--num-attention-heads", str(args.num_attention_heads),
+        "--seq-length", str(args.seq_length),
+    ]  # fmt: skip
 
 
 def free_port() -> int:
