@@ -59,7 +59,7 @@ class MicroBatchTensors:
         if self.cu_seqlens is None:
             return None
         bounds = self.cu_seqlens.to(device)
-        longest = int((self.cu_seqlens[1:] - self.cu_seqlens[:-1]).max())
+        longest = self._longest_segment()
         return PackedSeqParams(
             qkv_format="thd",
             cu_seqlens_q=bounds,
@@ -82,8 +82,12 @@ class MicroBatchTensors:
         }
         if moved.cu_seqlens is not None:
             batch["cu_seqlens"] = moved.cu_seqlens
-            batch["max_seqlen"] = torch.tensor(self.packed_seq_params("cpu").max_seqlen_q)
+            batch["max_seqlen"] = torch.tensor(self._longest_segment())
         return batch
+
+    def _longest_segment(self) -> int:
+        """Tokens in the longest segment (sample or padding) of a packed micro-batch."""
+        return int((self.cu_seqlens[1:] - self.cu_seqlens[:-1]).max())
 
 
 def _checked_rows(mb: MicroBatch, dataset: SampleDataset) -> list[list[int]]:
