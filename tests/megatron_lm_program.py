@@ -1,11 +1,16 @@
 """A Megatron-LM training program as its users write one for megatron.training 0.19, plus the
-one line that enables DynaPipe. `main(argv, model)` trains a GPT from a classic
-`model_provider`, or a Llama from a `ModelConfig` in the config container (megatron.training
-0.19's preferred form), with Megatron's own `pretrain` loop, optimiser, logging and
-checkpoints. Nothing here knows about DynaPipe but the import.
+one line that enables DynaPipe, placed before the program's other imports. `main(argv, model)`
+trains a GPT from a classic `model_provider`, or a Llama from a `ModelConfig` in the config
+container (megatron.training 0.19's preferred form), with Megatron's own `pretrain` loop,
+optimiser, logging and checkpoints. `get_batch` is Megatron-LM's: tensor-parallel rank 0 reads
+the iterator and megatron-core's `get_batch_on_this_tp_rank` broadcasts the batch. Nothing here
+knows about DynaPipe but the import.
 """
 
+# ruff: noqa: I001  (the DynaPipe line stays above the imports it patches)
 from __future__ import annotations
+
+import megatron.dynapipe.enable  # noqa: F401  (the one line a Megatron-LM program adds)
 
 import os
 import sys
@@ -19,6 +24,7 @@ from megatron.core.datasets.utils import get_blend_from_list
 from megatron.core.enums import ModelType
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.utils import get_batch_on_this_tp_rank
 from megatron.training import get_args, get_tokenizer, pretrain
 from megatron.training.argument_utils import (
     core_transformer_config_from_args,
@@ -26,8 +32,6 @@ from megatron.training.argument_utils import (
     pretrain_cfg_container_from_args,
 )
 from megatron.training.arguments import parse_and_validate_args
-
-import megatron.dynapipe.enable  # noqa: F401  (the one line a Megatron-LM program adds)
 
 
 def model_provider(pre_process=True, post_process=True, vp_stage=None, config=None, **kwargs):
@@ -47,10 +51,29 @@ def model_provider(pre_process=True, post_process=True, vp_stage=None, config=No
 
 
 def get_batch(data_iterator):
-    """Megatron's batch dict on the first and last stages; the middle stages read nothing."""
+    """Megatron's batch dict on the first and last stages (the middle stages read nothing),
+    read on tensor-parallel rank 0 and broadcast to the others."""
     if not (mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage()):
         return None, None, None, None, None
-    batch = next(data_iterator)
+    args = get_args()
+    tp_rank = mpu.get_tensor_model_parallel_rank()
+    batch = next(data_iterator) if tp_rank == 0 else {}
+    batch = get_batch_on_this_tp_rank(
+        batch,
+        has_cu_seqlens=False,
+        is_hybrid_cp=False,
+        create_attention_mask_in_dataloader=args.create_attention_mask_in_dataloader,
+        broadcast_src_rank=mpu.get_tensor_model_parallel_src_rank(),
+        broadcast_group=mpu.get_tensor_model_parallel_group(),
+        cp_size=args.context_parallel_size,
+        tp_rank=tp_rank,
+        micro_batch_size=args.micro_batch_size,
+        seq_length=args.seq_length,
+        mtp_on_this_rank=False,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        is_pipeline_first_stage=mpu.is_pipeline_first_stage(),
+        is_pipeline_last_stage=mpu.is_pipeline_last_stage(),
+    )
     keys = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
     return [batch[key] for key in keys]
 

@@ -73,7 +73,7 @@ TP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "1
     ("model", "layout"), [("gpt", []), ("llama", []), ("gpt", TP2)], ids=["gpt", "llama", "tp2"]
 )
 def test_megatron_pretrain_with_dynapipe_equals_our_loop(model, layout, capfd) -> None:
-    """PP=2, and TP=2 (every TP rank reads its planned micro-batch from its iterator)."""
+    """PP=2, and TP=2 (Megatron-LM's get_batch: TP rank 0 reads, megatron-core broadcasts)."""
     flags = [*(FLAGS if model == "gpt" else [*FLAGS, *LLAMA]), *layout]
     sites = run_ranks(_megatron_program, 2, flags, model, timeout_s=240)
     out = capfd.readouterr().out

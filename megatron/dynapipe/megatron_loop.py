@@ -1,7 +1,8 @@
 """DynaPipe inside megatron.training's own training loop: `import megatron.dynapipe.enable`.
 
 A Megatron-LM program keeps `megatron.training.pretrain(...)` with its model provider,
-`forward_step` and dataset provider. `install()` changes three seams of megatron.training:
+`forward_step` and dataset provider. `install()` changes four seams of megatron.training and
+megatron-core:
 
 - its parser (`arguments.hook_megatron_parser`): DynaPipe's flags join the program's, its
   refusals, CPU defaults and checks apply, and the loss is per token over the global batch;
@@ -18,7 +19,13 @@ A Megatron-LM program keeps `megatron.training.pretrain(...)` with its model pro
   turns `cu_seqlens`/`max_seqlen` into `PackedSeqParams` as Megatron-LM's does). The reports
   `forward_step`'s loss function returns go back to Megatron's `train_step`, which reduces,
   logs and checkpoints as always. Parallel state is Megatron's (`adopt_megatron_groups`).
-  Evaluation (`forward_only`) keeps Megatron's schedule on the program's validation data.
+  Evaluation (`forward_only`) keeps Megatron's schedule on the program's validation data;
+- megatron-core's `get_batch_on_this_tp_rank` (`_planned_shape_broadcast`): Megatron-LM's
+  `get_batch` reads the iterator on tensor-parallel rank 0 and broadcasts to the others into
+  buffers of `--micro-batch-size` x `--seq-length`. DynaPipe's micro-batches have their own
+  shape, so under DynaPipe rank 0 first broadcasts the shape it holds and the others receive
+  into buffers of that shape. The program must import `megatron.dynapipe.enable` before it
+  imports `get_batch_on_this_tp_rank` (the patched name is the module's).
 
 A resumed run continues the sampler after as many global batches as the checkpoint trained.
 """
@@ -26,7 +33,10 @@ A resumed run continues the sampler after as many global batches as the checkpoi
 from __future__ import annotations
 
 import atexit
+import functools
+import inspect
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +171,41 @@ def _use_prebuilt_dataset_helpers() -> None:
     utils.compile_helpers = compile_helpers
 
 
+def _planned_shape_broadcast(broadcast_batch: Callable[..., Any]) -> Callable[..., Any]:
+    """megatron-core's `get_batch_on_this_tp_rank` that, under DynaPipe, first broadcasts
+    the planned micro-batch's `[rows, tokens per row]` from tensor-parallel rank 0 (whichever
+    of tokens and labels that stage holds) and receives into buffers of that shape."""
+    signature = inspect.signature(broadcast_batch)
+
+    @functools.wraps(broadcast_batch)
+    def get_batch_on_this_tp_rank(*args: Any, **kwargs: Any) -> Any:
+        from megatron.training import get_args
+
+        if get_args().batching != "dynamic":
+            return broadcast_batch(*args, **kwargs)
+        call = signature.bind(*args, **kwargs)
+        given = call.arguments
+        cuda = torch.cuda.is_available()
+        shape = torch.zeros(2, dtype=torch.int64, device="cuda" if cuda else "cpu")
+        if given["tp_rank"] == 0:
+            batch = given["batch"]
+            held = batch.get("tokens") if batch.get("tokens") is not None else batch["labels"]
+            shape.copy_(torch.tensor(held.shape, dtype=torch.int64))
+        dist.broadcast(shape, given["broadcast_src_rank"], group=given["broadcast_group"])
+        given["micro_batch_size"], given["seq_length"] = (int(n) for n in shape)
+        return broadcast_batch(*call.args, **call.kwargs)
+
+    get_batch_on_this_tp_rank._dynapipe = True  # type: ignore[attr-defined]
+    return get_batch_on_this_tp_rank
+
+
+def _broadcast_planned_shapes() -> None:
+    from megatron.core import utils
+
+    if not getattr(utils.get_batch_on_this_tp_rank, "_dynapipe", False):
+        utils.get_batch_on_this_tp_rank = _planned_shape_broadcast(utils.get_batch_on_this_tp_rank)
+
+
 def install() -> None:
     """Enable DynaPipe in megatron.training (idempotent); see the module docstring."""
     from megatron.training import training
@@ -168,6 +213,7 @@ def install() -> None:
     arguments.hook_megatron_parser()
     cpu_compat.install_training()
     _use_prebuilt_dataset_helpers()
+    _broadcast_planned_shapes()
     megatron_schedule_for = training.get_forward_backward_func
     if getattr(megatron_schedule_for, "_dynapipe", False):
         return
