@@ -62,6 +62,17 @@ def _our_loop(rank: int, world: int, argv: list[str]) -> list[float]:
     return pretrain(parse_args(argv))
 
 
+def iteration_rows(out: str) -> list[dict[str, str]]:
+    """DynaPipe's iteration lines in `out`, read as the benchmarks read them."""
+    root = str(Path(__file__).resolve().parents[1])
+    sys.path.insert(0, root)
+    try:
+        from benchmarks.torchrun_runs import iteration_rows as rows
+    finally:
+        sys.path.remove(root)
+    return rows(out)
+
+
 def _megatron_losses(out: str) -> list[float]:
     return [float(v) for v in re.findall(r"\| lm loss: ([0-9.E+-]+) \|", out)]
 
@@ -79,8 +90,11 @@ def test_megatron_pretrain_with_dynapipe_equals_our_loop(model, layout, capfd) -
     out = capfd.readouterr().out
     megatron = _megatron_losses(out)
     assert len(megatron) == ITERATIONS, out[-3000:]
-    assert f"dynapipe iteration {ITERATIONS} | micro-batches" in out
+    dynapipe = iteration_rows(out)  # DynaPipe's line in Megatron's loop, as the benchmarks read it
+    assert [int(row["it"]) for row in dynapipe] == list(range(1, ITERATIONS + 1))
+    assert all(int(row["tps"].replace(",", "")) > 0 and row["predicted"] for row in dynapipe)
     ours = run_ranks(_our_loop, 2, flags, timeout_s=240)[0]
+    assert [float(row["loss"]) for row in dynapipe] == pytest.approx(ours, abs=1e-4)
     # Megatron logs the mean loss since its last reset, and does not reset after the first
     # iteration's line: with --log-interval 1 it prints L1, (L1 + L2) / 2, L3.
     logged = [ours[0], (ours[0] + ours[1]) / 2, ours[2]]
@@ -114,4 +128,4 @@ def test_megatron_lm_program_under_torchrun() -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert len(_megatron_losses(out.stdout)) == ITERATIONS, out.stdout[-3000:]
-    assert f"dynapipe iteration {ITERATIONS} | micro-batches" in out.stdout
+    assert len(iteration_rows(out.stdout)) == ITERATIONS, out.stdout[-3000:]

@@ -177,17 +177,14 @@ def test_pretrain_gpt_under_torchrun() -> None:
 def test_iteration_line_says_when_the_planner_budget_ran_out(monkeypatch) -> None:
     """The line is unchanged unless the plan's DP ran out of its wall-clock budget; then it
     says so after the planning fields, and the benchmarks' parser still reads it."""
-    from argparse import Namespace
-    from types import SimpleNamespace
 
     from dynapipe_planner.plan import ExecutionPlan
     from megatron.dynapipe.iterations import Iteration
-    from megatron.dynapipe.training import _iteration_line
+    from megatron.dynapipe.log import iteration_line
 
     monkeypatch.syspath_prepend(str(ROOT))
     from benchmarks.torchrun_runs import iteration_rows
 
-    args = Namespace(train_iters=10, dynapipe_gpu="A100-80GB")
     stats = {
         "padding_efficiency": 0.953, "num_microbatches": 4, "recompute": "none",
         "predicted_iteration_s": 0.008, "planning_time_s": 0.0008,
@@ -196,7 +193,7 @@ def test_iteration_line_says_when_the_planner_budget_ran_out(monkeypatch) -> Non
     def line(exhausted: bool) -> str:
         plan = ExecutionPlan(1, 1, [], [], {**stats, "budget_exhausted": exhausted})
         work = Iteration(lambda: None, plan.stats, 4, waited_s=0.0007, plan=plan)
-        return _iteration_line(args, SimpleNamespace(iteration=2), work, 5.15391, 15610, 6.691)
+        return iteration_line(2, 10, work, 5.15391, 15610, 6.691, "A100-80GB")
 
     expected = (
         "[####................] iteration  2/10 | lm loss 5.1539 | tokens/s 2,333 | "

@@ -1,11 +1,60 @@
-"""The job's log: the lines every Megatron user reads, printed by rank 0 only."""
+"""The job's log: the lines every Megatron user reads, and DynaPipe's iteration line.
+
+`iteration_line` is the per-iteration line of `pretrain_gpt.py`'s loop and, under
+`import megatron.dynapipe.enable`, of megatron.training's own loop (beside Megatron's line);
+`benchmarks/torchrun_runs.iteration_rows` parses it.
+"""
 
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .iterations import Iteration
 
 
 def log_rank0(rank: int, message: str) -> None:
     """Print `message` on rank 0 only (the log every Megatron user reads)."""
     if rank == 0:
         print(message, file=sys.stdout, flush=True)
+
+
+def iteration_line(
+    iteration: int,
+    train_iters: int,
+    work: Iteration,
+    loss: float,
+    tokens: int,
+    measured_s: float,
+    gpu: str,
+    checkpointed: tuple[int, ...] = (),
+) -> str:
+    """Iteration `iteration` (counted from 1) of `train_iters`: the loss per real token,
+    `tokens` real tokens over the measured `measured_s` (the whole step: passes, gradient sync
+    and optimiser). `recompute`: the recomputation mode, or the layers a searched plan
+    checkpoints (`checkpointed`); with a planner, `predicted` is the plan's iteration time on
+    `gpu`, `planning` the planner's time for this plan (spent ahead of training when planner
+    workers run) and `waited` how long the printing rank waited for the plan; "planner
+    budget exhausted" follows only when the micro-batch DP ran out of its wall-clock budget
+    (the plan is then the best partition found, not the optimum)."""
+    stats = work.stats
+    recompute = f"layers {list(checkpointed)}" if checkpointed else stats["recompute"]
+    width = len(str(train_iters))
+    done = iteration / train_iters
+    bar = "#" * int(20 * done) + "." * (20 - int(20 * done))
+    line = (
+        f"[{bar}] iteration {iteration:>{width}}/{train_iters} | lm loss {loss:.4f} | "
+        f"tokens/s {tokens / measured_s:,.0f} | padding eff {stats['padding_efficiency']:.3f} | "
+        f"micro-batches {stats['num_microbatches']} | recompute {recompute} | "
+        f"iteration {measured_s * 1e3:,.0f} ms"
+    )
+    if work.plan is not None:
+        line += (
+            f" (predicted {stats['predicted_iteration_s'] * 1e3:,.1f} ms on "
+            f"{gpu}) | planning {stats['planning_time_s'] * 1e3:,.1f} ms "
+            f"(waited {work.waited_s * 1e3:,.1f} ms)"
+        )
+        if stats.get("budget_exhausted"):
+            line += " | planner budget exhausted"
+    return line

@@ -1,7 +1,7 @@
 """DynaPipe inside megatron.training's own training loop: `import megatron.dynapipe.enable`.
 
 A Megatron-LM program keeps `megatron.training.pretrain(...)` with its model provider,
-`forward_step` and dataset provider. `install()` changes four seams of megatron.training and
+`forward_step` and dataset provider. `install()` changes five seams of megatron.training and
 megatron-core:
 
 - its parser (`arguments.hook_megatron_parser`): DynaPipe's flags join the program's, its
@@ -20,6 +20,10 @@ megatron-core:
   `forward_step`'s loss function returns go back to Megatron's `train_step`, which reduces,
   logs and checkpoints as always. Parallel state is Megatron's (`adopt_megatron_groups`).
   Evaluation (`forward_only`) keeps Megatron's schedule on the program's validation data;
+- its `train_step` (`_logged_train_step`), timed whole and followed, on the last rank where
+  Megatron prints, by the iteration line of `pretrain_gpt.py`'s loop (`log.iteration_line`:
+  per-iteration loss, real tokens/s, padding efficiency, predicted and measured time), which
+  Megatron's own line lacks and the benchmarks parse;
 - megatron-core's `get_batch_on_this_tp_rank` (`_planned_shape_broadcast`): Megatron-LM's
   `get_batch` reads the iterator on tensor-parallel rank 0 and broadcasts to the others into
   buffers of `--micro-batch-size` x `--seq-length`. DynaPipe's micro-batches have their own
@@ -36,6 +40,7 @@ import atexit
 import functools
 import inspect
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,6 +55,7 @@ from . import parallel_state as ps
 from .checkpointing import ResumePoint, TrainState
 from .data.datasets import datasets
 from .iterations import Iteration, PlannedIterations
+from .log import iteration_line
 from .packed_attention import use_packed_attention
 
 
@@ -85,10 +91,31 @@ class DynaPipeSchedule:
         if self.iterations is None:
             self.iterations = self._start(args, model, forward_step_func)
         self.last = self.iterations.next(args.curr_iteration)
-        result = self.last.run()
-        if (args.curr_iteration + 1) % args.log_interval == 0:
-            _log_plan(args.curr_iteration + 1, self.last)
-        return result.reports
+        return self.last.run().reports
+
+    def log_step(self, args: Any, losses: dict[str, Any], measured_s: float) -> None:
+        """DynaPipe's iteration line for the step Megatron's `train_step` just ran (taking
+        `measured_s`), printed where Megatron prints its own: by the last rank, which holds the
+        step's loss per token (`losses`, Megatron's reduced reports). Tokens are the plan's
+        real tokens of the whole global batch."""
+        iteration = args.curr_iteration + 1
+        due = iteration % args.log_interval == 0 or iteration == args.train_iters
+        if self.last is None or not due or dist.get_rank() != dist.get_world_size() - 1:
+            return
+        loss = losses.get("lm loss", next(iter(losses.values()), None))
+        if loss is None:  # a step Megatron's rerun machinery cut short reports no loss
+            return
+        tokens = int(self.last.stats["tokens"])
+        line = iteration_line(
+            iteration,
+            args.train_iters,
+            self.last,
+            float(loss),
+            tokens,
+            measured_s,
+            args.dynapipe_gpu,
+        )
+        print(line, file=sys.stdout, flush=True)
 
     def _start(
         self, args: Any, model: list[torch.nn.Module], forward_step_func: Any
@@ -135,21 +162,6 @@ def _check_layer_split(model: torch.nn.Module, args: Any) -> None:
             f"({counts}); pass --decoder-first-pipeline-num-layers {counts[0]} "
             f"--decoder-last-pipeline-num-layers {counts[-1]}"
         )
-
-
-def _log_plan(iteration: int, work: Iteration) -> None:
-    """DynaPipe's part of the iteration, next to Megatron's own log line (rank 0)."""
-    if dist.get_rank() != 0:
-        return
-    stats = work.stats
-    print(
-        f" dynapipe iteration {iteration} | micro-batches {stats['num_microbatches']} | "
-        f"padding eff {stats['padding_efficiency']:.3f} | recompute {stats['recompute']} | "
-        f"predicted {stats['predicted_iteration_s'] * 1e3:,.1f} ms | planning "
-        f"{stats['planning_time_s'] * 1e3:,.1f} ms (waited {work.waited_s * 1e3:,.1f} ms)",
-        file=sys.stdout,
-        flush=True,
-    )
 
 
 def _use_prebuilt_dataset_helpers() -> None:
@@ -231,3 +243,23 @@ def install() -> None:
 
     get_forward_backward_func._dynapipe = True  # type: ignore[attr-defined]
     training.get_forward_backward_func = get_forward_backward_func
+    training.train_step = _logged_train_step(training.train_step, schedule)
+
+
+def _logged_train_step(
+    megatron_train_step: Callable[..., Any], schedule: dict[str, DynaPipeSchedule]
+) -> Callable[..., Any]:
+    """megatron.training's `train_step`, timed whole (zeroing, the planned passes, gradient
+    sync, optimiser step) and followed by DynaPipe's iteration line when DynaPipe ran it."""
+
+    @functools.wraps(megatron_train_step)
+    def train_step(*args: Any, **kwargs: Any) -> Any:
+        from megatron.training import get_args
+
+        started = time.perf_counter()
+        result = megatron_train_step(*args, **kwargs)
+        if "dynapipe" in schedule:
+            schedule["dynapipe"].log_step(get_args(), result[0], time.perf_counter() - started)
+        return result
+
+    return train_step

@@ -33,8 +33,8 @@ from .arguments import ArgumentError
 from .checkpointing import TrainState
 from .data.datasets import DataSplits, datasets
 from .evaluation import validation_line
-from .iterations import Iteration, iterations_for
-from .log import log_rank0
+from .iterations import iterations_for
+from .log import iteration_line, log_rank0
 from .model import padded_vocab_size
 from .parallel_plan import apply_parallel_plan
 from .pipeline.liveness import Liveness
@@ -155,7 +155,16 @@ def _train(
             state.consumed_samples += work.samples
             state.consumed_tokens += tokens
             if state.iteration % args.log_interval == 0 or state.iteration == args.train_iters:
-                line = _iteration_line(args, state, work, loss, tokens, measured_s, checkpointed)
+                line = iteration_line(
+                    state.iteration,
+                    args.train_iters,
+                    work,
+                    loss,
+                    tokens,
+                    measured_s,
+                    args.dynapipe_gpu,
+                    checkpointed,
+                )
                 lr = optimizer.param_groups[0]["lr"]
                 line += f" | learning rate {lr:.3E}"
                 if grad_norm is not None:
@@ -201,34 +210,3 @@ def _exit_reason(args: argparse.Namespace, iteration: int, started_at: float) ->
         if float(elapsed) > args.exit_duration_in_mins:
             return f"--exit-duration-in-mins {args.exit_duration_in_mins}"
     return None
-
-
-def _iteration_line(
-    args, state, work: Iteration, loss, tokens, measured_s, checkpointed: tuple[int, ...] = ()
-) -> str:
-    """`recompute`: the recomputation mode, or the layers a searched plan checkpoints
-    (`checkpointed`); with a planner, `predicted` is the plan's iteration
-    time, `planning` the planner's time for this plan (spent ahead of training when planner
-    workers run) and `waited` how long the loop waited for the plan (rank 0's view); "planner
-    budget exhausted" follows only when the micro-batch DP ran out of its wall-clock budget
-    (the plan is then the best partition found, not the optimum)."""
-    stats = work.stats
-    recompute = f"layers {list(checkpointed)}" if checkpointed else stats["recompute"]
-    width = len(str(args.train_iters))
-    done = state.iteration / args.train_iters
-    bar = "#" * int(20 * done) + "." * (20 - int(20 * done))
-    line = (
-        f"[{bar}] iteration {state.iteration:>{width}}/{args.train_iters} | lm loss {loss:.4f} | "
-        f"tokens/s {tokens / measured_s:,.0f} | padding eff {stats['padding_efficiency']:.3f} | "
-        f"micro-batches {stats['num_microbatches']} | recompute {recompute} | "
-        f"iteration {measured_s * 1e3:,.0f} ms"
-    )
-    if work.plan is not None:
-        line += (
-            f" (predicted {stats['predicted_iteration_s'] * 1e3:,.1f} ms on "
-            f"{args.dynapipe_gpu}) | planning {stats['planning_time_s'] * 1e3:,.1f} ms "
-            f"(waited {work.waited_s * 1e3:,.1f} ms)"
-        )
-        if stats.get("budget_exhausted"):
-            line += " | planner budget exhausted"
-    return line
