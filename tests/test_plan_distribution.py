@@ -2,6 +2,7 @@
 same bytes, read keys are deleted, and a plan that never comes fails within the timeout naming
 the iteration and the planning rank. The store listens only on the job's address, and an entry
 not sealed with the job's secret (forged, or replayed under another iteration's key) is refused.
+A batch the planner refuses reaches every rank as the planner's own error.
 
 Skipped when torch is not installed.
 """
@@ -99,6 +100,45 @@ def test_a_missing_plan_fails_in_time_naming_the_iteration():
         assert "no plan for iteration 2 after 0.7 s; rank 0 plans and publishes it" in r["error"]
         assert 0.6 < r["spent"] < 3
         assert any("waiting for plan of iteration 2 from rank 0" in m for m in r["log"])
+
+
+class _RefusingService:
+    """A planning service whose planner refuses the batch (the input's fault)."""
+
+    def get_planned(self, iteration, timeout_s=None):
+        from dynapipe_planner.errors import PlanningError
+
+        raise PlanningError("iteration 1: no feasible plan (a model that fits nowhere)")
+
+
+def _refused_plan(rank: int, world: int, store_port: int) -> dict:
+    """Rank 0's planner refuses iteration 0; rank 0 raises and closes its store right away."""
+    import time
+
+    from dynapipe_planner.errors import PlanningError
+    from megatron.dynapipe.pipeline.plan_distribution import PlanChannel, open_plan_store
+
+    store = open_plan_store(rank, world, host="127.0.0.1", port=store_port, timeout_s=30)
+    service = _RefusingService() if rank == 0 else None
+    channel = PlanChannel(store, rank, world, secret=SECRET, service=service, timeout_s=20)
+    if rank == 2:
+        time.sleep(1.0)  # a slow reader: the planning rank must still be serving the refusal
+    try:
+        channel.fetch(0)
+    except PlanningError as e:  # PlanningServiceError would be a fault, not the input's
+        error = f"{type(e).__name__}: {e}"
+    if rank == 0:
+        left = store.check(["dynapipe/plan/0"])
+        del store  # the planning rank exits: its store server goes away
+        return {"error": error, "left": left}
+    return {"error": error}
+
+
+def test_a_refused_batch_reaches_every_rank_as_the_planners_error():
+    results = run_ranks(_refused_plan, 3, free_port(), timeout_s=60)
+    expected = "PlanningError: iteration 1: no feasible plan (a model that fits nowhere)"
+    assert [r["error"] for r in results] == [expected] * 3
+    assert results[0]["left"] is False  # it waited until the last reader took the refusal
 
 
 class _StoreThatDiesOnRead:

@@ -19,6 +19,12 @@ plans get their own store (`open_plan_store`, on MASTER_PORT + 1 unless told oth
 `torch.distributed.Store` works. c10d prints a warning of its own each time a wait times out,
 that is once per "waiting for plan" line.
 
+When the planner refuses an iteration's batch (a `PlanningError`: the input's fault, such as
+a model that fits nowhere), the publisher writes the refusal under the plan's key instead and
+waits, a bounded time, until every reader has read it before it raises: each reader then raises
+the same `PlanningError`, so the job ends as a user error on every rank, reported once, rather
+than with readers that lose the store when the publisher exits.
+
 A plan is a program every rank runs, so the store is guarded twice. Its server listens only on
 the address the job was given (a socket bound to it and handed to the TCPStore), not on every
 interface. And every entry carries an HMAC-SHA256 of its key and bytes under a per-job secret
@@ -42,7 +48,12 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from dynapipe_planner.errors import PlanningServiceError, PlanTimeoutError, iteration_name
+from dynapipe_planner.errors import (
+    PlanningError,
+    PlanningServiceError,
+    PlanTimeoutError,
+    iteration_name,
+)
 from dynapipe_planner.plan import ExecutionPlan
 from dynapipe_planner.service import PlanningService
 
@@ -50,6 +61,9 @@ _log = logging.getLogger(__name__)
 
 
 MAC_BYTES = hashlib.sha256().digest_size
+# A store entry that carries the planner's refusal, not a plan (plans start with plan.MAGIC).
+REFUSAL = b"\0dynapipe-refused\0"
+REFUSAL_WAIT_S = 30.0
 
 
 def new_job_secret() -> bytes:
@@ -171,7 +185,12 @@ class PlanChannel:
                         f"rank {self.rank} has no plan for {iteration_name(iteration)}: publish it "
                         f"first or give the channel a planning service"
                     )
-                self.publish(iteration, self.service.get_planned(iteration, timeout).data)
+                try:
+                    planned = self.service.get_planned(iteration, timeout)
+                except PlanningError as refusal:
+                    self._hand_on(iteration, refusal)
+                    raise
+                self.publish(iteration, planned.data)
             return ExecutionPlan.from_bytes(self._published.pop(iteration), source)
         key = self._key(iteration)
         self._wait(key, iteration, timeout)
@@ -180,7 +199,24 @@ class PlanChannel:
             if self.store.add(f"{key}/acks", 1) == self.world_size - 1:
                 self.store.delete_key(key)
                 self.store.delete_key(f"{key}/acks")
-        return ExecutionPlan.from_bytes(self._opened(key, sealed), source)
+        data = self._opened(key, sealed)
+        if data.startswith(REFUSAL):
+            raise PlanningError(data[len(REFUSAL) :].decode(errors="replace"))
+        return ExecutionPlan.from_bytes(data, source)
+
+    def _hand_on(self, iteration: int, refusal: PlanningError) -> None:
+        """Publish the planner's refusal of `iteration` and wait (at most `REFUSAL_WAIT_S`)
+        until every reader has taken it, so the store outlives their reads."""
+        if self.world_size == 1:
+            return
+        key = self._key(iteration)
+        data = REFUSAL + str(refusal).encode()
+        self.store.set(key, self._mac(key, data) + data)
+        deadline = time.monotonic() + min(self.timeout_s, REFUSAL_WAIT_S)
+        while time.monotonic() < deadline:
+            if not self.store.check([key]):
+                return  # the last reader deleted it
+            time.sleep(0.05)
 
     def _mac(self, key: str, data: bytes) -> bytes:
         return hmac.new(self.secret, key.encode() + b"\0" + data, hashlib.sha256).digest()
