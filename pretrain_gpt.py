@@ -18,7 +18,6 @@ traceback to either.
 """
 
 import logging
-import os
 import sys
 import warnings
 
@@ -30,22 +29,9 @@ warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.train
 # build extensions; nothing here builds one, and an error must stay one line.
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
-from dynapipe_planner.cli_args import report_error  # noqa: E402
-from dynapipe_planner.errors import PlanningError, PlanningServiceError  # noqa: E402
 from megatron.dynapipe.arguments import parse_args  # noqa: E402
-from megatron.dynapipe.checkpointing import CheckpointError  # noqa: E402
-from megatron.dynapipe.data.base import DataError  # noqa: E402
-from megatron.dynapipe.device_speed import DeviceSpeedError  # noqa: E402
-from megatron.dynapipe.hetero.candidates import CandidateError  # noqa: E402
-from megatron.dynapipe.hetero.plan_file import HeteroPlanError  # noqa: E402
-from megatron.dynapipe.pipeline.liveness import PeerFailure  # noqa: E402
-from megatron.dynapipe.pipeline.p2p import TransferError  # noqa: E402
-from megatron.dynapipe.pipeline.plan_source import PlanMismatch  # noqa: E402
+from megatron.dynapipe.exits import exit_status  # noqa: E402
 from megatron.dynapipe.training import pretrain  # noqa: E402
-
-USER_ERRORS = (DataError, CheckpointError, DeviceSpeedError, HeteroPlanError, CandidateError)
-# The running job broke: each message already names the rank that saw it and the iteration.
-JOB_FAULTS = (PeerFailure, PlanningServiceError, PlanMismatch, TransferError)
 
 
 def main() -> int:
@@ -55,16 +41,7 @@ def main() -> int:
     # megatron-1f1b builds its GPTDataset indices in memory on purpose (megatron_samples).
     logging.getLogger("megatron.core.datasets.gpt_dataset").setLevel(logging.ERROR)
     args = parse_args()  # a bad flag ends here: exit status 2, one line
-    try:
-        pretrain(args)
-    except (*USER_ERRORS, PlanningError) as error:
-        if os.environ.get("RANK", "0") == "0":
-            report_error("pretrain_gpt.py", error, args)
-        return 2
-    except JOB_FAULTS as error:
-        report_error("pretrain_gpt.py", error, args)
-        return 1
-    return 0
+    return exit_status("pretrain_gpt.py", lambda: pretrain(args), args)
 
 
 if __name__ == "__main__":

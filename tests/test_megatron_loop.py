@@ -105,6 +105,26 @@ def test_megatron_pretrain_with_dynapipe_equals_our_loop(model, layout, capfd) -
     assert not unknown, f"new CUDA call sites, add them to {CALL_SITES_FILE.name}: {unknown}"
 
 
+def _megatron_exit_status(rank: int, world: int, argv: list[str]) -> int | str | None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    import megatron_lm_program
+
+    try:
+        megatron_lm_program.main(argv, "gpt")
+    except SystemExit as stop:
+        return stop.code
+    return 0
+
+
+def test_megatron_program_ends_on_a_refused_batch_as_pretrain_gpt_does(capfd) -> None:
+    """A model that fits nowhere: one line on rank 0, exit status 2 on every rank."""
+    flags = [*FLAGS, "--dynapipe-memory-limit", "0.000001"]
+    assert run_ranks(_megatron_exit_status, 2, flags, timeout_s=240) == [2, 2]
+    errors = [line for line in capfd.readouterr().err.splitlines() if ": error:" in line]
+    assert len(errors) == 1, errors
+    assert errors[0].startswith("megatron_lm_program.py: error: iteration 1: no feasible plan")
+
+
 def test_checkpoint_of_megatrons_loop_resumes_in_ours(tmp_path) -> None:
     """Megatron's pretrain saves (its own save_checkpoint, --exit-interval 2); pretrain_gpt.py's
     loop loads it and trains iteration 3 as the uninterrupted run did."""

@@ -1,7 +1,7 @@
 """DynaPipe inside megatron.training's own training loop: `import megatron.dynapipe.enable`.
 
 A Megatron-LM program keeps `megatron.training.pretrain(...)` with its model provider,
-`forward_step` and dataset provider. `install()` changes five seams of megatron.training and
+`forward_step` and dataset provider. `install()` changes six seams of megatron.training and
 megatron-core:
 
 - its parser (`arguments.hook_megatron_parser`): DynaPipe's flags join the program's, its
@@ -20,6 +20,7 @@ megatron-core:
   `forward_step`'s loss function returns go back to Megatron's `train_step`, which reduces,
   logs and checkpoints as always. Parallel state is Megatron's (`adopt_megatron_groups`).
   Evaluation (`forward_only`) keeps Megatron's schedule on the program's validation data;
+- its `pretrain` (`_reporting`): errors end the job as `pretrain_gpt.py`'s do (`exits`);
 - its `train_step` (`_logged_train_step`), timed whole and followed, on the last rank where
   Megatron prints, by the iteration line of `pretrain_gpt.py`'s loop (`log.iteration_line`:
   per-iteration loss, real tokens/s, padding efficiency, predicted and measured time), which
@@ -54,6 +55,7 @@ from . import arguments, cpu_compat
 from . import parallel_state as ps
 from .checkpointing import ResumePoint, TrainState
 from .data.datasets import datasets
+from .exits import exit_status
 from .iterations import Iteration, PlannedIterations
 from .log import iteration_line
 from .packed_attention import use_packed_attention
@@ -157,7 +159,7 @@ def _check_layer_split(model: torch.nn.Module, args: Any) -> None:
     dist.all_reduce(mismatch)  # every rank stops, not only the one that noticed
     if int(mismatch):
         counts = split_layers(args.num_layers, args.pipeline_model_parallel_size)
-        raise ValueError(
+        raise arguments.ArgumentError(
             f"the model's pipeline stages hold other layer counts than DynaPipe's plans price "
             f"({counts}); pass --decoder-first-pipeline-num-layers {counts[0]} "
             f"--decoder-last-pipeline-num-layers {counts[-1]}"
@@ -220,6 +222,7 @@ def _broadcast_planned_shapes() -> None:
 
 def install() -> None:
     """Enable DynaPipe in megatron.training (idempotent); see the module docstring."""
+    import megatron.training
     from megatron.training import training
 
     arguments.hook_megatron_parser()
@@ -244,6 +247,22 @@ def install() -> None:
     get_forward_backward_func._dynapipe = True  # type: ignore[attr-defined]
     training.get_forward_backward_func = get_forward_backward_func
     training.train_step = _logged_train_step(training.train_step, schedule)
+    megatron.training.pretrain = training.pretrain = _reporting(training.pretrain)
+
+
+def _reporting(megatron_pretrain: Callable[..., Any]) -> Callable[..., Any]:
+    """megatron.training's `pretrain`, ending as DynaPipe jobs end on errors (`exits`): the
+    input's fault in one line on rank 0 and exit status 2, a fault of the running job in one
+    line per rank and exit status 1."""
+
+    @functools.wraps(megatron_pretrain)
+    def pretrain(*args: Any, **kwargs: Any) -> None:
+        program = Path(sys.argv[0]).name or "megatron.training"
+        status = exit_status(program, lambda: megatron_pretrain(*args, **kwargs))
+        if status:
+            sys.exit(status)
+
+    return pretrain
 
 
 def _logged_train_step(

@@ -1,0 +1,64 @@
+"""How a DynaPipe job ends when something goes wrong, in `pretrain_gpt.py` and in a Megatron-LM
+program under `import megatron.dynapipe.enable` alike.
+
+The input's fault (bad data, tokenizer files, checkpoint, plan file, device speeds, a model that
+fits nowhere) ends the job with exit status 2 and one line on rank 0: every rank meets the same
+input, so one report is enough. A fault of the running job (a peer that died, a plan that never
+came or was refused, a failed transfer) ends it with exit status 1 and one line on each rank
+that saw it; each message names that rank and the iteration. `--debug` (or DYNAPIPE_DEBUG=1)
+adds the traceback to either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+
+from dynapipe_planner.cli_args import report_error
+from dynapipe_planner.errors import PlanningError, PlanningServiceError
+
+from .checkpointing import CheckpointError
+from .data.base import DataError
+from .device_speed import DeviceSpeedError
+from .hetero.candidates import CandidateError
+from .hetero.plan_file import HeteroPlanError
+from .pipeline.liveness import PeerFailure
+from .pipeline.p2p import TransferError
+from .pipeline.plan_source import PlanMismatch
+
+USER_ERRORS = (
+    DataError,
+    CheckpointError,
+    DeviceSpeedError,
+    HeteroPlanError,
+    CandidateError,
+    PlanningError,
+)
+JOB_FAULTS = (PeerFailure, PlanningServiceError, PlanMismatch, TransferError)
+
+
+def exit_status(
+    program: str, run: Callable[[], object], args: argparse.Namespace | None = None
+) -> int:
+    """Run `run()` and return the job's exit status (0, or 2 / 1 as above, the line printed).
+    `args` carries `--debug`; by default Megatron's global arguments, once parsed."""
+    try:
+        run()
+    except USER_ERRORS as error:
+        if os.environ.get("RANK", "0") == "0":
+            report_error(program, error, args or _megatron_args())
+        return 2
+    except JOB_FAULTS as error:
+        report_error(program, error, args or _megatron_args())
+        return 1
+    return 0
+
+
+def _megatron_args() -> argparse.Namespace | None:
+    from megatron.training.global_vars import get_args
+
+    try:
+        return get_args()
+    except AssertionError:  # not parsed yet
+        return None
