@@ -125,6 +125,36 @@ def test_megatron_program_ends_on_a_refused_batch_as_pretrain_gpt_does(capfd) ->
     assert errors[0].startswith("megatron_lm_program.py: error: iteration 1: no feasible plan")
 
 
+def _megatron_rank_dies(rank: int, world: int, argv: list[str]) -> int | str | None:
+    """Rank 1 exits in the middle of the second iteration, once rank 0 has its plan."""
+    import time
+
+    from megatron.dynapipe.pipeline.executor import PlanExecutor
+
+    run = PlanExecutor.run
+
+    def run_or_die(self, plan, batches, *, iteration=0):
+        if iteration == 1 and rank == 1:
+            time.sleep(1.0)
+            os._exit(1)
+        return run(self, plan, batches, iteration=iteration)
+
+    PlanExecutor.run = run_or_die
+    return _megatron_exit_status(rank, world, argv)
+
+
+def test_megatron_program_names_a_rank_that_died(capfd) -> None:
+    """Megatron's loop, a peer lost mid-step: the survivor exits 1 naming it and the iteration."""
+    flags = [*FLAGS, "--dynapipe-timeout", "5"]
+    results = run_ranks(_megatron_rank_dies, 2, flags, timeout_s=240, may_die={1})
+    assert results == [1, None]
+    errors = [line for line in capfd.readouterr().err.splitlines() if ": error:" in line]
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(
+        "megatron_lm_program.py: error: rank 0, iteration 2: rank 1 stopped answering"
+    ), errors[0]
+
+
 def test_checkpoint_of_megatrons_loop_resumes_in_ours(tmp_path) -> None:
     """Megatron's pretrain saves (its own save_checkpoint, --exit-interval 2); pretrain_gpt.py's
     loop loads it and trains iteration 3 as the uninterrupted run did."""

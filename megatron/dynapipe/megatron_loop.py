@@ -21,10 +21,11 @@ megatron-core:
   logs and checkpoints as always. Parallel state is Megatron's (`adopt_megatron_groups`).
   Evaluation (`forward_only`) keeps Megatron's schedule on the program's validation data;
 - its `pretrain` (`_reporting`): errors end the job as `pretrain_gpt.py`'s do (`exits`);
-- its `train_step` (`_logged_train_step`), timed whole and followed, on the last rank where
-  Megatron prints, by the iteration line of `pretrain_gpt.py`'s loop (`log.iteration_line`:
-  per-iteration loss, real tokens/s, padding efficiency, predicted and measured time), which
-  Megatron's own line lacks and the benchmarks parse;
+- its `train_step` (`_logged_train_step`), guarded by DynaPipe's heartbeats (a failed step
+  names the ranks that stopped answering, `pipeline.liveness`), timed whole and followed, on
+  the last rank where Megatron prints, by the iteration line of `pretrain_gpt.py`'s loop
+  (`log.iteration_line`: per-iteration loss, real tokens/s, padding efficiency, predicted and
+  measured time), which Megatron's own line lacks and the benchmarks parse;
 - megatron-core's `get_batch_on_this_tp_rank` (`_planned_shape_broadcast`): Megatron-LM's
   `get_batch` reads the iterator on tensor-parallel rank 0 and broadcasts to the others into
   buffers of `--micro-batch-size` x `--seq-length`. DynaPipe's micro-batches have their own
@@ -38,6 +39,7 @@ A resumed run continues the sampler after as many global batches as the checkpoi
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import inspect
 import sys
@@ -59,6 +61,8 @@ from .exits import exit_status
 from .iterations import Iteration, PlannedIterations
 from .log import iteration_line
 from .packed_attention import use_packed_attention
+from .pipeline.liveness import Liveness
+from .pipeline.plan_source import PLANNING_RANK
 
 
 class DynaPipeSchedule:
@@ -68,7 +72,14 @@ class DynaPipeSchedule:
     def __init__(self, megatron_schedule: Any) -> None:
         self.megatron_schedule = megatron_schedule
         self.iterations: PlannedIterations | None = None
+        self.liveness: Liveness | None = None  # heartbeats in the plan store, once it exists
         self.last: Iteration | None = None  # the latest iteration's plan and stats
+
+    def guarded(self, iteration: int) -> contextlib.AbstractContextManager[object]:
+        """Megatron's training step of `iteration` (0-based): a failure inside names the
+        ranks that stopped answering (`pipeline.liveness`). The first step builds the plan
+        store the heartbeats travel in, so it is not guarded."""
+        return contextlib.nullcontext() if self.liveness is None else self.liveness.step(iteration)
 
     def __call__(
         self,
@@ -140,6 +151,11 @@ class DynaPipeSchedule:
         iterations = PlannedIterations(args, splits, spec, resume)
         iterations.__enter__()
         atexit.register(iterations.__exit__, None, None, None)
+        self.liveness = Liveness(
+            iterations.store, dist.get_rank(), dist.get_world_size(), server_rank=PLANNING_RANK
+        )
+        self.liveness.start()
+        atexit.register(self.liveness.stop)
         cuda = torch.cuda.is_available()
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         iterations.bind(model[0], get_model_config(model[0]), device, forward_step_func)
@@ -275,10 +291,12 @@ def _logged_train_step(
     def train_step(*args: Any, **kwargs: Any) -> Any:
         from megatron.training import get_args
 
+        dynapipe = schedule.get("dynapipe")
         started = time.perf_counter()
-        result = megatron_train_step(*args, **kwargs)
-        if "dynapipe" in schedule:
-            schedule["dynapipe"].log_step(get_args(), result[0], time.perf_counter() - started)
+        with dynapipe.guarded(get_args().curr_iteration) if dynapipe else contextlib.nullcontext():
+            result = megatron_train_step(*args, **kwargs)
+        if dynapipe is not None:
+            dynapipe.log_step(get_args(), result[0], time.perf_counter() - started)
         return result
 
     return train_step
