@@ -9,6 +9,7 @@ same global batches, same plans. The CUDA call sites megatron.training reaches a
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
@@ -41,18 +42,30 @@ LLAMA = [
 ]  # fmt: skip
 
 
-def _megatron_program(rank: int, world: int, argv: list[str], model: str) -> list[str]:
-    """Megatron's pretrain in a forked rank (the import enables DynaPipe in this process only)."""
+def _megatron_program(
+    rank: int, world: int, argv: list[str], model: str
+) -> tuple[list[str], list[int]]:
+    """Megatron's pretrain in a forked rank (the import enables DynaPipe in this process only).
+    Returns the CUDA call sites redirected and each iteration's planned global batch size."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     import megatron_lm_program
 
     from megatron.dynapipe import cpu_compat
+    from megatron.dynapipe.megatron_loop import DynaPipeSchedule
 
+    planned: list[int] = []
+    count = DynaPipeSchedule.count_samples
+
+    def count_samples(self, args) -> None:
+        planned.append(self.last.samples)
+        count(self, args)
+
+    DynaPipeSchedule.count_samples = count_samples
     try:
         megatron_lm_program.main(argv, model)
     except SystemExit as stop:  # Megatron's loop ends --exit-interval runs with sys.exit(0)
         assert stop.code in (0, None), stop.code
-    return sorted(cpu_compat.recorded_call_sites())
+    return sorted(cpu_compat.recorded_call_sites()), planned
 
 
 def _our_loop(rank: int, world: int, argv: list[str]) -> list[float]:
@@ -86,10 +99,14 @@ TP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "1
 def test_megatron_pretrain_with_dynapipe_equals_our_loop(model, layout, capfd) -> None:
     """PP=2, and TP=2 (Megatron-LM's get_batch: TP rank 0 reads, megatron-core broadcasts)."""
     flags = [*(FLAGS if model == "gpt" else [*FLAGS, *LLAMA]), *layout]
-    sites = run_ranks(_megatron_program, 2, flags, model, timeout_s=240)
+    ranks = run_ranks(_megatron_program, 2, flags, model, timeout_s=240)
+    sites, planned = zip(*ranks, strict=True)
     out = capfd.readouterr().out
     megatron = _megatron_losses(out)
     assert len(megatron) == ITERATIONS, out[-3000:]
+    # Megatron's consumed samples count the planned global batches, not 1 per iteration.
+    consumed = [int(n) for n in re.findall(r"consumed samples: +(\d+)", out)]
+    assert consumed == list(itertools.accumulate(planned[0])) and min(planned[0]) > 1, consumed
     dynapipe = iteration_rows(out)  # DynaPipe's line in Megatron's loop, as the benchmarks read it
     assert [int(row["it"]) for row in dynapipe] == list(range(1, ITERATIONS + 1))
     assert all(int(row["tps"].replace(",", "")) > 0 and row["predicted"] for row in dynapipe)

@@ -25,7 +25,8 @@ megatron-core:
   names the ranks that stopped answering, `pipeline.liveness`), timed whole and followed, on
   the last rank where Megatron prints, by the iteration line of `pretrain_gpt.py`'s loop
   (`log.iteration_line`: per-iteration loss, real tokens/s, padding efficiency, predicted and
-  measured time), which Megatron's own line lacks and the benchmarks parse;
+  measured time), which Megatron's own line lacks and the benchmarks parse; Megatron's
+  consumed-samples count then moves by the planned batch's samples;
 - megatron-core's `get_batch_on_this_tp_rank` (`_planned_shape_broadcast`): Megatron-LM's
   `get_batch` reads the iterator on tensor-parallel rank 0 and broadcasts to the others into
   buffers of `--micro-batch-size` x `--seq-length`. DynaPipe's micro-batches have their own
@@ -105,6 +106,23 @@ class DynaPipeSchedule:
             self.iterations = self._start(args, model, forward_step_func)
         self.last = self.iterations.next(args.curr_iteration)
         return self.last.run().reports
+
+    def count_samples(self, args: Any) -> None:
+        """Make Megatron's `consumed_train_samples` (its log line, its checkpoints) count the
+        planned global batch's samples: after `train_step` Megatron adds data-parallel size x
+        `--micro-batch-size` x its micro-batch count, which under DynaPipe say nothing."""
+        from megatron.core import parallel_state as mpu
+        from megatron.core.num_microbatches_calculator import get_num_microbatches
+
+        if self.last is None:
+            return
+        megatron_counts = (
+            mpu.get_data_parallel_world_size()
+            * args.micro_batch_size
+            * args.gtp_weight_remat_size
+            * get_num_microbatches()
+        )
+        args.consumed_train_samples += self.last.samples - megatron_counts
 
     def log_step(self, args: Any, losses: dict[str, Any], measured_s: float) -> None:
         """DynaPipe's iteration line for the step Megatron's `train_step` just ran (taking
@@ -297,6 +315,7 @@ def _logged_train_step(
             result = megatron_train_step(*args, **kwargs)
         if dynapipe is not None:
             dynapipe.log_step(get_args(), result[0], time.perf_counter() - started)
+            dynapipe.count_samples(get_args())
         return result
 
     return train_step
