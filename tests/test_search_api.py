@@ -26,9 +26,11 @@ from dynapipe_planner.search.plan_file import (
     load_plan,
     megatron_flags,
     parallel_plan_flags,
+    parallel_plan_refusal,
     runtime_flags,
     write_plan,
 )
+from dynapipe_planner.search.runnable import runnable_search, runs_in_runtime
 
 MODEL = MODEL_PRESETS["gpt-350m"]
 GPU = get_gpu("A100-40GB")
@@ -227,6 +229,43 @@ def test_cli_prints_the_parallel_plan_command(tmp_path, capsys):
     assert load_plan(path).checkpointed_layers == (0, 1, 2)
     assert search_main(argv) == 0
     assert "--parallel-plan FILE\n  note: write FILE with --output FILE" in capsys.readouterr().out
+
+
+def test_runnable_search_keeps_the_best_plan_the_runtime_runs():
+    """LLaMA-7B on 8 GPUs at 24 GiB: the runnable search returns a plan the runtime accepts, no
+    slower than any single-TP-degree search's plan the runtime runs, no faster than the free
+    search's."""
+    model = MODEL_PRESETS["llama-7b"]
+    inputs = analytic_cost_inputs(model, GPU, 8, seq_length=2048)
+    free = search(model, inputs, 8, 24 * GiB)
+    runnable = runnable_search(model, inputs, 8, 24 * GiB)
+    assert parallel_plan_refusal(runnable.strategies, runnable.partition) is None
+    assert len({s.tp for s in runnable.strategies}) == 1
+    per_degree = []
+    for tp in (1, 2, 4, 8):
+        try:
+            per_degree.append(
+                search(model, inputs, 8, 24 * GiB, strategy_filter=lambda s, t=tp: s.tp == t)
+            )
+        except PlanningError:
+            continue
+    runs = [r for r in per_degree if parallel_plan_refusal(r.strategies, r.partition) is None]
+    assert runnable.throughput >= max(r.throughput for r in runs)
+    assert runnable.throughput <= free.throughput
+    assert all(runs_in_runtime(s, runnable.strategies[0].tp) for s in runnable.strategies)
+
+
+def test_runnable_search_names_every_degree_when_nothing_fits(inputs):
+    with pytest.raises(PlanningError, match=r"runs fits: TP 1: .*; TP 2: .*; TP 4: .*; TP 8: "):
+        runnable_search(MODEL, inputs, 8, 0.01 * GiB)
+
+
+def test_cli_runnable_flag_prints_a_command_the_runtime_runs(capsys):
+    argv = ["--model", "llama-7b", "--num-gpus", "8", "--memory-budget-gb", "24",
+            "--seq-length", "2048", "--quiet"]  # fmt: skip
+    assert search_main([*argv, "--runnable"]) == 0
+    out = capsys.readouterr().out
+    assert "pretrain_gpt.py: --num-layers 32" in out and "--parallel-plan FILE" in out
 
 
 def test_six_gpus_use_non_power_of_two_degrees():

@@ -30,6 +30,7 @@ from ..model_spec import MODEL_PRESETS, load_model_spec
 from .cost_inputs import analytic_cost_inputs
 from .optimizer import SearchResult, search
 from .plan_file import megatron_flags, parallel_plan_flags, runtime_flags, write_plan
+from .runnable import runnable_search
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,6 +57,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--base", action="store_true", help="Galvatron-Base: no bi-objective step")
     s.add_argument("--no-prune", action="store_true", help="keep DP+SDP trees (Takeaway #3)")
     s.add_argument("--even-partition", action="store_true", help="split layers evenly over stages")
+    s.add_argument(
+        "--runnable",
+        action="store_true",
+        help="only plans pretrain_gpt.py --parallel-plan runs (one TP degree for every layer)",
+    )
     s.add_argument(
         "--memory-bins", type=positive_int, default=256, help="layer DP memory resolution"
     )
@@ -140,7 +146,7 @@ def search_main(argv: Sequence[str] | None = None) -> int:
         )
         bar = _ProgressBar(not args.quiet)
         try:
-            result = search(
+            result = (runnable_search if args.runnable else search)(
                 model,
                 inputs,
                 args.num_gpus,
