@@ -619,3 +619,6 @@ def test_available_memory_names_the_stage_that_does_not_fit():
     assert small_costs().available_memory().tolist() == [3.0 * GiB, 2.0 * GiB]
     with pytest.raises(PlanningError, match=r"stage 1: .* need 5\.00 GiB, more than .* 4\.00 GiB"):
         small_costs(static=np.array([1.0, 5.0]) * GiB).available_memory()
+    tiny = small_costs(static=np.array([2e-3, 2e-3]) * GiB, memory_limit=1e-6 * GiB)
+    with pytest.raises(PlanningError, match=r"stage 0: .* need 0\.002 GiB, more than .* 1e-06 GiB"):
+        tiny.available_memory()  # not "0.00 GiB, more than 0.00 GiB"

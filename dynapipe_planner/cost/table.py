@@ -169,8 +169,8 @@ class PipelineCosts:
             if a <= 0:
                 raise PlanningError(
                     f"stage {stage}: weights, gradients and optimiser state need "
-                    f"{self.static[stage] / 2**30:.2f} GiB, more than the memory limit of "
-                    f"{limit[stage] / 2**30:.2f} GiB; use more pipeline stages or TP"
+                    f"{_gib(self.static[stage])} GiB, more than the memory limit of "
+                    f"{_gib(limit[stage])} GiB; use more pipeline stages or TP"
                 )
         return avail
 
@@ -304,3 +304,10 @@ def split_layers(num_layers: int, num_stages: int) -> list[int]:
     for j in middle_first[: num_layers % num_stages]:
         counts[j] += 1
     return counts
+
+
+def _gib(size: float) -> str:
+    """Bytes in GiB, with two decimals, or three significant digits below 0.01 GiB (so a tiny
+    limit does not read as 0.00)."""
+    gib = size / 2**30
+    return f"{gib:.2f}" if gib >= 0.01 else f"{gib:.3g}"
