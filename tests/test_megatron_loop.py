@@ -142,6 +142,20 @@ def test_megatron_program_ends_on_a_refused_batch_as_pretrain_gpt_does(capfd) ->
     assert errors[0].startswith("megatron_lm_program.py: error: iteration 1: no feasible plan")
 
 
+def test_megatron_program_whose_stages_hold_other_layer_counts_is_refused(capfd) -> None:
+    """3 layers split [1, 2] by the program's flags, [2, 1] by DynaPipe's plans: one line
+    naming the flags that fix it, exit status 2 on every rank."""
+    flags = [*FLAGS, "--num-layers", "3", "--decoder-first-pipeline-num-layers", "1",
+             "--decoder-last-pipeline-num-layers", "2"]  # fmt: skip
+    assert run_ranks(_megatron_exit_status, 2, flags, timeout_s=240) == [2, 2]
+    errors = [line for line in capfd.readouterr().err.splitlines() if ": error:" in line]
+    assert errors == [
+        "megatron_lm_program.py: error: the model's pipeline stages hold other layer counts "
+        "than DynaPipe's plans price ([2, 1]); pass --decoder-first-pipeline-num-layers 2 "
+        "--decoder-last-pipeline-num-layers 1"
+    ], errors
+
+
 def _megatron_rank_dies(rank: int, world: int, argv: list[str]) -> int | str | None:
     """Rank 1 exits in the middle of the second iteration, once rank 0 has its plan."""
     import time
