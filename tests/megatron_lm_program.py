@@ -24,7 +24,8 @@ from megatron.core.datasets.utils import get_blend_from_list
 from megatron.core.enums import ModelType
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.utils import get_batch_on_this_tp_rank
+from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.core.utils import flatten_batch_for_packed_sequences, get_batch_on_this_tp_rank
 from megatron.training import get_args, get_tokenizer, pretrain
 from megatron.training.argument_utils import (
     core_transformer_config_from_args,
@@ -52,15 +53,16 @@ def model_provider(pre_process=True, post_process=True, vp_stage=None, config=No
 
 def get_batch(data_iterator):
     """Megatron's batch dict on the first and last stages (the middle stages read nothing),
-    read on tensor-parallel rank 0 and broadcast to the others."""
+    read on tensor-parallel rank 0 and broadcast to the others; with
+    --dataloader-inter-document-masking, packed sequences and their PackedSeqParams."""
     if not (mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage()):
-        return None, None, None, None, None
+        return None, None, None, None, None, None
     args = get_args()
     tp_rank = mpu.get_tensor_model_parallel_rank()
     batch = next(data_iterator) if tp_rank == 0 else {}
     batch = get_batch_on_this_tp_rank(
         batch,
-        has_cu_seqlens=False,
+        has_cu_seqlens=args.dataloader_inter_document_masking,
         is_hybrid_cp=False,
         create_attention_mask_in_dataloader=args.create_attention_mask_in_dataloader,
         broadcast_src_rank=mpu.get_tensor_model_parallel_src_rank(),
@@ -74,8 +76,19 @@ def get_batch(data_iterator):
         is_pipeline_first_stage=mpu.is_pipeline_first_stage(),
         is_pipeline_last_stage=mpu.is_pipeline_last_stage(),
     )
+    batch = flatten_batch_for_packed_sequences(batch)
+    packed = None
+    if batch.get("cu_seqlens") is not None:
+        bounds, longest = batch["cu_seqlens"][0], int(batch["max_seqlen"][0])
+        packed = PackedSeqParams(
+            qkv_format="thd",
+            cu_seqlens_q=bounds,
+            cu_seqlens_kv=bounds,
+            max_seqlen_q=longest,
+            max_seqlen_kv=longest,
+        )
     keys = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
-    return [batch[key] for key in keys]
+    return [*(batch.get(key) for key in keys), packed]
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -88,8 +101,8 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
 
 
 def forward_step(data_iterator, model, return_schedule_plan: bool = False):
-    tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator)
-    output = model(tokens, position_ids, attention_mask, labels=labels)
+    tokens, labels, loss_mask, attention_mask, position_ids, packed = get_batch(data_iterator)
+    output = model(tokens, position_ids, attention_mask, labels=labels, packed_seq_params=packed)
     return output, partial(loss_func, loss_mask)
 
 

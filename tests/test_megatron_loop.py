@@ -44,9 +44,10 @@ LLAMA = [
 
 def _megatron_program(
     rank: int, world: int, argv: list[str], model: str
-) -> tuple[list[str], list[int]]:
+) -> tuple[list[str], list[int], list[int]]:
     """Megatron's pretrain in a forked rank (the import enables DynaPipe in this process only).
-    Returns the CUDA call sites redirected and each iteration's planned global batch size."""
+    Returns the CUDA call sites redirected, each iteration's planned global batch size and its
+    number of packed micro-batches."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     import megatron_lm_program
 
@@ -54,10 +55,12 @@ def _megatron_program(
     from megatron.dynapipe.megatron_loop import DynaPipeSchedule
 
     planned: list[int] = []
+    packed: list[int] = []
     count = DynaPipeSchedule.count_samples
 
     def count_samples(self, args) -> None:
         planned.append(self.last.samples)
+        packed.append(sum(bool(mb.row_sizes) for mb in self.last.plan.microbatches))
         count(self, args)
 
     DynaPipeSchedule.count_samples = count_samples
@@ -65,7 +68,7 @@ def _megatron_program(
         megatron_lm_program.main(argv, model)
     except SystemExit as stop:  # Megatron's loop ends --exit-interval runs with sys.exit(0)
         assert stop.code in (0, None), stop.code
-    return sorted(cpu_compat.recorded_call_sites()), planned
+    return sorted(cpu_compat.recorded_call_sites()), planned, packed
 
 
 def _our_loop(rank: int, world: int, argv: list[str]) -> list[float]:
@@ -91,16 +94,22 @@ def _megatron_losses(out: str) -> list[float]:
 
 
 TP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "1"]
+PACKED = ["--dataloader-inter-document-masking"]
 
 
 @pytest.mark.parametrize(
-    ("model", "layout"), [("gpt", []), ("llama", []), ("gpt", TP2)], ids=["gpt", "llama", "tp2"]
+    ("model", "layout"),
+    [("gpt", []), ("llama", []), ("gpt", TP2), ("gpt", PACKED), ("llama", [*TP2, *PACKED])],
+    ids=["gpt", "llama", "tp2", "packed", "llama-tp2-packed"],
 )
 def test_megatron_pretrain_with_dynapipe_equals_our_loop(model, layout, capfd) -> None:
-    """PP=2, and TP=2 (Megatron-LM's get_batch: TP rank 0 reads, megatron-core broadcasts)."""
+    """PP=2, and TP=2 (Megatron-LM's get_batch: TP rank 0 reads, megatron-core broadcasts);
+    packed rows reach Megatron-LM's get_batch in its --dataloader-inter-document-masking form
+    (our loop packs by default)."""
     flags = [*(FLAGS if model == "gpt" else [*FLAGS, *LLAMA]), *layout]
     ranks = run_ranks(_megatron_program, 2, flags, model, timeout_s=240)
-    sites, planned = zip(*ranks, strict=True)
+    sites, planned, packed = zip(*ranks, strict=True)
+    assert (sum(packed[0]) > 0) == (layout[-1:] == PACKED), packed
     out = capfd.readouterr().out
     megatron = _megatron_losses(out)
     assert len(megatron) == ITERATIONS, out[-3000:]

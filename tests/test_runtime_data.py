@@ -21,6 +21,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
+from megatron.core.utils import flatten_batch_for_packed_sequences  # noqa: E402
+
 from dynapipe_planner.data import global_batches, load_lengths, sample_lengths  # noqa: E402
 from dynapipe_planner.plan import ExecutionPlan, MicroBatch  # noqa: E402
 from megatron.dynapipe.data.base import (  # noqa: E402
@@ -108,9 +110,23 @@ def test_packed_microbatch_is_one_thd_sequence(abc) -> None:
     params = t.packed_seq_params("cpu")
     assert params.qkv_format == "thd" and params.max_seqlen_q == params.max_seqlen_kv == 5
     assert torch.equal(params.cu_seqlens_q, t.cu_seqlens) and t.num_tokens == 10
+    # Megatron's --dataloader-inter-document-masking form: rows, per-row bounds padded with s
     batch = t.megatron_batch("cpu")
-    assert batch["attention_mask"] is None and torch.equal(batch["cu_seqlens"], t.cu_seqlens)
-    assert int(batch["max_seqlen"]) == 5
+    assert batch["attention_mask"] is None
+    assert batch["tokens"].tolist() == [[10, 11, 12, 20, 21, PAD], [30, 31, 32, 33, 34, PAD]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 4, 0]]
+    assert batch["cu_seqlens"].dtype == batch["max_seqlen"].dtype == torch.int32
+    assert batch["cu_seqlens"].tolist() == [[0, 3, 5, 6, 6, 6, 6], [0, 5, 6, 6, 6, 6, 6]]
+    assert batch["max_seqlen"].tolist() == [3, 5]
+    flat = flatten_batch_for_packed_sequences(dict(batch))  # what Megatron-LM's get_batch does
+    assert flat["cu_seqlens"].tolist() == [t.cu_seqlens.tolist()]
+    assert torch.equal(flat["tokens"], t.tokens) and flat["max_seqlen"].tolist() == [5]
+    # the same samples padded one per row, in the same form: each row its sample and padding
+    padded = microbatch_tensors(MicroBatch(id=4, replica=0, samples=[0, 1, 2], seqlen=6), abc)
+    assert "cu_seqlens" not in padded.megatron_batch("cpu")  # a 5-key dict without the flag
+    rows = padded.megatron_batch("cpu", documents=True)
+    assert rows["attention_mask"] is None and rows["max_seqlen"].tolist() == [3, 4, 5]
+    assert rows["cu_seqlens"][:, :4].tolist() == [[0, 3, 6, 6], [0, 2, 6, 6], [0, 5, 6, 6]]
 
 
 def test_a_row_filled_to_the_end_still_starts_a_segment(abc) -> None:

@@ -109,8 +109,8 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         default=None,
         help="let DynaPipe's plans run micro-batches as packed rows (THD sequences with "
         "cu_seqlens) where the cost model prices them faster (default: on in pretrain_gpt.py; "
-        "off under `import megatron.dynapipe.enable`, where the program's forward_step must "
-        "read `cu_seqlens` to take them)",
+        "under `import megatron.dynapipe.enable` on with --dataloader-inter-document-masking, "
+        "whose get_batch reads `cu_seqlens`, off otherwise)",
     )
     g.add_argument(
         "--dynapipe-gpu",

@@ -14,9 +14,10 @@ megatron-core:
   variable-length samples of the flags' data (`--data-path`, `--split`, the tokenizer), gets
   its plan (planned ahead by rank 0's workers, seed `dynapipe.txt` §3, §6), and runs this
   rank's instruction list with the program's `forward_step` (`PlanExecutor`); each planned
-  micro-batch reaches `forward_step` as the dict Megatron's `get_batch` returns (padded
-  micro-batches only, unless `--dynapipe-packed-rows on` says the program's `forward_step`
-  turns `cu_seqlens`/`max_seqlen` into `PackedSeqParams` as Megatron-LM's does). The reports
+  micro-batch reaches `forward_step` as the dict Megatron's data iterator yields: padded
+  micro-batches, and packed rows in Megatron's `--dataloader-inter-document-masking` form
+  when the program runs with that flag (its `get_batch` then turns `cu_seqlens`/`max_seqlen`
+  into `PackedSeqParams`), or `--dynapipe-packed-rows on` says it does. The reports
   `forward_step`'s loss function returns go back to Megatron's `train_step`, which reduces,
   logs and checkpoints as always. Parallel state is Megatron's (`adopt_megatron_groups`).
   Evaluation (`forward_only`) keeps Megatron's schedule on the program's validation data;
@@ -158,8 +159,8 @@ class DynaPipeSchedule:
             raise ValueError("DynaPipe's schedules do not run virtual pipeline stages")
         ps.adopt_megatron_groups()
         use_packed_attention(model[0])
-        if args.dynapipe_packed_rows is None:  # a 5-key forward_step ignores cu_seqlens
-            args.dynapipe_packed_rows = "off"
+        if args.dynapipe_packed_rows is None:  # only a program that reads cu_seqlens
+            args.dynapipe_packed_rows = "on" if args.dataloader_inter_document_masking else "off"
         splits = datasets(args)
         spec = spec_from_args(args, args.padded_vocab_size)
         _check_layer_split(model[0], args)

@@ -44,6 +44,7 @@ class MicroBatchTensors:
     attention_mask: torch.Tensor | None  # bool [b, 1, s, s], True = masked out; None if packed
     num_tokens: int
     cu_seqlens: torch.Tensor | None = None  # int32 [segments + 1], packed micro-batches only
+    row_length: int | None = None  # tokens per packed row (s), packed micro-batches only
 
     def to(self, device: torch.device | str) -> MicroBatchTensors:
         """A copy with every tensor on `device`."""
@@ -68,10 +69,17 @@ class MicroBatchTensors:
             max_seqlen_kv=longest,
         )
 
-    def megatron_batch(self, device: torch.device | str) -> dict[str, torch.Tensor | None]:
-        """The dict a Megatron-LM `get_batch` returns (and its `forward_step` indexes), on
-        `device`; a packed micro-batch adds Megatron-LM's `cu_seqlens` and `max_seqlen`, from
-        which a packed-aware `forward_step` builds its `PackedSeqParams`."""
+    def megatron_batch(
+        self, device: torch.device | str, documents: bool = False
+    ) -> dict[str, torch.Tensor | None]:
+        """The dict a Megatron-LM data iterator yields (and its `get_batch` returns), on
+        `device`. A packed micro-batch (and, when `documents`, every micro-batch) comes as
+        megatron-core's GPTDataset yields samples under `--dataloader-inter-document-masking`:
+        [rows, s] tensors, each row's segment boundaries `cu_seqlens` [rows, s + 1] (int32,
+        padded with s) and longest segment `max_seqlen` [rows] (int32), no attention mask; a
+        padded row is its sample and its padding. So Megatron-LM's own `get_batch`
+        (`get_batch_on_this_tp_rank`, `flatten_batch_for_packed_sequences`) and the
+        `PackedSeqParams` its `forward_step` builds take DynaPipe's micro-batches unchanged."""
         moved = self.to(device)
         batch: dict[str, torch.Tensor | None] = {
             "tokens": moved.tokens,
@@ -80,10 +88,31 @@ class MicroBatchTensors:
             "attention_mask": moved.attention_mask,
             "position_ids": moved.position_ids,
         }
-        if moved.cu_seqlens is not None:
-            batch["cu_seqlens"] = moved.cu_seqlens
-            batch["max_seqlen"] = torch.tensor(self._longest_segment())
+        if self.cu_seqlens is None and not documents:
+            return batch
+        bounds = self._row_bounds()
+        rows, s = len(bounds), self.tokens.numel() // len(bounds)
+        for key in ("tokens", "labels", "loss_mask", "position_ids"):
+            batch[key] = batch[key].reshape(rows, s)
+        batch["attention_mask"] = None
+        per_row = torch.full((rows, s + 1), s, dtype=torch.int32)
+        for row, local in enumerate(bounds):
+            per_row[row, : len(local)] = torch.tensor(local, dtype=torch.int32)
+        longest = [max(b - a for a, b in pairwise(local)) for local in bounds]
+        batch["cu_seqlens"] = per_row.to(device)
+        batch["max_seqlen"] = torch.tensor(longest, dtype=torch.int32, device=device)
         return batch
+
+    def _row_bounds(self) -> list[list[int]]:
+        """Each row's segment boundaries, from 0 to the row's length: a packed row's samples
+        and padding; a padded row's sample and its padding (the real tokens come first)."""
+        if self.cu_seqlens is not None:
+            s, bounds = self.row_length, self.cu_seqlens.tolist()
+            rows = self.tokens.numel() // s
+            return [[b - r * s for b in bounds if r * s <= b <= (r + 1) * s] for r in range(rows)]
+        s = self.tokens.shape[1]
+        real = self.loss_mask.sum(dim=1).long().tolist()
+        return [[0, n, s] if 0 < n < s else [0, s] for n in real]
 
     def _longest_segment(self) -> int:
         """Tokens in the longest segment (sample or padding) of a packed micro-batch."""
@@ -149,6 +178,7 @@ def _packed(batch: MicroBatchTensors, segments: torch.Tensor) -> MicroBatchTenso
         attention_mask=None,
         num_tokens=batch.num_tokens,
         cu_seqlens=torch.tensor(bounds, dtype=torch.int32),
+        row_length=segments.shape[1],
     )
 
 

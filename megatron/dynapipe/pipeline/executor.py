@@ -143,6 +143,9 @@ class PlanExecutor:
         self._set_input_tensor = get_attr_wrapped_model(model, "set_input_tensor")
         # `--device-speed`: compute of this rank emulated this many times slower (device_speed).
         self.slowdown = 1.0
+        # Every micro-batch runs as a THD sequence, packed or not (a Megatron-LM program under
+        # --dataloader-inter-document-masking flattens each batch), so all travel as THD.
+        self.all_thd = False
 
     @classmethod
     def for_this_rank(
@@ -272,7 +275,11 @@ class PlanExecutor:
             recompute = stage_mode(plan.stats, self.replica, self.stage)
             if recompute is not None:
                 apply_recompute(self.model, self.config, recompute)
-        packed = {m.id for m in plan.microbatches if m.replica == self.replica and m.row_sizes}
+        packed = {
+            m.id
+            for m in plan.microbatches
+            if m.replica == self.replica and (m.row_sizes or self.all_thd)
+        }
         with torch.no_grad() if forward_only else contextlib.nullcontext():
             result = self._run(instructions, batches, iteration, packed)
         if not forward_only:
