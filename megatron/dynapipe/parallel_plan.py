@@ -45,6 +45,8 @@ def apply_parallel_plan(args: argparse.Namespace, world_size: int) -> SearchedPl
     if plan.sharded_layers:
         _check_sharded_job(args, plan)
     args.tensor_model_parallel_size = plan.tp
+    # derived from the TP degree when the flags were parsed; megatron-core checks the pair
+    args.tensor_parallel_num_weight_shards = plan.tp * args.gtp_weight_remat_size
     args.pipeline_model_parallel_size = plan.pp
     args.data_parallel_size = plan.data_degree
     args.global_batch_size = plan.global_batch_size

@@ -57,7 +57,13 @@ def shard_layers(model: torch.nn.Module, layers: Collection[int]) -> list[int]:
     sharded = []
     for module in model.modules():
         if isinstance(module, TransformerLayer) and module.layer_number - 1 in layers:
+            # FSDP2's sharded parameters are new objects; megatron-core reads its attributes
+            # (tensor_model_parallel, partition_dim ...) from them to count TP shards once
+            attributes = {name: dict(vars(p)) for name, p in module.named_parameters()}
             fully_shard(module, mesh=mesh, reshard_after_forward=True)
+            for name, p in module.named_parameters():
+                for key, value in attributes[name].items():
+                    setattr(p, key, value)
             module.set_gradient_divide_factor(1.0)  # sum, as Megatron's DDP under a
             module.set_force_sum_reduction_for_comms(True)  # per-token loss
             sharded.append(module.layer_number - 1)
