@@ -6,7 +6,8 @@ single-process reference; the checkpointed layers, and only they, run their forw
 Plans with SDP layers (ZeRO-3 per layer, torch FSDP2) beside DP layers, with CKPT on both, and
 an all-SDP plan give the reference's losses, gradient norms, clipped gradients and weights
 after two optimiser steps, and hold half the SDP layers' parameter and Adam bytes per rank at
-DP=2. `pretrain` trains such plans end to end. A plan for another GPU count, model or sequence
+DP=2; in bf16 and fp16 (dynamic loss scale) they train as the same plan with DP layers.
+`pretrain` and `pretrain_gpt.py` under torchrun train such plans end to end. A plan for another GPU count, model or sequence
 length, or with a layer the runtime cannot run yet (hybrid DP x SDP, TP changing inside a
 stage), a flag the plan decides itself, and --save or --use-distributed-optimizer with SDP
 layers end `pretrain_gpt.py` with exit status 2 and one line naming it.
@@ -378,6 +379,93 @@ def test_pretrain_trains_a_searched_plan(tmp_path, capfd, sdp) -> None:
     assert "TP 1, PP 2 with layers [3, 1], DP 2" in out and "recomputing layers [0, 2]" in out
     assert f"sharding (SDP) layers {list(sdp)}" in out
     assert "micro-batches 8 | recompute layers [0, 2]" in out  # 4 per replica, 2 replicas
+
+
+@pytest.mark.parametrize(
+    "precision",
+    [["--bf16"], ["--fp16", "--initial-loss-scale", "2048", "--hysteresis", "1"]],
+    ids=["bf16", "fp16"],
+)
+def test_sdp_plan_trains_like_the_dp_plan_in_half_precision(tmp_path, capfd, precision):
+    """bf16, and fp16 with Megatron's dynamic loss scale: the plan with SDP layers 1-3 trains
+    as the same plan with DP layers (losses within half-precision rounding) and, in fp16, skips
+    the same overflowing steps (the first two) with the same loss scales, then steps."""
+    layer = {i: LayerStrategy(2, ("sdp",), (2,), i in (0, 2)) for i in (1, 2, 3)}
+    runs = {}
+    for name, layers in (("dp", {}), ("sdp", layer)):
+        path = write_searched_plan(
+            tmp_path / f"{name}.json", [3, 1], {0, 2}, num_microbatches=4, global_batch_size=16,
+            layer=layers,
+        )  # fmt: skip
+        argv = [*TINY, "--num-layers", "4", "--train-iters", "4", "--clip-grad", "1.0",
+                "--parallel-plan", str(path), *precision]  # fmt: skip
+        losses = run_ranks(_train, 4, argv, timeout_s=120)[0]
+        lines = [line for line in capfd.readouterr().out.splitlines() if "| lm loss" in line]
+        scales = [line.split("| loss scale")[1] if "| loss scale" in line else "" for line in lines]
+        runs[name] = losses, scales
+    np.testing.assert_allclose(runs["sdp"][0], runs["dp"][0], rtol=5e-3)
+    assert runs["sdp"][0][-1] < runs["sdp"][0][0]
+    assert runs["sdp"][1] == runs["dp"][1] and len(runs["sdp"][1]) == 4
+    if "--fp16" in precision:  # the first steps overflow at 2048, the later ones step
+        assert "skipped" in runs["sdp"][1][0] and "skipped" not in runs["sdp"][1][-1]
+
+
+def _built_stage(rank: int, world: int, path: str, flags: tuple[str, ...]):
+    """The dtypes of this rank's SDP-sharded parameters and of its optimiser's parameters."""
+    from torch.distributed.tensor import DTensor
+
+    from megatron.dynapipe import cpu_compat
+    from megatron.dynapipe import parallel_state as ps
+    from megatron.dynapipe.model_flags import spec_args
+    from megatron.dynapipe.parallel_plan import apply_parallel_plan
+    from megatron.dynapipe.stage import stage_in_ddp
+
+    cpu_compat.install()
+    args = spec_args(SPEC, MAX_SEQLEN, *flags, "--parallel-plan", path)
+    plan = apply_parallel_plan(args, world)
+    ps.initialize(plan.tp, plan.pp, plan.data_degree, layer_counts=list(plan.partition))
+    try:
+        _, model, optimizer, _ = stage_in_ddp(args, SPEC.vocab_size, (), plan.sharded_layers)
+        sharded = {p.dtype for p in model.parameters() if isinstance(p, DTensor)}
+        masters = {p.dtype for g in optimizer.param_groups for p in g["params"]}
+        return sharded, masters
+    finally:
+        ps.destroy()
+
+
+def test_sdp_layers_train_in_bf16_with_fp32_masters(tmp_path):
+    layer = {i: LayerStrategy(2, ("sdp",), (2,), False) for i in range(4)}
+    path = write_searched_plan(tmp_path / "plan.json", [3, 1], set(), layer=layer)
+    flags = (*GPT, "--num-layers", "4", "--lr", "1e-2", "--bf16")
+    for sharded, masters in run_ranks(_built_stage, 4, str(path), flags):
+        assert sharded == {torch.bfloat16} and masters == {torch.float32}
+
+
+def test_pretrain_gpt_runs_a_mixed_sdp_plan_under_torchrun(tmp_path) -> None:
+    """The real entry point: torchrun, 4 processes, `pretrain_gpt.py --parallel-plan` with
+    PP=2 [3, 1] x DP=2, layers 0 and 3 SDP, 1 and 2 DP, layers 0 and 1 recomputed; it says
+    so, every iteration logs a gradient norm, and the loss falls."""
+    import os
+    import re
+    import subprocess
+
+    layer = {i: LayerStrategy(2, ("sdp",), (2,), i == 0) for i in (0, 3)}
+    path = write_searched_plan(
+        tmp_path / "plan.json", [3, 1], {0, 1}, num_microbatches=4, global_batch_size=16,
+        layer=layer,
+    )  # fmt: skip
+    argv = [*TINY, "--num-layers", "4", "--train-iters", "4", "--clip-grad", "1.0",
+            "--parallel-plan", str(path)]  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
+           str(ROOT / "pretrain_gpt.py"), *argv]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "recomputing layers [0, 1]; sharding (SDP) layers [0, 3]" in out.stdout
+    lines = [line for line in out.stdout.splitlines() if "| lm loss" in line]
+    assert len(lines) == 4 and all("| grad norm" in line for line in lines), out.stdout
+    losses = [float(re.search(r"lm loss ([\d.]+)", line).group(1)) for line in lines]
+    assert losses[-1] < losses[0], out.stdout
 
 
 def _main(monkeypatch, capsys, argv: list[str], world_size: int = 4) -> str:

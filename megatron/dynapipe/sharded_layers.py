@@ -23,12 +23,12 @@ What the mix needs beyond the two wrappers, and where it is done:
   only. `MixedDataParallel.scale_gradients` and `zero_grad_buffer` cover both parts.
 - the optimiser: Megatron's, over replicated tensors and the SDP layers' sharded DTensors (its
   torch Adam updates each rank's shard, so the SDP layers' optimiser states are sharded too).
-- the gradient norm for clipping (`count_each_gradient_once`): every rank adds the squares of
+- the gradient norm for clipping (`fit_optimizer_to_mix`): every rank adds the squares of
   its SDP shards, and the replicated gradients on data-parallel rank 0 only; the sum over all
   ranks counts each gradient element once. Megatron's own rule (the model-parallel group, or
   the DTensor's data-parallel group for every gradient once any is a DTensor) counts either the
-  shards or the replicas wrongly in a mix. Its overflow check (fp16) then reduces over all
-  ranks too, so every rank of a layer's group skips the same steps.
+  shards or the replicas wrongly in a mix. Its overflow check (fp16), run on the shards as
+  local tensors, then reduces over all ranks too, so every rank skips the same steps.
 - checkpoints: Megatron's checkpoint format does not hold FSDP2's sharded parameters, so a plan
   with SDP layers refuses --save/--load (`parallel_plan.apply_parallel_plan`).
 """
@@ -102,37 +102,46 @@ class MixedDataParallel(DistributedDataParallel):
             p.grad = None
 
 
-def count_each_gradient_once(optimizer) -> None:
-    """Make a Megatron optimizer over a `MixedDataParallel` stage compute the global gradient
-    norm (and, for fp16, find overflows) over all ranks, each gradient element counted once:
-    SDP shards on every rank, replicated gradients on data-parallel rank 0 only."""
+def fit_optimizer_to_mix(optimizer) -> None:
+    """Make a Megatron optimizer over a `MixedDataParallel` stage reduce its gradient
+    statistics over all ranks: the norm counts each gradient element once (SDP shards on every
+    rank, replicated gradients on data-parallel rank 0 only), and fp16's overflow check, run on
+    the SDP shards as local tensors, skips a step on every rank or on none."""
     chained = getattr(optimizer, "chained_optimizers", None)
     for inner in chained if chained is not None else [optimizer]:
         inner.grad_stats_parallel_group = dist.group.WORLD
         inner.get_grads_for_grad_norm = types.MethodType(_grads_counted_once, inner)
+        if hasattr(inner, "_collect_main_grad_data_for_unscaling"):
+            inner._collect_main_grad_data_for_unscaling = types.MethodType(_local_grads, inner)
     if chained is not None:
         optimizer.grad_stats_parallel_group = dist.group.WORLD
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def _grads_counted_once(self, grad_norm_group: str | None = None) -> list[torch.Tensor]:
     grads = type(self).get_grads_for_grad_norm(self, grad_norm_group)
     first = mpu.get_data_parallel_rank() == 0
-    sharded = [g.to_local() for g in grads if isinstance(g, DTensor)]
-    return sharded + [g for g in grads if first and not isinstance(g, DTensor)]
+    return [_local(g) for g in grads if first or isinstance(g, DTensor)]
+
+
+def _local_grads(self) -> list[torch.Tensor]:
+    """The gradients fp16 unscales in place, SDP shards as their local tensors (torch's
+    unscale-and-check kernel takes no mix of tensors and DTensors)."""
+    return [_local(g) for g in type(self)._collect_main_grad_data_for_unscaling(self) or []]
 
 
 def state_bytes(model: torch.nn.Module, optimizer) -> int:
     """Bytes this rank holds for the stage's parameters and optimiser states (sharded ones
     counted by their local shard)."""
 
-    def local(t: torch.Tensor) -> torch.Tensor:
-        return t.to_local() if isinstance(t, DTensor) else t
-
-    total = sum(local(p).numel() * p.element_size() for p in model.parameters())
+    total = sum(_local(p).numel() * p.element_size() for p in model.parameters())
     chained = getattr(optimizer, "chained_optimizers", None)
     for inner in chained if chained is not None else [optimizer]:
         for state in inner.optimizer.state.values():
             for value in state.values():
                 if torch.is_tensor(value) and value.dim() > 0:
-                    total += local(value).numel() * value.element_size()
+                    total += _local(value).numel() * value.element_size()
     return total

@@ -18,7 +18,7 @@ from megatron.core.transformer.module import Float16Module
 
 from .model import build_stage_model
 from .pipeline.recompute import checkpoint_layers
-from .sharded_layers import MixedDataParallel, count_each_gradient_once, shard_layers
+from .sharded_layers import MixedDataParallel, fit_optimizer_to_mix, shard_layers
 
 
 def megatron_optimizer(args: argparse.Namespace, model: torch.nn.Module):
@@ -64,16 +64,16 @@ def stage_in_ddp(
 
     config, model = build_stage_model(args, vocab_size)
     checkpoint_layers(model, checkpointed)
-    shard_layers(model, sharded)
-    mixed = bool(sharded)  # the whole job's plan: every stage reduces the norm over all ranks
     if config.fp16 or config.bf16:  # as Megatron's get_model: half-precision inputs and outputs
         model = Float16Module(config, model)
+    shard_layers(model, sharded)  # the parameters in their training dtype
+    mixed = bool(sharded)  # the whole job's plan: every stage reduces the norm over all ranks
     ddp = MixedDataParallel if mixed else DistributedDataParallel
     model = ddp(config, get_megatron_ddp_config(args), model)
     config.no_sync_func = model.no_sync  # reduce gradients in each stage's last backward only
     config.finalize_model_grads_func = finalize_model_grads
     optimizer, scheduler = megatron_optimizer(args, model)
     if mixed:
-        count_each_gradient_once(optimizer)
+        fit_optimizer_to_mix(optimizer)
     config.grad_scale_func = optimizer.scale_loss  # fp16's loss scale, as Megatron sets it
     return config, model, optimizer, scheduler
