@@ -7,10 +7,11 @@ Plans with SDP layers (ZeRO-3 per layer, torch FSDP2) beside DP layers, with CKP
 an all-SDP plan give the reference's losses, gradient norms, clipped gradients and weights
 after two optimiser steps, and hold half the SDP layers' parameter and Adam bytes per rank at
 DP=2; in bf16 and fp16 (dynamic loss scale) they train as the same plan with DP layers.
-`pretrain` and `pretrain_gpt.py` under torchrun train such plans end to end. A plan for another GPU count, model or sequence
-length, or with a layer the runtime cannot run yet (hybrid DP x SDP, TP changing inside a
-stage), a flag the plan decides itself, and --save or --use-distributed-optimizer with SDP
-layers end `pretrain_gpt.py` with exit status 2 and one line naming it.
+`pretrain` and `pretrain_gpt.py` under torchrun train such plans end to end. A plan for another
+GPU count, model or sequence length, or with a layer the runtime cannot run yet (hybrid DP x
+SDP, TP changing inside a stage), a flag the plan decides itself, and --save or
+--use-distributed-optimizer with SDP layers end `pretrain_gpt.py` with exit status 2 and one
+line naming it.
 """
 
 from __future__ import annotations
@@ -444,7 +445,7 @@ def test_sdp_layers_train_in_bf16_with_fp32_masters(tmp_path):
 def test_pretrain_gpt_runs_a_mixed_sdp_plan_under_torchrun(tmp_path) -> None:
     """The real entry point: torchrun, 4 processes, `pretrain_gpt.py --parallel-plan` with
     PP=2 [3, 1] x DP=2, layers 0 and 3 SDP, 1 and 2 DP, layers 0 and 1 recomputed; it says
-    so, every iteration logs a gradient norm, and the loss falls."""
+    so, every iteration logs a gradient norm, the loss falls, and it evaluates."""
     import os
     import re
     import subprocess
@@ -455,17 +456,18 @@ def test_pretrain_gpt_runs_a_mixed_sdp_plan_under_torchrun(tmp_path) -> None:
         layer=layer,
     )  # fmt: skip
     argv = [*TINY, "--num-layers", "4", "--train-iters", "4", "--clip-grad", "1.0",
-            "--parallel-plan", str(path)]  # fmt: skip
+            "--eval-iters", "1", "--eval-interval", "2", "--parallel-plan", str(path)]  # fmt: skip
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
            str(ROOT / "pretrain_gpt.py"), *argv]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "recomputing layers [0, 1]; sharding (SDP) layers [0, 3]" in out.stdout
-    lines = [line for line in out.stdout.splitlines() if "| lm loss" in line]
+    lines = [line for line in out.stdout.splitlines() if "] iteration" in line]
     assert len(lines) == 4 and all("| grad norm" in line for line in lines), out.stdout
     losses = [float(re.search(r"lm loss ([\d.]+)", line).group(1)) for line in lines]
     assert losses[-1] < losses[0], out.stdout
+    assert "validation loss at iteration 2 |" in out.stdout  # forward-only, SDP layers gathered
 
 
 def _main(monkeypatch, capsys, argv: list[str], world_size: int = 4) -> str:
