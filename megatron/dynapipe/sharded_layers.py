@@ -8,12 +8,15 @@ gradients. A plan mixes both inside one pipeline stage, with CKPT on either.
 
 **Why torch FSDP2 and not megatron-core's FSDP.** megatron-core's FSDP (`--use-megatron-fsdp`,
 `FullyShardedDataParallel`) wraps the whole model with one `data_parallel_sharding_strategy`
-for every parameter (one bucketing policy per model), so it cannot shard one layer and replicate
-the next; and it creates CUDA streams and a CUDA device when it is built, so it cannot run on
-the CPU ranks our tests use. torch's FSDP2 (`fully_shard`) shards per module: each SDP
-TransformerLayer becomes its own FSDP unit over the stage's data-parallel group, everything
-else stays in Megatron's DDP, which this module's `MixedDataParallel` is. FSDP2 is told to sum
-gradients (divide factor 1, sum reductions), as Megatron's DDP does under a per-token loss, so
+for every parameter (one bucketing policy per model; `fsdp_unit_modules` sets the units'
+granularity, not their strategy), so it cannot shard one layer and replicate the next. It is
+also CUDA-only: built over a stage on two CPU gloo ranks (megatron-core 0.19, with
+`fsdp_unit_modules=[TransformerLayer]` and `device=cpu`), its constructor fails comparing the
+device with `cuda:{torch.cuda.current_device()}`, and it creates CUDA streams after that.
+torch's FSDP2 (`fully_shard`) shards per module and runs on gloo: each SDP TransformerLayer
+becomes its own FSDP unit over the stage's data-parallel group, everything else stays in
+Megatron's DDP, which this module's `MixedDataParallel` is. FSDP2 is told to sum gradients
+(divide factor 1, sum reductions), as Megatron's DDP does under a per-token loss, so
 `finalize_model_grads` scales both kinds once by the global token count.
 
 What the mix needs beyond the two wrappers, and where it is done:
