@@ -225,7 +225,8 @@ def _plan_steps(rank: int, world: int, path: str, weights: dict, flags: tuple[st
     (`stage_in_ddp` with the plan's CKPT and SDP layers) and given the reference's weights.
     Returns ([(loss sum, tokens, grad norm)] per step, ({reference name: final weight},
     {reference name: the last step's clipped gradient}), parameter + optimiser bytes of this
-    rank, the layers sharded here)."""
+    rank, {layer of this stage: (sharded here, forward passes per micro-batch)})."""
+    from megatron.core.transformer.transformer_layer import TransformerLayer
     from torch.distributed.tensor import DTensor
 
     from megatron.dynapipe import cpu_compat
@@ -253,10 +254,17 @@ def _plan_steps(rank: int, world: int, path: str, weights: dict, flags: tuple[st
             for name, param in model.module.named_parameters():
                 local = param.to_local() if isinstance(param, DTensor) else param
                 local.copy_(_local_shard(param, names[name], weights[names[name]], plan.tp))
-        sharded = sorted(
-            {int(n.split(".")[2]) + offset for n, p in model.module.named_parameters()
-             if isinstance(p, DTensor)}
-        )  # fmt: skip
+        layers: dict[int, list] = {}  # layer: [sharded here, forward passes]
+        for module in model.modules():
+            if isinstance(module, TransformerLayer):
+                index = module.layer_number - 1
+                sharded = isinstance(module.mlp.linear_fc1.weight, DTensor)
+                layers[index] = [sharded, 0]
+
+                def count(*_, index: int = index) -> None:
+                    layers[index][1] += 1
+
+                module.mlp.register_forward_hook(count)
         iteration_plan = planner_recipe(args, SPEC, plan.data_degree).build().plan(LENGTHS)
         executor = PlanExecutor.for_this_rank(
             model, config, device=torch.device("cpu"), timeout_s=30
@@ -277,7 +285,8 @@ def _plan_steps(rank: int, world: int, path: str, weights: dict, flags: tuple[st
             grad = (param.grad.full_tensor() if sdp else param.main_grad).numpy().copy()
             tp_place = (ps.tp_rank(), plan.tp, getattr(param, "partition_dim", 0))
             final[names[name]], clipped[names[name]] = (value, *tp_place), (grad, *tp_place)
-        return steps, (final, clipped), state_bytes(model, optimizer), sharded
+        layers = {i: (sharded, n / (STEPS * len(batches))) for i, (sharded, n) in layers.items()}
+        return steps, (final, clipped), state_bytes(model, optimizer), layers
     finally:
         ps.destroy()
 
@@ -326,7 +335,12 @@ def test_sdp_plan_steps_equal_reference(tmp_path, partition, ckpt, sdp, tp):
             _assert_tp_close(clipped[name], ref_final[1][name], name, atol=1e-6)
             seen.add(name)
     assert seen == set(ref_final[0])
-    assert sorted(i for r in results for i in r[3]) == sorted(list(sdp) * ranks_per_stage)
+    stages = [r[3] for r in results]
+    assert sorted(i for layers in stages for i in layers) == sorted(
+        list(range(sum(partition))) * ranks_per_stage
+    )
+    for layers in stages:  # the SDP layers are sharded; CKPT layers run forward twice
+        assert layers == {i: (i in sdp, 2 if i in ckpt else 1) for i in layers}
 
 
 def test_sdp_layers_hold_a_dp_degree_share_of_their_states(tmp_path):
