@@ -116,8 +116,6 @@ def fit_optimizer_to_mix(optimizer) -> None:
         inner.get_grads_for_grad_norm = types.MethodType(_grads_counted_once, inner)
         if hasattr(inner, "_collect_main_grad_data_for_unscaling"):
             inner._collect_main_grad_data_for_unscaling = types.MethodType(_local_grads, inner)
-    if chained is not None:
-        optimizer.grad_stats_parallel_group = dist.group.WORLD
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
