@@ -183,9 +183,15 @@ def test_the_runtime_runs_what_the_flags_cannot_say(dp_only, tmp_path):
         check_job(plan, MODEL, 4, 1024)
     sdp = dataclasses.replace(dp_only, strategies=list(dp_only.strategies))
     sdp.strategies[3] = dataclasses.replace(sdp.strategies[3], order=("sdp",))
+    assert "the runtime shards SDP layers (ZeRO-3) under --parallel-plan only" in (
+        runtime_flags(sdp, MODEL, 1024).notes
+    )
+    assert parallel_plan_flags(sdp, MODEL, 1024, str(path)).expressible
+    hybrid = dataclasses.replace(sdp.strategies[3], order=("dp", "sdp"), degrees=(2, 2))
+    sdp.strategies[3] = hybrid
     refused = parallel_plan_flags(sdp, MODEL, 1024, str(path))
     assert not refused.expressible and refused.notes[0].startswith(
-        "layer 3 (PP2+SDP4): SDP (ZeRO-3"
+        "layer 3 (PP2+DP2+SDP2): SDP over 2 of its 4 data-parallel ranks (hybrid DP x SDP)"
     )
 
 

@@ -13,9 +13,10 @@ per-stage prefix of equal length, middle stages of unequal size, encoder-decoder
 `check_job` holds it against the job it is given to (GPU count, model, sequence length), and
 `parallel_plan_refusal` says which layer the runtime cannot run yet and why: the runtime builds
 the plan's pipeline partition (§IV-B: any layer counts per stage), its micro-batch count and
-global batch, the DP/TP layers of the decision trees (§III-B) and CKPT of exactly the layers the
-plan names; SDP (ZeRO-3 per layer), TP changing between layers or stages, and strided TP
-groups come later. `parallel_plan_flags` gives the `pretrain_gpt.py` command for such a plan.
+global batch, the DP, SDP (ZeRO-3 over the whole data-parallel group) and TP layers of the
+decision trees (§III-B) and CKPT of exactly the layers the plan names; hybrid DP x SDP layers,
+TP changing between layers or stages, and strided TP groups come later. `parallel_plan_flags`
+gives the `pretrain_gpt.py` command for such a plan.
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ def _flag_items(tokens: list[str]) -> list[str]:
 
 
 def runtime_flags(result: SearchResult, model: ModelSpec, seq_length: int) -> Flags:
-    """Flags for our `pretrain_gpt.py` (even layer split, one recompute mode, no ZeRO-3)."""
+    """Flags for our `pretrain_gpt.py` (even layer split, one recompute mode; SDP needs the
+    plan file, `parallel_plan_flags`)."""
     notes = _uniform(result)
     if model.is_encoder_decoder:
         notes.append("the runtime trains GPT models only")
@@ -153,7 +155,7 @@ def runtime_flags(result: SearchResult, model: ModelSpec, seq_length: int) -> Fl
     if len(ckpt) > 1:
         notes.append("the runtime recomputes all layers or none; the plan mixes them")
     if any(s.sdp > 1 for s in result.strategies):
-        notes.append("the runtime has no ZeRO-3 parameter sharding (SDP)")
+        notes.append("the runtime shards SDP layers (ZeRO-3) under --parallel-plan only")
     if notes:
         return Flags(False, notes=notes)
     s0 = result.strategies[0]
@@ -262,6 +264,12 @@ class SearchedPlan:
     def checkpointed_layers(self) -> tuple[int, ...]:
         """The layers (0-based, over the whole model) whose activations are recomputed."""
         return tuple(i for i, s in enumerate(self.strategies) if s.ckpt)
+
+    @property
+    def sharded_layers(self) -> tuple[int, ...]:
+        """The SDP layers (0-based, over the whole model): parameters, gradients and optimiser
+        states sharded over the data-parallel group (ZeRO-3)."""
+        return tuple(i for i, s in enumerate(self.strategies) if s.sdp > 1)
 
 
 def _field(data: dict, key: str, kind: type, where: str) -> object:
@@ -402,10 +410,11 @@ def parallel_plan_refusal(
     for stage, count in enumerate(partition):
         for layer in range(start, start + count):
             s = strategies[layer]
-            if s.sdp > 1:
+            if s.sdp > 1 and s.dp > 1:
                 return (
-                    f"layer {layer} ({s}): SDP (ZeRO-3 sharding of the layer's states over "
-                    f"{s.sdp} ranks) does not run yet"
+                    f"layer {layer} ({s}): SDP over {s.sdp} of its {s.data_degree} data-"
+                    "parallel ranks (hybrid DP x SDP) does not run yet; the runtime shards a "
+                    "layer over its whole data-parallel group"
                 )
             if s.tp != strategies[start].tp:
                 return (

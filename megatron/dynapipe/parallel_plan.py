@@ -9,6 +9,13 @@ runtime's settings:
 
 - TP and PP degrees, and the data-parallel degree the remaining ranks give; DP layers are
   replicated with their gradients all-reduced (Megatron DDP, as in every homogeneous job);
+- SDP layers (ZeRO-3 over the whole data-parallel group, `SearchedPlan.sharded_layers`): their
+  parameters, gradients and optimiser states sharded by torch FSDP2, one unit per layer, inside
+  the same stage's DDP (`sharded_layers`, which says why FSDP2 and not megatron-core's FSDP);
+  the embedding and output layer stay replicated. The gradient norm for clipping counts every
+  sharded and replicated gradient once. Megatron's checkpoints cannot hold the sharded layers,
+  so such a plan refuses --save/--load, and --use-distributed-optimizer (ZeRO-1 over DTensor
+  shards);
 - the partition: `parallel_state.initialize(layer_counts=...)`, which the model builder hands
   to megatron-core as a pipeline layout;
 - the batch: `global_batch_size` samples in micro-batches of `microbatch_size / DP` samples
@@ -16,9 +23,10 @@ runtime's settings:
 - CKPT: the plan's layers, exactly (`SearchedPlan.checkpointed_layers`, applied by
   `pipeline.recompute.checkpoint_layers` when the stage is built); no other recomputation.
 
-Plans that need what the runtime does not run yet (SDP, TP changing between layers, strided TP
-groups) stop with a `PlanFileError` naming the layer (`plan_file.parallel_plan_refusal`); so do
-plans for another GPU count, model or sequence length. Each is one line and exit status 2.
+Plans that need what the runtime does not run yet (hybrid DP x SDP layers, TP changing between
+layers, strided TP groups) stop with a `PlanFileError` naming the layer
+(`plan_file.parallel_plan_refusal`); so do plans for another GPU count, model or sequence
+length. Each is one line and exit status 2.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from __future__ import annotations
 import argparse
 
 from dynapipe_planner.megatron_model import spec_from_args
-from dynapipe_planner.search.plan_file import SearchedPlan, check_job, load_plan
+from dynapipe_planner.search.plan_file import PlanFileError, SearchedPlan, check_job, load_plan
 
 
 def apply_parallel_plan(args: argparse.Namespace, world_size: int) -> SearchedPlan:
@@ -34,7 +42,11 @@ def apply_parallel_plan(args: argparse.Namespace, world_size: int) -> SearchedPl
     parallel sizes and the batch it names on `args` (a `PlanFileError` if it does not fit)."""
     plan = load_plan(args.parallel_plan)
     check_job(plan, spec_from_args(args, plan.model.vocab_size), world_size, args.seq_length)
+    if plan.sharded_layers:
+        _check_sharded_job(args, plan)
     args.tensor_model_parallel_size = plan.tp
+    # derived from the TP degree when the flags were parsed; megatron-core checks the pair
+    args.tensor_parallel_num_weight_shards = plan.tp * args.gtp_weight_remat_size
     args.pipeline_model_parallel_size = plan.pp
     args.data_parallel_size = plan.data_degree
     args.global_batch_size = plan.global_batch_size
@@ -45,6 +57,22 @@ def apply_parallel_plan(args: argparse.Namespace, world_size: int) -> SearchedPl
         f"--parallel-plan {plan.path}: TP {plan.tp}, PP {plan.pp} with layers "
         f"{list(plan.partition)}, DP {plan.data_degree}; global batch {plan.global_batch_size} "
         f"in micro-batches of {args.micro_batch_size} per data-parallel rank; recomputing "
-        f"layers {list(plan.checkpointed_layers)}"
+        f"layers {list(plan.checkpointed_layers)}; sharding (SDP) layers "
+        f"{list(plan.sharded_layers)}"
     )
     return plan
+
+
+def _check_sharded_job(args: argparse.Namespace, plan: SearchedPlan) -> None:
+    """What a job with SDP layers cannot do, refused before it starts."""
+    layers = f"plan {plan.path} shards layers {list(plan.sharded_layers)} (SDP, torch FSDP2)"
+    if args.save or args.load:
+        flag = "--save" if args.save else "--load"
+        raise PlanFileError(
+            f"{flag}: {layers}, whose sharded parameters Megatron's checkpoint format does not "
+            "hold; drop the flag"
+        )
+    if args.use_distributed_optimizer:
+        raise PlanFileError(
+            f"--use-distributed-optimizer: {layers}; the plan shards its own states per layer"
+        )

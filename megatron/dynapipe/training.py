@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from dynapipe_planner.megatron_model import spec_from_args
 from dynapipe_planner.plan import ExecutionPlan
+from dynapipe_planner.search.plan_file import SearchedPlan
 
 from . import checkpointing, cpu_compat
 from . import parallel_state as ps
@@ -85,7 +86,7 @@ def pretrain(args: argparse.Namespace, probe: IterationProbe | None = None) -> l
         layer_counts=list(plan.partition) if plan else None,
     )
     try:
-        return _train(args, splits, resume, tp, probe, plan.checkpointed_layers if plan else ())
+        return _train(args, splits, resume, tp, probe, plan)
     finally:
         checkpointing.release_writer_processes()
         ps.destroy()
@@ -101,9 +102,10 @@ def _train(
     resume: checkpointing.ResumePoint | None,
     tp: int,
     probe: IterationProbe | None,
-    checkpointed: tuple[int, ...],
+    plan: SearchedPlan | None,
 ) -> list[float]:
     rank = dist.get_rank()
+    checkpointed = plan.checkpointed_layers if plan else ()
     for note in args.dynapipe_notes:
         log_rank0(rank, note)
     if rank == 0 and args.save:
@@ -115,7 +117,9 @@ def _train(
     iterations = iterations_for(args, splits, spec, resume)
     liveness = Liveness(iterations.store, rank, dist.get_world_size(), server_rank=PLANNING_RANK)
     with iterations, liveness:
-        config, model, optimizer, scheduler = stage_in_ddp(args, spec.vocab_size, checkpointed)
+        config, model, optimizer, scheduler = stage_in_ddp(
+            args, spec.vocab_size, checkpointed, plan.sharded_layers if plan else ()
+        )
         state = TrainState()
         if resume is not None:
             state = checkpointing.load(args, resume, model, optimizer, scheduler)
