@@ -52,12 +52,13 @@ def model_provider(pre_process=True, post_process=True, vp_stage=None, config=No
 
 
 def get_batch(data_iterator):
-    """Megatron's batch dict on the first and last stages (the middle stages read nothing),
-    read on tensor-parallel rank 0 and broadcast to the others; with
-    --dataloader-inter-document-masking, packed sequences and their PackedSeqParams."""
-    if not (mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage()):
-        return None, None, None, None, None, None
+    """Megatron's batch dict on the first and last stages, read on tensor-parallel rank 0 and
+    broadcast to the others; with --dataloader-inter-document-masking, packed sequences and
+    their PackedSeqParams, which the middle stages need too (they read nothing else)."""
     args = get_args()
+    middle = not (mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage())
+    if middle and not args.dataloader_inter_document_masking:
+        return None, None, None, None, None, None
     tp_rank = mpu.get_tensor_model_parallel_rank()
     batch = next(data_iterator) if tp_rank == 0 else {}
     batch = get_batch_on_this_tp_rank(

@@ -97,17 +97,27 @@ TP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "1
 PACKED = ["--dataloader-inter-document-masking"]
 
 
+PP3 = ["--pipeline-model-parallel-size", "3", "--num-layers", "3"]
+
+
 @pytest.mark.parametrize(
     ("model", "layout"),
-    [("gpt", []), ("llama", []), ("gpt", TP2), ("gpt", PACKED), ("llama", [*TP2, *PACKED])],
-    ids=["gpt", "llama", "tp2", "packed", "llama-tp2-packed"],
+    [
+        ("gpt", []),
+        ("llama", []),
+        ("gpt", TP2),
+        ("gpt", [*PP3, *PACKED]),
+        ("llama", [*TP2, *PACKED]),
+    ],
+    ids=["gpt", "llama", "tp2", "pp3-packed", "llama-tp2-packed"],
 )
 def test_megatron_pretrain_with_dynapipe_equals_our_loop(model, layout, capfd) -> None:
     """PP=2, and TP=2 (Megatron-LM's get_batch: TP rank 0 reads, megatron-core broadcasts);
     packed rows reach Megatron-LM's get_batch in its --dataloader-inter-document-masking form
-    (our loop packs by default)."""
+    (our loop packs by default), the middle stage of PP=3 taking only their boundaries."""
     flags = [*(FLAGS if model == "gpt" else [*FLAGS, *LLAMA]), *layout]
-    ranks = run_ranks(_megatron_program, 2, flags, model, timeout_s=240)
+    world = 3 if layout[:2] == PP3[:2] else 2
+    ranks = run_ranks(_megatron_program, world, flags, model, timeout_s=240)
     sites, planned, packed = zip(*ranks, strict=True)
     assert (sum(packed[0]) > 0) == (layout[-1:] == PACKED), packed
     out = capfd.readouterr().out
@@ -119,7 +129,7 @@ def test_megatron_pretrain_with_dynapipe_equals_our_loop(model, layout, capfd) -
     dynapipe = iteration_rows(out)  # DynaPipe's line in Megatron's loop, as the benchmarks read it
     assert [int(row["it"]) for row in dynapipe] == list(range(1, ITERATIONS + 1))
     assert all(int(row["tps"].replace(",", "")) > 0 and row["predicted"] for row in dynapipe)
-    ours = run_ranks(_our_loop, 2, flags, timeout_s=240)[0]
+    ours = run_ranks(_our_loop, world, flags, timeout_s=240)[0]
     assert [float(row["loss"]) for row in dynapipe] == pytest.approx(ours, abs=1e-4)
     # Megatron logs the mean loss since its last reset, and does not reset after the first
     # iteration's line: with --log-interval 1 it prints L1, (L1 + L2) / 2, L3.
