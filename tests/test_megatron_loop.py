@@ -175,6 +175,35 @@ def test_megatron_program_whose_stages_hold_other_layer_counts_is_refused(capfd)
     ], errors
 
 
+def _middle_stage_drops_boundaries(rank: int, world: int, argv: list[str]) -> int | str | None:
+    """The program's get_batch on the middle stage forgets the packed boundaries."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    import megatron_lm_program
+
+    get_batch = megatron_lm_program.get_batch
+
+    def forgetful(data_iterator):
+        batch = get_batch(data_iterator)
+        return [*batch[:5], None] if rank == 1 else batch
+
+    megatron_lm_program.get_batch = forgetful
+    return _megatron_exit_status(rank, world, argv)
+
+
+def test_a_packed_micro_batch_without_its_boundaries_is_named(capfd) -> None:
+    """Attention over a THD micro-batch without PackedSeqParams would span its samples: the
+    stage that runs it stops (exit 2, one line); its neighbours name it as the peer lost."""
+    flags = [*FLAGS, *PP3, *PACKED, "--dynapipe-timeout", "5"]
+    results = run_ranks(_middle_stage_drops_boundaries, 3, flags, timeout_s=240)
+    assert results[1] == 2 and results[0] == results[2] == 1, results
+    errors = [line for line in capfd.readouterr().err.splitlines() if ": error:" in line]
+    assert any(
+        line.startswith("megatron_lm_program.py: error: stage 1: forward_step ran micro-batch")
+        and "without PackedSeqParams" in line
+        for line in errors
+    ), errors
+
+
 def _megatron_rank_dies(rank: int, world: int, argv: list[str]) -> int | str | None:
     """Rank 1 exits in the middle of the second iteration, once rank 0 has its plan."""
     import time

@@ -6,7 +6,9 @@ fits nowhere) ends the job with exit status 2 and one line on rank 0: every rank
 input, so one report is enough. A fault of the running job (a peer that died, a plan that never
 came or was refused, a failed transfer) ends it with exit status 1 and one line on each rank
 that saw it; each message names that rank and the iteration. `--debug` (or DYNAPIPE_DEBUG=1)
-adds the traceback to either.
+adds the traceback to either. The program's own code failing the plan (a `forward_step` that
+drops a packed micro-batch's boundaries) ends with exit status 2 and one line on each rank that
+met it, since only the ranks of the stages concerned do.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .data.base import DataError
 from .device_speed import DeviceSpeedError
 from .hetero.candidates import CandidateError
 from .hetero.plan_file import HeteroPlanError
+from .pipeline.executor import MissingPackedParams
 from .pipeline.liveness import PeerFailure
 from .pipeline.p2p import TransferError
 from .pipeline.plan_source import PlanMismatch
@@ -36,6 +39,7 @@ USER_ERRORS = (
     PlanningError,
 )
 JOB_FAULTS = (PeerFailure, PlanningServiceError, PlanMismatch, TransferError)
+PROGRAM_ERRORS = (MissingPackedParams,)
 
 
 def exit_status(
@@ -52,6 +56,9 @@ def exit_status(
     except JOB_FAULTS as error:
         report_error(program, error, args or _megatron_args())
         return 1
+    except PROGRAM_ERRORS as error:
+        report_error(program, error, args or _megatron_args())
+        return 2
     return 0
 
 

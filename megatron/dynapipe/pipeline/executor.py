@@ -114,6 +114,10 @@ class IterationResult:
     loss_sum: float
 
 
+class MissingPackedParams(ValueError):
+    """The program's forward_step ran a THD micro-batch without its PackedSeqParams."""
+
+
 class PlanExecutor:
     """Executes plans on one rank: stage `stage` of replica `replica` of a `num_replicas` x
     `num_stages` job, over `p2p` to the neighbouring stages. In a heterogeneous job `layouts`
@@ -146,6 +150,13 @@ class PlanExecutor:
         # Every micro-batch runs as a THD sequence, packed or not (a Megatron-LM program under
         # --dataloader-inter-document-masking flattens each batch), so all travel as THD.
         self.all_thd = False
+        self._thd_forward: int | None = None  # the THD micro-batch whose forward pass runs
+        try:
+            decoder = get_attr_wrapped_model(model, "decoder")
+        except RuntimeError:  # not a megatron-core language model: nothing to check
+            decoder = None
+        if decoder is not None:
+            decoder.register_forward_pre_hook(self._check_packed_params, with_kwargs=True)
 
     @classmethod
     def for_this_rank(
@@ -307,7 +318,11 @@ class PlanExecutor:
         for index, ins in enumerate(instructions):
             state = states.setdefault(ins.mb, _MicroBatchState())
             if ins.op == "ForwardPass":
-                result = paced(self.slowdown, self._forward, ins, state, batches)
+                self._thd_forward = ins.mb if ins.mb in packed else None
+                try:
+                    result = paced(self.slowdown, self._forward, ins, state, batches)
+                finally:
+                    self._thd_forward = None
                 if result is not None:
                     reports.append(result[1])
                     tokens += result[0]
@@ -353,6 +368,17 @@ class PlanExecutor:
             )
         state.output, num_tokens, report = result
         return num_tokens.detach().cpu(), report
+
+    def _check_packed_params(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        """A THD micro-batch must reach the decoder with its `PackedSeqParams`: without them
+        its attention would silently span the samples (and rows) laid end to end."""
+        if self._thd_forward is not None and kwargs.get("packed_seq_params") is None:
+            raise MissingPackedParams(
+                f"stage {self.stage}: forward_step ran micro-batch {self._thd_forward}, one THD "
+                "sequence of several samples, without PackedSeqParams, so its attention would "
+                "span them; build them from the batch's cu_seqlens and max_seqlen on every "
+                "pipeline stage, as Megatron-LM's get_batch does"
+            )
 
     def _backward(self, state: _MicroBatchState) -> None:
         output, grad = state.output, state.output_grad
