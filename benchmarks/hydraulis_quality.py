@@ -22,9 +22,16 @@ iterations:
 Ablation: (a) best homogeneous scheme + greedy dispatch + packing to MaxLen, (b) + Eq. 1
 packing, (c) + the heterogeneous strategy proposed for the context length (static), (d) +
 per-iteration selection, (e) + DynaPipe micro-batching inside pipelines = ours. Every row's
-dispatch prices short sequences as packed (`dispatch(packed=True)`, our extension), and (d)
-also prices strategies proposed from each batch's own lengths (`batch_proposals`).
+dispatch prices sequences as the selection's default does (`SelectionConfig.dispatch_pricing`),
+and (d) also prices strategies proposed from each batch's own lengths (`batch_proposals`).
 Imbalance is (busiest - idlest GPU) / busiest GPU per iteration, averaged.
+
+Dispatch pricing (issue #21): the same strategies dispatched with each pricing of
+`strategy.dispatch` - "full" T(l) as Eq. 2 writes it, "constant_free" (each sequence's
+constant term left out, as Hydraulis' public code does), "packed" (our extension) - and each
+pipeline's Eq. 1 packing planned by the planner core under 1F1B: on the best homogeneous
+strategy (rows (b)), on the static heterogeneous one (rows (c)), and inside the full
+per-iteration selection (rows (d)); mean latency over the same batches.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from dynapipe_planner.strategy.baselines import (
     megatron_iteration,
     per_gpu,
 )
+from dynapipe_planner.strategy.dispatch import DISPATCH_PRICINGS
 from dynapipe_planner.strategy.proposal import (
     Proposal,
     Strategy,
@@ -140,6 +148,7 @@ def setting(
     packing = StrategySelector(
         profiles, proposals, models, num_gpus, SelectionConfig(trials=trials)
     )
+    default_pricing = packing.config.dispatch_pricing
     ours = StrategySelector(
         profiles, proposals, models, num_gpus, SelectionConfig(inside="dynapipe", trials=trials)
     )
@@ -181,7 +190,7 @@ def setting(
             planners,
             packing="max",
             trials=trials,
-            packed_dispatch=True,
+            dispatch_pricing=default_pricing,
         ),
         "(b) +Eq.1 pack": lambda b: dispatched_iteration(
             b,
@@ -190,10 +199,16 @@ def setting(
             planners,
             packing="eq1",
             trials=trials,
-            packed_dispatch=True,
+            dispatch_pricing=default_pricing,
         ),
         "(c) +hetero": lambda b: dispatched_iteration(
-            b, static, profiles_list, planners, packing="eq1", trials=trials, packed_dispatch=True
+            b,
+            static,
+            profiles_list,
+            planners,
+            packing="eq1",
+            trials=trials,
+            dispatch_pricing=default_pricing,
         ),
         "(d) +selection": lambda b: selected(packing, b),
         "(e) +DynaPipe=ours": lambda b: selected(ours, b),
@@ -205,6 +220,31 @@ def setting(
             float(np.mean([r.latency for r in runs])),
             float(np.mean([r.imbalance for r in runs])),
         )
+    pricings = {}
+    for pricing in DISPATCH_PRICINGS:
+        selector = packing
+        if pricing != default_pricing:
+            config = SelectionConfig(trials=trials, dispatch_pricing=pricing)
+            selector = StrategySelector(profiles, proposals, models, num_gpus, config)
+        for row, strategy in (("(b) homogeneous", homogeneous_best), ("(c) static", static)):
+            pricings[row, pricing] = float(
+                np.mean(
+                    [
+                        dispatched_iteration(
+                            b,
+                            strategy,
+                            profiles_list,
+                            planners,
+                            trials=trials,
+                            dispatch_pricing=pricing,
+                        ).latency
+                        for b in batches
+                    ]
+                )
+            )
+        pricings["(d) selection", pricing] = float(
+            np.mean([selected(selector, b).latency for b in batches])
+        )
     chosen = {
         "megatron": mega_best.scheme,
         "megatron dp_balanced": dpb_best.scheme,
@@ -212,7 +252,7 @@ def setting(
         "hotspa": " / ".join(str(p.scheme) for _, p in hot_stages),
         "static": static,
     }
-    return results, chosen, tokens
+    return results, chosen, tokens, pricings
 
 
 def main() -> None:
@@ -224,12 +264,13 @@ def main() -> None:
     args = parser.parse_args()
     print(__doc__)
     summary = []
+    all_pricings = []
     for model_name, num_gpus in SETTINGS:
         if args.models and model_name not in args.models:
             continue
         for context in CONTEXTS:
             started = time.perf_counter()
-            results, chosen, tokens = setting(
+            results, chosen, tokens, pricings = setting(
                 model_name,
                 num_gpus,
                 context,
@@ -252,6 +293,15 @@ def main() -> None:
                     f"  {name:<24}{latency:>10.3f}{tokens / latency:>11,.0f}"
                     f"{imbalance:>11.2f}{latency / ours:>7.2f}x"
                 )
+            print(f"  dispatch pricing (latency s; / {DISPATCH_PRICINGS[0]!r} in brackets):")
+            for row in ("(b) homogeneous", "(c) static", "(d) selection"):
+                full = pricings[row, DISPATCH_PRICINGS[0]]
+                cells = "".join(
+                    f"  {p} {pricings[row, p]:.3f} ({pricings[row, p] / full:.3f})"
+                    for p in DISPATCH_PRICINGS
+                )
+                print(f"    {row:<18}{cells}")
+            all_pricings.append(pricings)
             upstream = min(results[k][0] for k in UPSTREAM_BASELINES)
             summary.append(
                 (
@@ -263,6 +313,7 @@ def main() -> None:
                     results["cost-aware dp-balanced"][0] / ours,
                 )
             )
+    print_pricing_summary(all_pricings)
     print(
         f"\nours vs the best of the systems' own baselines ({', '.join(UPSTREAM_BASELINES)}), "
         "vs Megatron-LM's dp_balanced alone, and vs our cost-aware dp-balanced:"
@@ -272,6 +323,23 @@ def main() -> None:
             f"  {model_name:<10}{num_gpus:>4} GPUs {context // 1024:>3}K: "
             f"{vs_upstream:.2f}x (target >= 1.30), {vs_dp:.2f}x, {vs_cost:.2f}x (target >= 1.00)"
         )
+
+
+def print_pricing_summary(all_pricings: list[dict]) -> None:
+    """Per row kind and pricing: geometric mean latency ratio to "full" over the settings, and
+    in how many settings each pricing was the fastest of the three."""
+    print(
+        "\ndispatch pricing over all settings (geometric mean of latency / 'full'; settings won):"
+    )
+    for row in ("(b) homogeneous", "(c) static", "(d) selection"):
+        cells = []
+        for p in DISPATCH_PRICINGS:
+            ratios = [r[row, p] / r[row, DISPATCH_PRICINGS[0]] for r in all_pricings]
+            wins = sum(
+                min(DISPATCH_PRICINGS, key=lambda q, r=r: r[row, q]) == p for r in all_pricings
+            )
+            cells.append(f"  {p} {np.exp(np.mean(np.log(ratios))):.4f} ({wins} won)")
+        print(f"  {row:<18}{''.join(cells)}")
 
 
 if __name__ == "__main__":

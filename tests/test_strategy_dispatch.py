@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from dynapipe_planner.errors import PlanningError
 from dynapipe_planner.strategy.dispatch import (
+    DISPATCH_PRICINGS,
     dispatch,
     dispatch_exact,
     dispatch_reference,
@@ -50,14 +51,16 @@ strategies = st.tuples(st.integers(0, 4), st.integers(0, 2), st.integers(1, 2)).
     strategies,
     st.integers(1, 12),
     st.integers(0, 99),
-    st.booleans(),
+    st.sampled_from(DISPATCH_PRICINGS),
 )
 def test_cpp_greedy_equals_the_reference_and_respects_max_len(
-    lengths, strategy, trials, seed, packed
+    lengths, strategy, trials, seed, pricing
 ):
     lengths = np.array(lengths)
-    fast = dispatch(lengths, strategy, PROFILES, trials=trials, seed=seed, packed=packed)
-    slow = dispatch_reference(lengths, strategy, PROFILES, trials=trials, seed=seed, packed=packed)
+    fast = dispatch(lengths, strategy, PROFILES, trials=trials, seed=seed, pricing=pricing)
+    slow = dispatch_reference(
+        lengths, strategy, PROFILES, trials=trials, seed=seed, pricing=pricing
+    )
     assert fast.pipelines == slow.pipelines
     assert fast.assignment.tolist() == slow.assignment.tolist()
     assert fast.objective == slow.objective
@@ -67,7 +70,7 @@ def test_cpp_greedy_equals_the_reference_and_respects_max_len(
     for j, scheme in enumerate(fast.pipelines):
         mine = lengths[fast.assignment == j]
         assert np.all(mine <= max_len[scheme])
-        times = sequence_times(by_scheme[scheme], mine, packed)
+        times = sequence_times(by_scheme[scheme], mine, pricing)
         bounds.append(pipeline_bound(times, scheme.pp))
     assert fast.objective == pytest.approx(max(bounds), rel=1e-12)
 
@@ -81,6 +84,18 @@ def test_packed_pricing_charges_a_short_sequence_its_share_of_a_util_len_row():
     np.testing.assert_allclose(packed[3:], short.time(lengths[3:]), rtol=1e-12)
     # Alone, the fixed per-sequence cost makes short sequences dearer than their share.
     assert np.all(packed[:3] < short.time(lengths[:3]))
+
+
+def test_constant_free_pricing_leaves_out_the_fits_constant_term():
+    p = PROFILES[1]
+    lengths = np.array([1.0, 50.0, 3000.0])
+    a, b, _ = p.coef
+    np.testing.assert_allclose(
+        sequence_times(p, lengths, "constant_free"), (a * lengths + b) * lengths, rtol=1e-12
+    )
+    np.testing.assert_allclose(sequence_times(p, lengths, "full"), p.time(lengths), rtol=1e-12)
+    with pytest.raises(PlanningError, match="dispatch pricing must be one of"):
+        dispatch(lengths, Strategy.of({SHORT: 1}), PROFILES, pricing="paper")
 
 
 def test_more_trials_never_do_worse():

@@ -78,12 +78,35 @@ def test_cp_sat_packing_is_optimal_for_each_v(seed):
     p = profile(2000, 300)
     times = p.time(lengths.astype(float))
     for count in (2, 3, 4):
-        bins = pack_exact(times, lengths, p.max_len, count, time_limit_s=10)
+        bins, proved = pack_exact(times, lengths, p.max_len, count, time_limit_s=10)
         expected = brute_force_slowest(times, lengths, p.max_len, count)
+        assert proved
         if not np.isfinite(expected):
             assert bins is None
             continue
+        assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+        assert all(lengths[b].sum() <= p.max_len for b in bins)
         assert max(times[b].sum() for b in bins) == pytest.approx(expected, abs=4e-6)
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("pp", [1, 3])
+def test_exact_packing_is_eq1_optimum_over_the_v_range(seed, pp):
+    """pack_pipeline(method="exact") against brute force over every V of the App. C range and
+    every assignment: min over V of (slowest micro-batch) x (PP - 1 + V)."""
+    rng = np.random.default_rng(100 + seed)
+    lengths = rng.integers(60, 1200, size=6)
+    p = profile(1800, 200, pp)
+    times = p.time(lengths.astype(float))
+    expected = min(
+        brute_force_slowest(times, lengths, p.max_len, v) * (pp - 1 + v)
+        for v in micro_batch_range(lengths, p)
+    )
+    packing = pack_pipeline(lengths, p, method="exact", time_limit_s=10)
+    assert packing.optimal
+    assert packing.objective == pytest.approx(expected, abs=4e-6 * (pp + len(lengths)))
+    lpt = pack_pipeline(lengths, p)
+    assert not lpt.optimal and lpt.objective >= packing.objective * (1 - 1e-6)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -27,6 +27,7 @@ from dynapipe_planner.strategy.proposal import (
     estimate_latency,
     integer_proposal_dp,
     interval_work,
+    proposal_dp,
     propose_strategies,
     refine_strategies,
     relaxed_proposal,
@@ -61,9 +62,10 @@ def synthetic_work(seed: int, num_intervals: int, schemes: list[ParallelScheme])
     return IntervalWork(upper, work, np.ones(num_intervals, dtype=int), tuple(profiles))
 
 
-def brute_force(iw: IntervalWork, num_gpus: int, intervals: int) -> float:
+def brute_force(iw: IntervalWork, num_gpus: int, intervals: int, step: float = 1.0) -> float:
     """Every split of the first `intervals` intervals into contiguous blocks, every scheme and
-    pipeline count per block, within `num_gpus`: the best slowest-block latency."""
+    pipeline count (a multiple of `step`) per block, within `num_gpus`: the best slowest-block
+    latency."""
     best = math.inf
     for cuts in itertools.product([False, True], repeat=intervals - 1):
         bounds = [0] + [i + 1 for i, cut in enumerate(cuts) if cut] + [intervals]
@@ -74,10 +76,13 @@ def brute_force(iw: IntervalWork, num_gpus: int, intervals: int) -> float:
             for k, p in enumerate(iw.profiles):
                 work = iw.work[a:b, k].sum()
                 if math.isfinite(work):
-                    options += [(p.scheme.num_gpus * d, work / d) for d in range(1, num_gpus + 1)]
+                    options += [
+                        (p.scheme.num_gpus * d * step, work / (d * step))
+                        for d in range(1, round(num_gpus / step) + 1)
+                    ]
             choices.append(options)
         for combo in itertools.product(*choices):
-            if sum(g for g, _ in combo) <= num_gpus:
+            if sum(g for g, _ in combo) <= num_gpus + 1e-9:
                 best = min(best, max(t for _, t in combo))
     return best
 
@@ -126,11 +131,31 @@ def fractional_dp(iw: IntervalWork, num_gpus: int, step: float) -> float:
     return float(t[units, num_intervals])
 
 
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 3), st.sampled_from([1, 2]))
+def test_paper_dp_equals_exhaustive_enumeration_on_its_grid(seed, num_intervals, num_gpus):
+    iw = synthetic_work(seed, num_intervals, SMALL_SCHEMES[:2])
+    solution = proposal_dp(iw, num_gpus, step=0.5)
+    gpus = np.array([p.scheme.num_gpus for p in iw.profiles])
+    for ell in range(1, num_intervals + 1):
+        expected = brute_force(iw, num_gpus, ell, step=0.5)
+        got = solution.latency[ell - 1]
+        assert got == pytest.approx(expected, rel=1e-12) or (
+            math.isinf(expected) and math.isinf(got)
+        )
+        if math.isfinite(expected):  # S[N][l]: within the GPUs, each interval on a holder
+            assert solution.pipelines[ell - 1] @ gpus <= num_gpus + 1e-9
+            owners = solution.scheme_of_interval[ell - 1, :ell]
+            assert all(math.isfinite(iw.work[i, k]) for i, k in enumerate(owners))
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_closed_form_relaxation_is_the_limit_of_the_fractional_dp(seed):
     iw = synthetic_work(seed, 3, SMALL_SCHEMES[:2])
     closed = relaxed_proposal(iw, 3, 4).latency
     coarse, fine = fractional_dp(iw, 4, 0.5), fractional_dp(iw, 4, 0.1)
+    assert proposal_dp(iw, 4, step=0.1).latency[-1] == pytest.approx(fine, rel=1e-12)
+    assert proposal_dp(iw, 4, step=0.5).latency[-1] == pytest.approx(coarse, rel=1e-12)
     assert closed <= fine + 1e-12 and fine <= coarse + 1e-12  # a lower bound, approached
     assert fine <= closed * 1.25
     integer = integer_proposal_dp(iw, 4)[0][-1]
@@ -292,14 +317,15 @@ def test_empty_scheme_space_and_empty_histogram_are_named():
         interval_work(np.array([5]), [])
 
 
-def test_proposals_cover_every_maximum_length_with_valid_strategies():
+@pytest.mark.parametrize("method", ["closed_form", "paper_dp"])
+def test_proposals_cover_every_maximum_length_with_valid_strategies(method):
     profiles = profile_schemes(
         scheme_space(GPT, 16),
         tables("A100-40GB", 16, 16384),
     )
     lengths = np.minimum(sample_lengths("webcode", 5000, seed=1), 16384)
     iw = interval_work(lengths, profiles, step=256, tokens_per_iteration=100_000)
-    proposals = propose_strategies(iw, 16)
+    proposals = propose_strategies(iw, 16, method=method)
     assert [p.max_len for p in proposals] == [int(u) for u in iw.upper[iw.counts > 0]]
     max_len = {p.scheme: p.max_len for p in profiles}
     for p in proposals:
@@ -309,8 +335,12 @@ def test_proposals_cover_every_maximum_length_with_valid_strategies():
             assert max(max_len[scheme] for scheme, _ in s.pipelines) >= p.max_len
     best = proposals[-1]
     assert best.estimates[0] == estimate_latency(best.strategies[0], iw, len(iw.upper))
-    assert best.estimates[0] >= best.relaxed.latency * (1 - 1e-9)  # rounding costs something
+    closed = relaxed_proposal(iw, len(iw.upper), 16).latency  # the relaxation's optimum
+    assert best.relaxed.latency >= closed * (1 - 1e-9)  # the DP's 0.1 grid sits above it
+    assert best.estimates[0] >= closed * (1 - 1e-9)  # rounding costs something
     assert len(unique_candidates(proposals)) < 3 * len(proposals)
+    with pytest.raises(PlanningError, match="proposal method"):
+        propose_strategies(iw, 16, method="greedy")
 
 
 def test_cli_propose_prints_tables_and_writes_json(tmp_path, capsys):

@@ -207,12 +207,12 @@ def dispatched_iteration(
     *,
     packing: str = "eq1",
     trials: int = 100,
-    packed_dispatch: bool = False,
+    dispatch_pricing: str = "full",
 ) -> IterationLatency:
-    """Hydraulis's assignment on a fixed strategy: greedy dispatch (App. D.2, `packed_dispatch`
-    as in `dispatch`), then packing to MaxLen (`packing="max"`, first-fit decreasing) or by
+    """Hydraulis's assignment on a fixed strategy: greedy dispatch (App. D.2, its `pricing`
+    `dispatch_pricing`), then packing to MaxLen (`packing="max"`, first-fit decreasing) or by
     Eq. 1 (`"eq1"`), 1F1B per pipeline."""
-    placed = dispatch(lengths, strategy, profiles, trials=trials, packed=packed_dispatch)
+    placed = dispatch(lengths, strategy, profiles, trials=trials, pricing=dispatch_pricing)
     by_scheme = {p.scheme: p for p in profiles}
     per = []
     for j, scheme in enumerate(placed.pipelines):

@@ -10,11 +10,19 @@ pipeline whose bound stays lowest, and keeps the best of `trials` orders; it run
 (`_core.dispatch_greedy`), with `dispatch_reference` as its readable twin. `dispatch_exact`
 solves Eq. 3 with CP-SAT for small cases, to measure the greedy's gap.
 
-With `packed=True` (our extension, the selection's default) T is `SchemeProfile.packed_time`:
-a short sequence costs its share of a packed row, which is what it costs once Eq. 1 packs the
-pipeline. The paper's T(l) prices it alone, as small and slow kernels, and so overloads the
-schemes that hold only short sequences least: at LLaMA-32B on 32 GPUs their pipelines finished
-20-25% before the rest while all Eq. 2 bounds were equal.
+How a sequence is priced (`pricing`, one of `DISPATCH_PRICINGS`):
+- "full": T(l) = a l^2 + b l + c, as the paper's Eq. 2 writes it;
+- "constant_free": a l^2 + b l, each sequence's constant term left out, as Hydraulis' public
+  code does: packed sequences share one kernel launch per micro-batch, so c is paid per
+  micro-batch, not per sequence;
+- "packed" (our extension): `SchemeProfile.packed_time`, a short sequence costs its share of
+  a packed UtilLen row, which is what it costs once Eq. 1 packs the pipeline. T(l) prices it
+  alone, as small and slow kernels, and so overloads the schemes that hold only short
+  sequences least: at LLaMA-32B on 32 GPUs their pipelines finished 20-25% before the rest
+  while all Eq. 2 bounds were equal.
+`benchmarks/hydraulis_quality.py` measures the three on the same strategies (the planner
+core's predicted iteration time after dispatch and Eq. 1 packing); the selection's default is
+the one measured best there.
 """
 
 from __future__ import annotations
@@ -54,13 +62,22 @@ def _pipelines(strategy: Strategy, profiles: list[SchemeProfile]) -> list[Scheme
     return sorted(expanded, key=lambda p: (-p.max_len, p.scheme))
 
 
-def sequence_times(profile: SchemeProfile, lengths: np.ndarray, packed: bool) -> np.ndarray:
-    """T(l, P) of each sequence as dispatch prices it (module docstring)."""
-    return profile.packed_time(lengths) if packed else profile.time(lengths)
+DISPATCH_PRICINGS = ("full", "constant_free", "packed")
+
+
+def sequence_times(profile: SchemeProfile, lengths: np.ndarray, pricing: str) -> np.ndarray:
+    """T(l, P) of each sequence as dispatch prices it (`pricing`, module docstring)."""
+    if pricing == "packed":
+        return profile.packed_time(lengths)
+    if pricing == "constant_free":  # the fit's constant c (App. B.2) left out, never below 0
+        return np.maximum(profile.time(lengths) - profile.coef[2], 0.0)
+    if pricing == "full":
+        return profile.time(lengths)
+    raise PlanningError(f"dispatch pricing must be one of {DISPATCH_PRICINGS}, got {pricing!r}")
 
 
 def _costs(
-    lengths: np.ndarray, pipelines: list[SchemeProfile], packed: bool
+    lengths: np.ndarray, pipelines: list[SchemeProfile], pricing: str
 ) -> tuple[np.ndarray, np.ndarray]:
     """T(l_i, P) per sequence and distinct scheme (inf beyond MaxLen), and each pipeline's
     column; a sequence no pipeline holds is an error naming it."""
@@ -69,7 +86,7 @@ def _costs(
     lengths = np.asarray(lengths, dtype=np.float64)
     cost = np.empty((len(lengths), len(schemes)))
     for k, s in enumerate(schemes):
-        times = sequence_times(profile[s], lengths, packed)
+        times = sequence_times(profile[s], lengths, pricing)
         cost[:, k] = np.where(lengths <= profile[s].max_len, times, math.inf)
     homeless = np.flatnonzero(~np.isfinite(cost).any(axis=1)) if len(schemes) else []
     if len(homeless):
@@ -97,11 +114,11 @@ def dispatch(
     *,
     trials: int = 100,
     seed: int = 0,
-    packed: bool = False,
+    pricing: str = "full",
 ) -> Dispatch:
     """Alg. 1 (C++): the best of `trials` random-order greedy dispatches."""
     pipelines = _pipelines(strategy, profiles)
-    cost, column = _costs(lengths, pipelines, packed)
+    cost, column = _costs(lengths, pipelines, pricing)
     pp = np.array([p.scheme.pp for p in pipelines], dtype=np.int64)
     assignment, objective = _core.dispatch_greedy(
         cost, column, pp, _orders(len(cost), trials, seed)
@@ -116,11 +133,11 @@ def dispatch_reference(
     *,
     trials: int = 100,
     seed: int = 0,
-    packed: bool = False,
+    pricing: str = "full",
 ) -> Dispatch:
     """Alg. 1 in plain Python, step for step what the C++ core does."""
     pipelines = _pipelines(strategy, profiles)
-    cost, column = _costs(lengths, pipelines, packed)
+    cost, column = _costs(lengths, pipelines, pricing)
     best = None
     for order in _orders(len(cost), trials, seed):
         work = [0.0] * len(pipelines)
@@ -152,13 +169,13 @@ def dispatch_exact(
     *,
     time_limit_s: float = 10.0,
     resolution_s: float = 1e-6,
-    packed: bool = False,
+    pricing: str = "full",
 ) -> Dispatch:
     """Eq. 3 by CP-SAT (times in units of `resolution_s`); optimal when it finishes in time."""
     from ortools.sat.python import cp_model
 
     pipelines = _pipelines(strategy, profiles)
-    cost, column = _costs(lengths, pipelines, packed)
+    cost, column = _costs(lengths, pipelines, pricing)
     units = np.where(np.isfinite(cost), np.round(cost / resolution_s), -1).astype(np.int64)
     model = cp_model.CpModel()
     horizon = int(sum(units[i][units[i] >= 0].max() for i in range(len(units)))) * max(

@@ -8,18 +8,22 @@ whole pipelines.
 The paper's DP (Eq. 4): t[n][l] is the best latency with n GPUs for the sequences up to length
 l, each block of length intervals (l - l', l] going to d pipelines of one scheme P_k with
 MaxLen(P_k) >= l, at latency sum_{x in block} T(x, P_k) / d; the slowest block decides.
-`integer_proposal_dp` is that DP over whole GPUs and pipelines (exact; tests hold it to
-exhaustive enumeration).
+`proposal_dp` runs it with n and d on a grid: step 0.1, the paper's relaxation, which
+`propose_strategies(method="paper_dp")` rounds as the paper does; step 1, whole GPUs and
+pipelines (`integer_proposal_dp`, exact; tests hold both to exhaustive enumeration).
 
-The continuous relaxation lets n and d be fractional. Then its optimum has a closed form, which
-`relaxed_proposal` computes in O(L K) instead of the DP's O(K N^2 L^2): with fractional d every
+Our default (`method="closed_form"`) replaces the DP: the continuous relaxation lets n and d
+be fractional, and then its optimum has a closed form, which `relaxed_proposal` computes in
+O(L K) instead of the DP's O(K N^2 L^2): with fractional d every
 block runs at the same latency T (a faster block could give GPUs to the slowest), so a block of
 work W on P_k takes W * N(P_k) / T GPUs, and sum over blocks of N(P_k) * W_block(P_k) = N * T.
 That sum is additive over length intervals and a block may always be split into its intervals,
 so each interval goes to the feasible scheme with the fewest GPU-seconds, T = (sum of those
 GPU-seconds) / N, and scheme k gets d_k = W_k / T pipelines. Rounding each d_k down or up (the
 "nearby integer solutions"), keeping a pipeline that holds the longest sequence and filling
-the GPUs left over, gives the candidates.
+the GPUs left over, gives the candidates, which a hill climb then refines (our addition). The
+DP's step-0.1 grid only approximates that optimum from above; `hydraulis_solve_time.py`
+measures the two methods' candidates against each other.
 """
 
 from __future__ import annotations
@@ -183,11 +187,37 @@ class Proposal:
     estimates: tuple[float, ...]
 
 
-def propose_strategies(iw: IntervalWork, num_gpus: int, *, keep: int = 3) -> list[Proposal]:
-    """For every maximum length the histogram holds, the `keep` best rounded strategies (§7)."""
+PROPOSAL_METHODS = ("closed_form", "paper_dp")
+
+
+def propose_strategies(
+    iw: IntervalWork,
+    num_gpus: int,
+    *,
+    keep: int = 3,
+    method: str = "closed_form",
+    dp_step: float = 0.1,
+) -> list[Proposal]:
+    """For every maximum length the histogram holds, the `keep` best rounded strategies (§7).
+
+    `method="closed_form"` (our default): the relaxation's closed form, rounded, then
+    hill-climbed (`refine_strategies`). `method="paper_dp"`: the paper's own steps, the DP
+    (Eq. 4) over the relaxation in steps of `dp_step` GPUs and pipelines (`proposal_dp`),
+    its S[N][l] rounded to the nearby integer strategies (`round_strategy`), no climb; both
+    rank their candidates by `estimate_latency`."""
+    if method not in PROPOSAL_METHODS:
+        raise PlanningError(f"proposal method must be one of {PROPOSAL_METHODS}, got {method!r}")
+    dp = proposal_dp(iw, num_gpus, step=dp_step) if method == "paper_dp" else None
     proposals: list[Proposal] = []
     for intervals in np.flatnonzero(iw.counts) + 1:
-        relaxed = relaxed_proposal(iw, intervals, num_gpus)
+        if dp is None:
+            relaxed = relaxed_proposal(iw, intervals, num_gpus)
+        else:
+            relaxed = RelaxedSolution(
+                float(dp.latency[intervals - 1]),
+                dp.pipelines[intervals - 1],
+                dp.scheme_of_interval[intervals - 1, :intervals],
+            )
         longest = int(iw.upper[intervals - 1])
         strategies = round_strategy(relaxed.pipelines, iw.profiles, num_gpus, longest, 2)
         if not strategies:
@@ -195,12 +225,17 @@ def propose_strategies(iw: IntervalWork, num_gpus: int, *, keep: int = 3) -> lis
                 f"no whole-pipeline strategy on {num_gpus} GPUs holds sequences of {longest} "
                 f"tokens; relaxed: {_describe(relaxed.pipelines, iw.profiles)}"
             )
-        # The previous length's candidates, already climbed from, are re-priced with the
-        # new roundings; a climb starts only where a new rounding beats them all.
-        previous = proposals[-1].strategies if proposals else ()
-        ranked = refine_strategies(
-            list(strategies), iw, intervals, num_gpus, keep=keep, climbs=1, settled=previous
-        )
+        if dp is not None:
+            estimates = estimate_latencies(list(strategies), iw, intervals)
+            ranked = sorted(zip(estimates.tolist(), strategies, strict=True), key=lambda x: x[0])
+            ranked = ranked[:keep]
+        else:
+            # The previous length's candidates, already climbed from, are re-priced with the
+            # new roundings; a climb starts only where a new rounding beats them all.
+            previous = proposals[-1].strategies if proposals else ()
+            ranked = refine_strategies(
+                list(strategies), iw, intervals, num_gpus, keep=keep, climbs=1, settled=previous
+            )
         proposals.append(
             Proposal(longest, relaxed, tuple(s for _, s in ranked), tuple(e for e, _ in ranked))
         )
@@ -431,45 +466,121 @@ def _describe(pipelines: np.ndarray, profiles: tuple[SchemeProfile, ...]) -> str
     )
 
 
-def integer_proposal_dp(iw: IntervalWork, num_gpus: int) -> tuple[np.ndarray, list[Strategy]]:
-    """Eq. 4 over whole GPUs and pipelines: t[N][l] and S[N][l] for l = 1..L intervals.
+@dataclass(frozen=True)
+class DpSolution:
+    """Eq. 4 solved on a grid of `step` GPUs and pipelines: t[N][l] for every number of
+    intervals l (`latency[l - 1]`), and S[N][l] as pipelines per scheme (`pipelines[l - 1]`,
+    multiples of `step`, columns in `IntervalWork.profiles` order) and the scheme of each
+    interval (`scheme_of_interval[l - 1][:l]`; -1: none, only where t is inf)."""
 
-    Exact but O(K N^2 L^2): the reference for small instances (the tests hold it to exhaustive
-    enumeration and the relaxation below it); the relaxation is what scales.
-    """
+    step: float
+    latency: np.ndarray
+    pipelines: np.ndarray
+    scheme_of_interval: np.ndarray
+
+
+def proposal_dp(iw: IntervalWork, num_gpus: int, *, step: float = 0.1) -> DpSolution:
+    """The paper's DP (§7, Eq. 4) with n (GPUs) and d (pipelines) on a grid of `step`.
+
+    step = 0.1 is the paper's continuous relaxation (its footnote 4); step = 1 is the DP over
+    whole GPUs and pipelines, exact for the restricted problem (`integer_proposal_dp`).
+    t[n][l] = min(t[n - step][l], min over schemes k holding interval l, block starts s < l and
+    d of max(t[n - d N(P_k)][s], W_k(s, l] / d)), t[n][0] = 0, t[0][l > 0] = inf.
+
+    Exact, but faster than the recurrence read literally: t[m][s] never increases with m, so
+    over d the first term rises while W / d falls, and the best d is where they cross, found
+    by bisection for every (s, l) at once: O(K (N / step) L^2 log(N / step)) array work
+    instead of O(K (N / step)^2 L^2). Memory is O(L^2) per scheme; tractable for L up to a
+    few hundred intervals and N / step up to a few thousand grid points
+    (`benchmarks/hydraulis_solve_time.py` times it)."""
+    units = round(num_gpus / step)
+    if units < 1 or abs(units * step - num_gpus) > 1e-9 * max(1, num_gpus):
+        raise PlanningError(f"DP step {step} must divide the {num_gpus} GPUs into whole steps")
     num_intervals, num_schemes = iw.work.shape
+    feasible = np.isfinite(iw.work)
+    prefix = np.vstack([np.zeros(num_schemes), np.cumsum(np.where(feasible, iw.work, 0.0), axis=0)])
     gpus = [p.scheme.num_gpus for p in iw.profiles]
-    prefix = np.vstack([np.zeros(num_schemes), np.cumsum(iw.work, axis=0)])
-    t = np.full((num_gpus + 1, num_intervals + 1), math.inf)
+    ells = np.arange(1, num_intervals + 1)
+    starts = np.arange(num_intervals)
+    below = starts[:, None] < ells[None, :]  # (start, l): a block (start, l] is non-empty
+    blocks = [  # W_k(start, l] where scheme k holds interval l, else nan
+        np.where(below & feasible[None, :, k], prefix[None, 1:, k] - prefix[:-1, None, k], np.nan)
+        for k in range(num_schemes)
+    ]
+    t = np.full((units + 1, num_intervals + 1), math.inf)
     t[:, 0] = 0.0
-    back: dict[tuple[int, int], tuple[int, int, int] | None] = {}
-    for n in range(1, num_gpus + 1):
-        for ell in range(1, num_intervals + 1):
-            best, arg = t[n - 1][ell], None
-            for k in range(num_schemes):
-                if not math.isfinite(iw.work[ell - 1, k]):
-                    continue  # MaxLen(P_k) < upper bound of the block's longest interval
-                for start in range(ell):
-                    block = prefix[ell, k] - prefix[start, k]
-                    for d in range(1, (n // gpus[k]) + 1):
-                        value = max(t[n - d * gpus[k]][start], block / d)
-                        if value < best:
-                            best, arg = value, (k, d, start)
-            t[n][ell] = best
-            back[n, ell] = arg
-    strategies = [_backtrack(back, iw, num_gpus, ell) for ell in range(1, num_intervals + 1)]
-    return t[num_gpus, 1:], strategies
+    choice = np.full((units + 1, num_intervals + 1, 3), -1, dtype=np.int64)  # k, d, start
+    columns = np.broadcast_to(starts[:, None], below.shape)
+    for n in range(1, units + 1):
+        best = np.full(below.shape, math.inf)
+        best_k = np.full(below.shape, -1)
+        best_d = np.zeros(below.shape, dtype=np.int64)
+        for k in range(num_schemes):
+            most = n // gpus[k]  # d in step units: 1..most
+            if most == 0:
+                continue
+            rest = t[n - gpus[k] * np.arange(1, most + 1), :-1]  # row i: d = i + 1 units
+            work = blocks[k]
+            lo = np.zeros(below.shape, dtype=np.int64)
+            hi = np.full(below.shape, most)
+            while True:  # first d index whose leftover latency reaches W / d
+                open_ = lo < hi
+                if not open_.any():
+                    break
+                mid = np.minimum((lo + hi) // 2, most - 1)
+                reached = rest[mid, columns] >= work / ((mid + 1) * step)
+                hi = np.where(open_ & reached, mid, hi)
+                lo = np.where(open_ & ~reached, mid + 1, lo)
+            for i in (lo, lo - 1):  # the crossing and the step before it
+                valid = (i >= 0) & (i < most)
+                i = np.clip(i, 0, most - 1)
+                value = np.maximum(rest[i, columns], work / ((i + 1) * step))
+                better = valid & (value < best)  # nan (infeasible) is never better
+                best = np.where(better, value, best)
+                best_k = np.where(better, k, best_k)
+                best_d = np.where(better, i + 1, best_d)
+        start = np.argmin(best, axis=0)  # first start on ties
+        value = best[start, ells - 1]
+        take = value < t[n - 1, 1:]
+        t[n, 1:] = np.where(take, value, t[n - 1, 1:])
+        choice[n, 1:] = np.where(
+            take[:, None],
+            np.stack([best_k[start, ells - 1], best_d[start, ells - 1], start], axis=1),
+            -1,
+        )
+    return _dp_solution(t, choice, iw, units, step)
 
 
-def _backtrack(back: dict, iw: IntervalWork, n: int, ell: int) -> Strategy:
-    counts: dict[ParallelScheme, int] = {}
-    while ell > 0 and n > 0:
-        arg = back[n, ell]
-        if arg is None:
-            n -= 1
+def _dp_solution(
+    t: np.ndarray, choice: np.ndarray, iw: IntervalWork, units: int, step: float
+) -> DpSolution:
+    """S[N][l] for every l, by walking the DP's choices back from (N, l)."""
+    num_intervals, num_schemes = iw.work.shape
+    pipelines = np.zeros((num_intervals, num_schemes))
+    scheme_of = np.full((num_intervals, num_intervals), -1, dtype=np.int64)
+    for top in range(1, num_intervals + 1):
+        if not math.isfinite(t[units, top]):
             continue
-        k, d, start = arg
-        scheme = iw.profiles[k].scheme
-        counts[scheme] = counts.get(scheme, 0) + d
-        n, ell = n - d * scheme.num_gpus, start
-    return Strategy.of(counts)
+        n, ell = units, top
+        while ell > 0:
+            k, d, start = choice[n, ell]
+            if k < 0:
+                n -= 1
+                continue
+            pipelines[top - 1, k] += d * step
+            scheme_of[top - 1, start:ell] = k
+            n, ell = n - d * iw.profiles[k].scheme.num_gpus, start
+    return DpSolution(step, t[units, 1:].copy(), pipelines, scheme_of)
+
+
+def integer_proposal_dp(iw: IntervalWork, num_gpus: int) -> tuple[np.ndarray, list[Strategy]]:
+    """Eq. 4 over whole GPUs and pipelines (`proposal_dp` with step 1): t[N][l] and S[N][l] for
+    l = 1..L intervals. Exact for the problem the paper's DP solves before its relaxation
+    (each pipeline serves one block of length intervals); the tests hold it to exhaustive
+    enumeration."""
+    solution = proposal_dp(iw, num_gpus, step=1.0)
+    strategies = [
+        Strategy.of({p.scheme: round(d) for p, d in zip(iw.profiles, row, strict=True)})
+        for row in solution.pipelines
+    ]
+    return solution.latency, strategies

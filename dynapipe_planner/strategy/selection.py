@@ -33,7 +33,7 @@ from ..plan import ExecutionPlan, RankPlan, ReplicaLayout, StageLayout
 from ..plan_merge import merge_pipeline_plans
 from ..planner import CostModel, IterationPlanner, PlannerConfig
 from ..schedule.balance import rebalance_replicas
-from .dispatch import Dispatch, dispatch, pipeline_bound, sequence_times
+from .dispatch import DISPATCH_PRICINGS, Dispatch, dispatch, pipeline_bound, sequence_times
 from .packing import Packing, pack_pipeline
 from .proposal import Proposal, Strategy, batch_proposals
 from .schemes import ParallelScheme, SchemeProfile
@@ -55,7 +55,7 @@ class SelectionConfig:
     # Strategies proposed from the batch's own lengths (`batch_proposals`), 0: the paper's
     # dataset-level candidates only.
     batch_candidates: int = 10
-    packed_dispatch: bool = True  # dispatch prices short sequences packed (dispatch.py)
+    dispatch_pricing: str = "packed"  # how dispatch prices a sequence (DISPATCH_PRICINGS)
     step: int = 128  # length-interval width of those proposals
     packing: str = "lpt"
     recompute: str = "none"
@@ -68,6 +68,11 @@ class SelectionConfig:
             raise PlanningError(f"inside must be one of {INSIDE}, got {self.inside!r}")
         if self.estimate not in ESTIMATES:
             raise PlanningError(f"estimate must be one of {ESTIMATES}, got {self.estimate!r}")
+        if self.dispatch_pricing not in DISPATCH_PRICINGS:
+            raise PlanningError(
+                f"dispatch pricing must be one of {DISPATCH_PRICINGS}, "
+                f"got {self.dispatch_pricing!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -204,7 +209,7 @@ class StrategySelector:
             profiles,
             trials=cfg.trials,
             seed=cfg.seed,
-            packed=cfg.packed_dispatch,
+            pricing=cfg.dispatch_pricing,
         )
         packings = tuple(
             prices.packing(s, _members(placed.assignment, j))
@@ -240,10 +245,10 @@ class StrategySelector:
         placed = assignment.dispatch
         schemes, lengths = placed.pipelines, prices.lengths
         parts = [_members(placed.assignment, j) for j in range(len(schemes))]
-        packed = self.config.packed_dispatch
+        pricing = self.config.dispatch_pricing
         stage_time = np.array(
             [
-                float(sequence_times(self.profiles[schemes[j]], lengths[i], packed))
+                float(sequence_times(self.profiles[schemes[j]], lengths[i], pricing))
                 for i, j in enumerate(placed.assignment)
             ]
         )
@@ -257,7 +262,7 @@ class StrategySelector:
             prices.packing(s, members) for s, members in zip(schemes, moved, strict=True)
         )
         bounds = [
-            pipeline_bound(sequence_times(self.profiles[s], lengths[where == j], packed), s.pp)
+            pipeline_bound(sequence_times(self.profiles[s], lengths[where == j], pricing), s.pp)
             for j, s in enumerate(schemes)
         ]
         return Assignment(assignment.strategy, Dispatch(schemes, where, max(bounds)), packings)
