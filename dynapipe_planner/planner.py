@@ -391,23 +391,24 @@ class IterationPlanner:
         def schedule(members: tuple[int, ...]) -> ScheduleChoice:
             m = np.array(members)
             comm = costs.p2p_times(rows[m], seq[m], tgt[m])
-            # Stored activations must leave room for the working memory of the op that runs.
+            # Stored activations plus the working memory of the op that runs fit the memory.
             return search_schedule(
                 fwd[m],
                 bwd[m],
                 act[m],
-                avail - tra[m].max(axis=0),
+                avail,
                 comm,
                 comm,
                 kind=cfg.schedule,
                 num_clusters=cfg.num_clusters,
                 inflight_options=cfg.injection_caps,
+                transient=tra[m],
             )
 
         replicas, choices = self._split_replicas(times, schedule, len(groups), rebalanced_from)
         peak = np.zeros(self.num_stages)
-        for members, choice in zip(replicas, choices, strict=True):
-            peak = np.maximum(peak, costs.static + choice.peak + tra[list(members)].max(axis=0))
+        for choice in choices:
+            peak = np.maximum(peak, costs.static + choice.peak)
         return Candidate(groups, costs, replicas, choices, peak)
 
     def _split_replicas(

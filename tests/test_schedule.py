@@ -89,11 +89,18 @@ def test_one_f_one_b_matches_reference(num_stages, num_mb):
 
 
 @FAST
-@given(pipelines, st.floats(0.3, 6.0), st.sampled_from([None, 1, 2, 3, 5]))
-def test_adaptive_matches_reference(pipeline, limit_scale, max_inflight):
-    costs, _, num_stages = pipeline
+@given(
+    pipelines,
+    st.floats(0.3, 6.0),
+    st.sampled_from([None, 1, 2, 3, 5]),
+    st.sampled_from([0.0, 0.3, 1.0]),
+    st.integers(0, 2**32 - 1),
+)
+def test_adaptive_matches_reference(pipeline, limit_scale, max_inflight, working, seed):
+    costs, num_mb, num_stages = pipeline
     limit = np.full(num_stages, limit_scale * 1e6)
-    args = (costs["activation"], limit, max_inflight)
+    transient = np.random.default_rng(seed).uniform(0, working * 1e6, (num_mb, num_stages))
+    args = (costs["activation"], limit, max_inflight, transient)
     assert outcome(adaptive_schedule, *args) == outcome(adaptive_schedule_reference, *args)
 
 
@@ -166,6 +173,42 @@ def test_adaptive_respects_memory_limit(pipeline, headroom, max_inflight):
 
 
 @FAST
+@given(pipelines, st.floats(1.0, 3.0), st.integers(0, 2**32 - 1))
+def test_adaptive_counts_each_ops_working_memory(pipeline, headroom, seed):
+    """Stored activations plus the running op's transient stay within the limit at every op
+    (the simulator's rule), though transients differ a lot between micro-batches."""
+    costs, num_mb, _ = pipeline
+    act = costs["activation"]
+    transient = act * np.random.default_rng(seed).uniform(0.0, 2.0, act.shape)
+    limit = (act + transient).max(axis=0, initial=0.0) * headroom  # each fits on its own
+    orders = adaptive_schedule(act, limit, None, transient)
+    assert_complete(orders, num_mb)
+    for stage, order in enumerate(orders):
+        stored = 0.0
+        for code in order:
+            m = code // 2
+            stored += act[m, stage] if code % 2 == 0 else 0.0
+            assert stored + transient[m, stage] <= limit[stage] * (1 + 1e-12)
+            stored -= act[m, stage] if code % 2 else 0.0
+    assert np.all(peak_activation(orders, act, transient) <= limit)
+
+
+def test_working_memory_admits_more_than_a_uniform_reserve():
+    """One micro-batch with a large transient no longer shrinks every other's budget: with the
+    largest transient reserved for all ops, stage 0 holds 3 micro-batches; counted per op, 4."""
+    act = np.ones((6, 3))
+    transient = np.zeros((6, 3))
+    transient[5] = 1.0
+    per_op = adaptive_schedule(act, np.full(3, 4.0), None, transient)
+    reserved = adaptive_schedule(act, np.full(3, 4.0 - 1.0))
+
+    def deepest(orders):
+        return np.cumsum([1 if code % 2 == 0 else -1 for code in orders[0]]).max()
+
+    assert (deepest(reserved), deepest(per_op)) == (3, 4)
+
+
+@FAST
 @given(st.integers(1, 6), st.integers(1, 24), st.floats(0.1, 3.0), st.floats(0.0, 0.5))
 def test_adaptive_unlimited_memory_no_slower_than_1f1b(num_stages, num_mb, ratio, comm):
     ones = np.ones((num_mb, num_stages))
@@ -185,6 +228,12 @@ def test_impossible_microbatch_is_named():
         assert str(info.value) == (
             "micro-batch 3 needs 25 bytes of activation memory on stage 2, "
             "more than its limit of 24 bytes"
+        )
+        with pytest.raises(PlanningError) as info:
+            fn(act, np.array([30.0, 30.0, 30.0]), None, np.full((5, 3), 6.0))
+        assert str(info.value) == (
+            "micro-batch 3 needs 25 bytes of activation and 6 bytes of working memory on "
+            "stage 2, more than its limit of 30 bytes"
         )
 
 
