@@ -39,7 +39,7 @@ from .microbatch.dp import dynamic_microbatches, validate_lengths
 from .microbatch.ordering import order_samples
 from .microbatch.replicas import karmarkar_karp
 from .plan import ExecutionPlan, MicroBatch, RankPlan
-from .schedule import ScheduleChoice, search_schedule
+from .schedule import ScheduleChoice, makespan_lower_bound, search_schedule
 from .schedule.balance import rebalance_replicas, unbalanced
 
 BATCHING = ("dynamic", "packing", "padding", "token-budget")
@@ -317,7 +317,8 @@ class IterationPlanner:
         bins = cache(partial(packing_bins, lengths, max_len))
         fixed = cfg.micro_batch_size if cfg.batching == "packing" else 0
         for size in [fixed] if fixed else _pow2_range(1, 64):
-            yield f"packing(mbs={size})", partial(_packed_rows, bins, lengths, max_len, size)
+            # Cached: `_packed_if_faster` prices each size's rows in every recomputation mode.
+            yield f"packing(mbs={size})", cache(partial(_packed_rows, bins, lengths, max_len, size))
 
     def _packed_if_faster(self, best: Candidate, lengths: np.ndarray, longest: int) -> Candidate:
         """DynaPipe's plan, or the packing baseline's rows when they are predicted faster: in
@@ -533,9 +534,11 @@ def _stage_work(groups: list[Group], costs: PipelineCosts) -> np.ndarray:
 
 
 def _work_bound(groups: list[Group], costs: PipelineCosts, config: PlannerConfig) -> float:
-    """A lower bound on any schedule's makespan for `groups`: some pipeline gets at least its
-    share of the busiest stage's work."""
-    return float(_stage_work(groups, costs).sum(axis=0).max()) / config.num_replicas
+    """A lower bound on any schedule's makespan for `groups` over any split into the replicas
+    (`makespan_lower_bound`: a share of each stage's work plus the least fill and drain)."""
+    rows, seq, tgt, fwd, bwd, _, _ = _priced(groups, costs)
+    comm = costs.p2p_times(rows, seq, tgt)
+    return makespan_lower_bound(fwd, bwd, comm, comm, config.num_replicas)
 
 
 def _pack_where_cheaper(

@@ -3,6 +3,8 @@ the properties DynaPipe §5 promises (memory limit, injection cap, ordering, sea
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 
 import numpy as np
@@ -15,6 +17,7 @@ from dynapipe_planner.schedule import (
     adaptive_schedule,
     adaptive_schedule_reference,
     cluster_permutations,
+    makespan_lower_bound,
     one_f_one_b,
     one_f_one_b_reference,
     peak_activation,
@@ -326,3 +329,75 @@ def test_search_1f1b_and_errors():
     largest = int(np.argmax(act[:, 1]))
     with pytest.raises(PlanningError, match=f"micro-batch {largest} needs .* on stage 1"):
         search_schedule(*args, tight, *comm)
+
+
+# Lower bound -------------------------------------------------------------------------------
+
+
+@functools.cache
+def stage_orders(num_mb: int) -> list[list[int]]:
+    """Every order one stage may run: each backward after its own forward."""
+
+    def grow(order, started, done):
+        if len(order) == 2 * num_mb:
+            yield list(order)
+            return
+        for m in range(num_mb):
+            if m not in started:
+                yield from grow([*order, 2 * m], started | {m}, done)
+            elif m not in done:
+                yield from grow([*order, 2 * m + 1], started, done | {m})
+
+    return list(grow([], frozenset(), frozenset()))
+
+
+def optimal_makespan(costs: dict[str, np.ndarray], members: list[int]) -> float:
+    """Shortest makespan over every combination of per-stage orders (deadlocks skipped)."""
+    if not members:
+        return 0.0
+    m = np.array(members)
+    times = tuple(costs[k][m] for k in ("forward", "backward", "act_comm", "grad_comm"))
+    best = math.inf
+    for orders in itertools.product(stage_orders(len(m)), repeat=times[0].shape[1]):
+        try:
+            best = min(best, timeline(list(orders), *times).makespan)
+        except PlanningError:
+            continue  # this combination deadlocks across stages
+    return best
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([(1, 3), (2, 2), (2, 3), (3, 2), (3, 1), (2, 4)]),
+)
+def test_lower_bound_never_exceeds_the_brute_forced_optimum(seed, shape):
+    num_mb, num_stages = shape
+    costs = random_pipeline(seed, num_mb, num_stages)
+    bound = makespan_lower_bound(*times_of(costs))
+    assert bound <= optimal_makespan(costs, list(range(num_mb))) + 1e-12
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([(2, 3), (3, 2), (2, 4)]))
+def test_lower_bound_over_replicas_holds_for_every_split(seed, shape):
+    num_mb, num_stages = shape
+    costs = random_pipeline(seed, num_mb, num_stages)
+    bound = makespan_lower_bound(*times_of(costs), num_replicas=2)
+    for mask in range(2**num_mb):
+        first = [m for m in range(num_mb) if mask >> m & 1]
+        second = [m for m in range(num_mb) if not mask >> m & 1]
+        best = max(optimal_makespan(costs, first), optimal_makespan(costs, second))
+        assert bound <= best + 1e-12
+
+
+@FAST
+@given(st.integers(1, 6), st.integers(1, 12), st.floats(0.1, 3.0), st.floats(0.0, 0.5))
+def test_lower_bound_is_1f1b_for_equal_micro_batches(num_stages, num_mb, f, comm):
+    ones = np.ones((num_mb, num_stages))
+    comms = np.full((num_mb, num_stages - 1), comm)
+    times = (f * ones, 2 * f * ones, comms, comms)
+    span = timeline(one_f_one_b(num_stages, num_mb), *times).makespan
+    if comm == 0.0:
+        assert makespan_lower_bound(*times) == pytest.approx(span)
+    assert makespan_lower_bound(*times) <= span + 1e-9
