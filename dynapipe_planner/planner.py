@@ -39,7 +39,12 @@ from .microbatch.dp import dynamic_microbatches, validate_lengths
 from .microbatch.ordering import order_samples
 from .microbatch.replicas import karmarkar_karp
 from .plan import ExecutionPlan, MicroBatch, RankPlan
-from .schedule import ScheduleChoice, makespan_lower_bound, search_schedule
+from .schedule import (
+    ScheduleChoice,
+    makespan_lower_bound,
+    memory_time_lower_bound,
+    search_schedule,
+)
 from .schedule.balance import rebalance_replicas, unbalanced
 
 BATCHING = ("dynamic", "packing", "padding", "token-budget")
@@ -534,11 +539,17 @@ def _stage_work(groups: list[Group], costs: PipelineCosts) -> np.ndarray:
 
 
 def _work_bound(groups: list[Group], costs: PipelineCosts, config: PlannerConfig) -> float:
-    """A lower bound on any schedule's makespan for `groups` over any split into the replicas
-    (`makespan_lower_bound`: a share of each stage's work plus the least fill and drain)."""
-    rows, seq, tgt, fwd, bwd, _, _ = _priced(groups, costs)
+    """A lower bound on the makespan of any schedule of `groups` within memory, over any split
+    into the replicas: a share of each stage's work plus the least fill and drain
+    (`makespan_lower_bound`), and the time their activations must stay stored within the
+    memory (`memory_time_lower_bound`)."""
+    rows, seq, tgt, fwd, bwd, act, _ = _priced(groups, costs)
     comm = costs.p2p_times(rows, seq, tgt)
-    return makespan_lower_bound(fwd, bwd, comm, comm, config.num_replicas)
+    r = config.num_replicas
+    return max(
+        makespan_lower_bound(fwd, bwd, comm, comm, r),
+        memory_time_lower_bound(fwd, bwd, comm, comm, act, costs.available_memory(), r),
+    )
 
 
 def _pack_where_cheaper(

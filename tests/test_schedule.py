@@ -18,6 +18,7 @@ from dynapipe_planner.schedule import (
     adaptive_schedule_reference,
     cluster_permutations,
     makespan_lower_bound,
+    memory_time_lower_bound,
     one_f_one_b,
     one_f_one_b_reference,
     peak_activation,
@@ -351,14 +352,19 @@ def stage_orders(num_mb: int) -> list[list[int]]:
     return list(grow([], frozenset(), frozenset()))
 
 
-def optimal_makespan(costs: dict[str, np.ndarray], members: list[int]) -> float:
-    """Shortest makespan over every combination of per-stage orders (deadlocks skipped)."""
+def optimal_makespan(
+    costs: dict[str, np.ndarray], members: list[int], limit: np.ndarray | None = None
+) -> float:
+    """Shortest makespan over every combination of per-stage orders (deadlocks skipped), and
+    given `limit`, only orders whose stored activations stay within it."""
     if not members:
         return 0.0
     m = np.array(members)
     times = tuple(costs[k][m] for k in ("forward", "backward", "act_comm", "grad_comm"))
     best = math.inf
     for orders in itertools.product(stage_orders(len(m)), repeat=times[0].shape[1]):
+        if limit is not None and np.any(peak_activation(orders, costs["activation"][m]) > limit):
+            continue
         try:
             best = min(best, timeline(list(orders), *times).makespan)
         except PlanningError:
@@ -389,6 +395,51 @@ def test_lower_bound_over_replicas_holds_for_every_split(seed, shape):
         second = [m for m in range(num_mb) if not mask >> m & 1]
         best = max(optimal_makespan(costs, first), optimal_makespan(costs, second))
         assert bound <= best + 1e-12
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([(2, 2), (2, 3), (3, 2), (2, 4)]),
+    st.floats(1.0, 2.5),
+    st.sampled_from([1, 2]),
+)
+def test_memory_time_bound_never_exceeds_the_brute_forced_optimum(seed, shape, headroom, reps):
+    """Within memory (each micro-batch fits alone), no split and no orders beat the bound."""
+    num_mb, num_stages = shape
+    costs = random_pipeline(seed, num_mb, num_stages)
+    limit = costs["activation"].max(axis=0) * headroom
+    bound = memory_time_lower_bound(*times_of(costs), costs["activation"], limit, reps)
+    splits = range(2**num_mb) if reps == 2 else [2**num_mb - 1]
+    for mask in splits:
+        first = [m for m in range(num_mb) if mask >> m & 1]
+        second = [m for m in range(num_mb) if not mask >> m & 1]
+        best = max(optimal_makespan(costs, p, limit) for p in (first, second))
+        assert bound <= best + 1e-12
+
+
+def test_memory_time_bound_counts_micro_batches_that_cannot_overlap():
+    """Two micro-batches that each fill the memory run one after the other: the bound is
+    their two round trips, twice what the stage work alone gives."""
+    ones = np.ones((2, 2))
+    comms = np.zeros((2, 1))
+    times = (ones, ones, comms, comms)
+    assert memory_time_lower_bound(*times, ones, np.ones(2)) == 8.0
+    assert makespan_lower_bound(*times) == 6.0
+    assert (
+        optimal_makespan(
+            {
+                "forward": ones,
+                "backward": ones,
+                "act_comm": comms,
+                "grad_comm": comms,
+                "activation": ones,
+            },
+            [0, 1],
+            np.ones(2),
+        )
+        == 8.0
+    )
 
 
 @FAST

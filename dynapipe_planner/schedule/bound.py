@@ -43,3 +43,31 @@ def makespan_lower_bound(
     last = num_stages - 1
     chain = to_stage[:, last] + fwd[:, last] + bwd[:, last] + from_stage[:, last]
     return float(max(stages.max(), chain.max()))
+
+
+def memory_time_lower_bound(
+    forward: np.ndarray,
+    backward: np.ndarray,
+    act_comm: np.ndarray,
+    grad_comm: np.ndarray,
+    activation: np.ndarray,
+    limit: np.ndarray,
+    num_replicas: int = 1,
+) -> float:
+    """A lower bound for schedules within memory: max_j sum_m a_mj r_mj / (R L_j).
+
+    Stage j stores micro-batch m's activation a_mj from the start of its forward to the end of
+    its backward, at least r_mj: the forward and backward through stages j..C-1 and the sends
+    between them, which run one after another. What a stage stores never exceeds its limit
+    L_j (`limit`, bytes per stage), so over an iteration of length T, T L_j >= sum_m a_mj r_mj
+    on each pipeline; some pipeline of R holds at least 1/R of the sum, whatever the split.
+    Micro-batches too large to overlap thus cost their time even when the stages are idle.
+    """
+    fwd, bwd = np.asarray(forward, dtype=np.float64), np.asarray(backward, dtype=np.float64)
+    if fwd.shape[0] == 0:
+        return 0.0
+    ops = fwd + bwd
+    ops[:, :-1] += np.asarray(act_comm) + np.asarray(grad_comm)
+    held = np.cumsum(ops[:, ::-1], axis=1)[:, ::-1]  # r_mj: stage j onwards and back
+    stored = (np.asarray(activation, dtype=np.float64) * held).sum(axis=0)
+    return float((stored / (num_replicas * np.asarray(limit, dtype=np.float64))).max())
