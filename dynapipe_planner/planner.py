@@ -200,25 +200,51 @@ class IterationPlanner:
         else:
             packs = self.config.batching in ("packing", "dynamic")
             longest = self.config.max_seqlen if packs else 0
-        best, failures = None, []
-        for mode in self._recompute_modes():
-            try:
-                costs = self.costs(mode, lengths, longest)
-                cand = self._best_candidate(lengths, ids, order, costs, groups)
-            except PlanningError as e:
-                failures.append(f"recompute={mode}: {e}")
-                continue
-            if best is None or cand.makespan < best.makespan:
-                best = cand
-            limit = best.costs.memory_limit * self.config.memory_pressure
-            if np.all(best.peak_memory <= limit) or best.bubble <= self.config.bubble_tolerance:
+        best, failures = None, {}
+        # A mode whose DP micro-batches fit only one at a time ("fits alone") is tried after
+        # the modes where they fit as 1F1B holds them, and only while no plan is good enough:
+        # such micro-batches cannot overlap, so their plan is rarely the fastest (issue 21).
+        deferred: list = []  # filled by the first pass, tried by the second
+        fallback = groups is None and self._dp_fallback()
+        for alone, modes in ((False, self._recompute_modes()), (True, deferred)):
+            for mode in modes:
+                try:
+                    costs = self.costs(mode, lengths, longest)
+                    cand = self._best_candidate(lengths, ids, order, costs, groups, alone)
+                except PlanningError as e:
+                    failures[str(mode)] = f"recompute={mode}: {e}"
+                    if fallback and not alone:
+                        deferred.append(mode)
+                    continue
+                if best is None or cand.makespan < best.makespan:
+                    best = cand
+                if self._good_enough(best):
+                    break
+            if best is not None and self._good_enough(best):
                 break
         if best is None:
-            raise PlanningError("no feasible plan. " + " | ".join(failures))
+            raise PlanningError("no feasible plan. " + " | ".join(failures.values()))
         best = self._rebalanced(best)
         if groups is None and self._packs_dynamic(lengths):
             best = self._packed_if_faster(best, lengths, longest)
         return best
+
+    def _good_enough(self, best: Candidate) -> bool:
+        """Whether later recompute modes may stop: the plan is not memory-bound (peak below
+        `memory_pressure` of the limit everywhere) or pipelines well (small bubble)."""
+        limit = best.costs.memory_limit * self.config.memory_pressure
+        return (
+            bool(np.all(best.peak_memory <= limit)) or best.bubble <= self.config.bubble_tolerance
+        )
+
+    def _dp_fallback(self) -> bool:
+        """Whether the DP may fall back to micro-batches that fit only alone (§4: the adaptive
+        schedule needs only that; 1F1B holds C - j on stage j)."""
+        return (
+            self.config.batching == "dynamic"
+            and self.config.schedule == "adaptive"
+            and self.num_stages > 1
+        )
 
     def _rebalanced(self, best: Candidate) -> Candidate:
         """`best` with its replicas rebalanced by makespan when they are uneven (and few)."""
@@ -252,11 +278,12 @@ class IterationPlanner:
         order: np.ndarray,
         costs: PipelineCosts,
         groups: list[Group] | None = None,
+        alone: bool = False,
     ) -> Candidate:
         options = (
             [("given", partial(_without_dp, list, groups))]
             if groups is not None
-            else self._candidate_groups(lengths, ids, order, costs)
+            else self._candidate_groups(lengths, ids, order, costs, alone)
         )
         best, errors = self._fastest(options, costs)
         if best is None:
@@ -286,13 +313,18 @@ class IterationPlanner:
         return best, errors
 
     def _candidate_groups(
-        self, lengths: np.ndarray, ids: np.ndarray, order: np.ndarray, costs: PipelineCosts
+        self,
+        lengths: np.ndarray,
+        ids: np.ndarray,
+        order: np.ndarray,
+        costs: PipelineCosts,
+        alone: bool = False,
     ):
         """(label, thunk) pairs; each thunk returns (groups, DP passes, whether the DP ran out
-        of its time budget) or raises."""
+        of its time budget) or raises. `alone`: the DP's micro-batches need only fit alone."""
         cfg = self.config
         if cfg.batching == "dynamic":
-            dp = cache(partial(self._dynamic_groups, lengths, ids, order, costs))
+            dp = cache(partial(self._dynamic_groups, lengths, ids, order, costs, alone))
             yield "dp", dp
             if self._packs_dynamic(lengths):
                 yield "dp, packed rows", lambda: _pack_where_cheaper(*dp(), lengths, costs)
@@ -344,39 +376,36 @@ class IterationPlanner:
         return best
 
     def _dynamic_groups(
-        self, lengths: np.ndarray, ids: np.ndarray, order: np.ndarray, costs: PipelineCosts
+        self,
+        lengths: np.ndarray,
+        ids: np.ndarray,
+        order: np.ndarray,
+        costs: PipelineCosts,
+        alone: bool,
     ) -> tuple[list[Group], int, bool]:
         """DP micro-batches under the schedule's memory rule (§4 "Limit memory consumption"),
         the DP's passes, and whether its wall-clock budget ran out (its partition is then the
         best found so far, not the optimum).
 
         1F1B keeps up to C - j micro-batches on stage j. The adaptive schedule needs only each
-        micro-batch to fit alone, but micro-batches that fill memory alone cannot overlap, so it
-        first gets the 1F1B rule and falls back to "fits alone" when some sample needs it.
+        micro-batch to fit alone (`alone`), but micro-batches that fill memory alone cannot
+        overlap, so the planner asks for that rule only when some sample needs it
+        (`_choose`).
         """
         cfg, c = self.config, self.num_stages
-        rules = [np.arange(c, 0, -1, dtype=np.float64)]
-        if cfg.schedule == "adaptive" and c > 1:
-            rules.append(np.ones(c))
-        for k, inflight in enumerate(rules):
-            try:
-                mb = dynamic_microbatches(
-                    lengths,
-                    costs,
-                    inflight=inflight,
-                    num_replicas=cfg.num_replicas,
-                    order=order,
-                    bucket_rel=cfg.bucket_rel,
-                    time_budget_s=cfg.dp_time_budget_s,
-                    sample_ids=ids,
-                )
-            except PlanningError:
-                if k + 1 == len(rules):
-                    raise
-                continue
-            index_lists = split_for_replicas(list(mb.microbatches), cfg.num_replicas)
-            return groups_from_indices(lengths, index_lists), mb.passes, mb.budget_exhausted
-        raise AssertionError("unreachable")
+        inflight = np.ones(c) if alone else np.arange(c, 0, -1, dtype=np.float64)
+        mb = dynamic_microbatches(
+            lengths,
+            costs,
+            inflight=inflight,
+            num_replicas=cfg.num_replicas,
+            order=order,
+            bucket_rel=cfg.bucket_rel,
+            time_budget_s=cfg.dp_time_budget_s,
+            sample_ids=ids,
+        )
+        index_lists = split_for_replicas(list(mb.microbatches), cfg.num_replicas)
+        return groups_from_indices(lengths, index_lists), mb.passes, mb.budget_exhausted
 
     def _schedule(
         self, groups: list[Group], costs: PipelineCosts, rebalanced_from: Candidate | None = None
