@@ -202,26 +202,34 @@ class IterationPlanner:
             longest = self.config.max_seqlen if packs else 0
         best, failures = None, {}
         # A mode whose DP micro-batches fit only one at a time ("fits alone") is tried after
-        # the modes where they fit as 1F1B holds them, and only while no plan is good enough:
-        # such micro-batches cannot overlap, so their plan is rarely the fastest (issue 21).
-        deferred: list = []  # filled by the first pass, tried by the second
+        # the modes where they fit as 1F1B holds them, against the best plan so far, so its
+        # schedules are searched only where its bounds can beat that plan: such micro-batches
+        # cannot overlap, and their plan is rarely the fastest (issue 21).
+        deferred: list = []
         fallback = groups is None and self._dp_fallback()
-        for alone, modes in ((False, self._recompute_modes()), (True, deferred)):
-            for mode in modes:
-                try:
-                    costs = self.costs(mode, lengths, longest)
-                    cand = self._best_candidate(lengths, ids, order, costs, groups, alone)
-                except PlanningError as e:
-                    failures[str(mode)] = f"recompute={mode}: {e}"
-                    if fallback and not alone:
-                        deferred.append(mode)
-                    continue
-                if best is None or cand.makespan < best.makespan:
-                    best = cand
-                if self._good_enough(best):
-                    break
-            if best is not None and self._good_enough(best):
+        for mode in self._recompute_modes():
+            try:
+                costs = self.costs(mode, lengths, longest)
+                cand = self._best_candidate(lengths, ids, order, costs, groups)
+            except PlanningError as e:
+                failures[str(mode)] = f"recompute={mode}: {e}"
+                if fallback:
+                    deferred.append(mode)
+                continue
+            if best is None or cand.makespan < best.makespan:
+                best = cand
+            if self._good_enough(best):
                 break
+        for mode in deferred:
+            to_beat = best.makespan if best is not None else math.inf
+            try:
+                costs = self.costs(mode, lengths, longest)
+                cand = self._best_candidate(lengths, ids, order, costs, None, True, to_beat)
+            except PlanningError as e:
+                failures[str(mode)] = f"recompute={mode}: {e}"
+                continue
+            if cand is not None and (best is None or cand.makespan < best.makespan):
+                best = cand
         if best is None:
             raise PlanningError("no feasible plan. " + " | ".join(failures.values()))
         best = self._rebalanced(best)
@@ -279,14 +287,17 @@ class IterationPlanner:
         costs: PipelineCosts,
         groups: list[Group] | None = None,
         alone: bool = False,
-    ) -> Candidate:
+        to_beat: float = math.inf,
+    ) -> Candidate | None:
+        """The fastest option under `costs`; None when every option was pruned, its bounds
+        no better than `to_beat`."""
         options = (
             [("given", partial(_without_dp, list, groups))]
             if groups is not None
             else self._candidate_groups(lengths, ids, order, costs, alone)
         )
-        best, errors = self._fastest(options, costs)
-        if best is None:
+        best, errors = self._fastest(options, costs, to_beat)
+        if best is None and (errors or to_beat == math.inf):
             raise PlanningError("; ".join(errors) or "no candidate micro-batching")
         return best
 
