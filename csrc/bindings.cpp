@@ -11,4 +11,5 @@ PYBIND11_MODULE(_core, m) {
   register_dispatch(m);
   register_packing(m);
   register_layer_dp(m);
+  register_first_fit(m);
 }

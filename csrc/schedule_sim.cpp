@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -74,12 +75,15 @@ struct ReadyQueue {
   int64_t front() const { return items[head]; }
 };
 
-Orders adaptive_schedule(View act, const double* limit, int64_t num_mb, int64_t num_stages,
-                         std::optional<int64_t> max_inflight) {
+// A forward is admitted when stored + its activation + the largest transient among it and the
+// micro-batches the stage holds fits the limit (see adaptive.py for why every op then fits).
+Orders adaptive_schedule(View act, View transient, const double* limit, int64_t num_mb,
+                         int64_t num_stages, std::optional<int64_t> max_inflight) {
   std::vector<ReadyQueue> forward_ready(num_stages), backward_ready(num_stages);
   for (int64_t m = 0; m < num_mb; ++m) forward_ready[0].items.push_back(m);
   std::vector<double> memory(num_stages, 0.0);
-  std::vector<int64_t> held(num_stages, 0);  // held[0] is the number of micro-batches in flight
+  // Transients of the micro-batches each stage holds; stage 0's count is those in flight.
+  std::vector<std::multiset<double>> held(num_stages);
   Orders orders(num_stages);
   // At most one op per buffer is unlocked per cycle: one forward from the stage above, one
   // backward from the stage below (or, on the last stage, from its own forward).
@@ -99,8 +103,8 @@ Orders adaptive_schedule(View act, const double* limit, int64_t num_mb, int64_t 
       ReadyQueue& backward = backward_ready[stage];
       if (!backward.empty()) {
         const int64_t m = backward.items[backward.head++];
-        held[stage] -= 1;
-        memory[stage] = held[stage] ? memory[stage] - act(m, stage) : 0.0;
+        held[stage].erase(held[stage].find(transient(m, stage)));
+        memory[stage] = held[stage].empty() ? 0.0 : memory[stage] - act(m, stage);
         orders[stage].push_back(2 * m + 1);
         if (stage > 0) unlocked_backward[stage - 1] = m;
         progressed = true;
@@ -108,10 +112,14 @@ Orders adaptive_schedule(View act, const double* limit, int64_t num_mb, int64_t 
       ReadyQueue& forward = forward_ready[stage];
       if (!forward.empty()) {
         const int64_t m = forward.front();
-        const bool capped = stage == 0 && max_inflight && held[0] >= *max_inflight;
-        if (!capped && memory[stage] + act(m, stage) <= limit[stage]) {
+        const bool capped =
+            stage == 0 && max_inflight && static_cast<int64_t>(held[0].size()) >= *max_inflight;
+        const double worst = held[stage].empty()
+                                 ? transient(m, stage)
+                                 : std::max(transient(m, stage), *held[stage].rbegin());
+        if (!capped && memory[stage] + act(m, stage) + worst <= limit[stage]) {
           forward.head++;
-          held[stage] += 1;
+          held[stage].insert(transient(m, stage));
           memory[stage] += act(m, stage);
           orders[stage].push_back(2 * m);
           if (stage + 1 < num_stages) {
@@ -129,9 +137,13 @@ Orders adaptive_schedule(View act, const double* limit, int64_t num_mb, int64_t 
       int64_t stage = num_stages - 1;
       while (forward_ready[stage].empty()) --stage;
       const int64_t m = forward_ready[stage].front();
+      const std::string working =
+          transient(m, stage) > 0.0
+              ? " and " + format_bytes(transient(m, stage)) + " bytes of working"
+              : "";
       throw std::invalid_argument(
           "micro-batch " + std::to_string(m) + " needs " + format_bytes(act(m, stage)) +
-          " bytes of activation memory on stage " + std::to_string(stage) +
+          " bytes of activation" + working + " memory on stage " + std::to_string(stage) +
           ", more than its limit of " + format_bytes(limit[stage]) + " bytes");
     }
     for (int64_t stage = 0; stage < num_stages; ++stage) {
@@ -251,11 +263,13 @@ void register_schedule(py::module_& m) {
 
   m.def(
       "adaptive_schedule",
-      [](const Matrix& activation, const Matrix& limit, std::optional<int64_t> max_inflight) {
+      [](const Matrix& activation, const Matrix& limit, std::optional<int64_t> max_inflight,
+         const Matrix& transient) {
         if (activation.ndim() != 2) throw std::invalid_argument("activation must be (M, C)");
         const int64_t num_mb = activation.shape(0), num_stages = activation.shape(1);
         if (num_stages < 1) throw std::invalid_argument("activation must have at least one stage");
         const View act = view(activation, num_mb, num_stages, "activation");
+        const View tra = view(transient, num_mb, num_stages, "transient");
         if (limit.ndim() != 1 || limit.shape(0) != num_stages) {
           throw std::invalid_argument("limit: shape does not match the pipeline");
         }
@@ -265,12 +279,13 @@ void register_schedule(py::module_& m) {
         Orders orders;
         {
           py::gil_scoped_release release;
-          orders = adaptive_schedule(act, limit.data(), num_mb, num_stages, max_inflight);
+          orders = adaptive_schedule(act, tra, limit.data(), num_mb, num_stages, max_inflight);
         }
         return orders;
       },
-      py::arg("activation"), py::arg("limit"), py::arg("max_inflight") = py::none(),
-      "Memory-aware adaptive schedule (DynaPipe Algorithm 1); op codes per stage.");
+      py::arg("activation"), py::arg("limit"), py::arg("max_inflight"), py::arg("transient"),
+      "Memory-aware adaptive schedule (DynaPipe Algorithm 1) with per-op working memory; op "
+      "codes per stage.");
 
   m.def(
       "schedule_timeline",

@@ -39,7 +39,12 @@ from .microbatch.dp import dynamic_microbatches, validate_lengths
 from .microbatch.ordering import order_samples
 from .microbatch.replicas import karmarkar_karp
 from .plan import ExecutionPlan, MicroBatch, RankPlan
-from .schedule import ScheduleChoice, search_schedule
+from .schedule import (
+    ScheduleChoice,
+    makespan_lower_bound,
+    memory_time_lower_bound,
+    search_schedule,
+)
 from .schedule.balance import rebalance_replicas, unbalanced
 
 BATCHING = ("dynamic", "packing", "padding", "token-budget")
@@ -195,25 +200,59 @@ class IterationPlanner:
         else:
             packs = self.config.batching in ("packing", "dynamic")
             longest = self.config.max_seqlen if packs else 0
-        best, failures = None, []
+        best, failures = None, {}
+        # A mode whose DP micro-batches fit only one at a time ("fits alone") is tried after
+        # the modes where they fit as 1F1B holds them, against the best plan so far, so its
+        # schedules are searched only where its bounds can beat that plan: such micro-batches
+        # cannot overlap, and their plan is rarely the fastest (issue 21).
+        deferred: list = []
+        fallback = groups is None and self._dp_fallback()
         for mode in self._recompute_modes():
             try:
                 costs = self.costs(mode, lengths, longest)
                 cand = self._best_candidate(lengths, ids, order, costs, groups)
             except PlanningError as e:
-                failures.append(f"recompute={mode}: {e}")
+                failures[str(mode)] = f"recompute={mode}: {e}"
+                if fallback:
+                    deferred.append(mode)
                 continue
             if best is None or cand.makespan < best.makespan:
                 best = cand
-            limit = best.costs.memory_limit * self.config.memory_pressure
-            if np.all(best.peak_memory <= limit) or best.bubble <= self.config.bubble_tolerance:
+            if self._good_enough(best):
                 break
+        for mode in deferred:
+            to_beat = best.makespan if best is not None else math.inf
+            try:
+                costs = self.costs(mode, lengths, longest)
+                cand = self._best_candidate(lengths, ids, order, costs, None, True, to_beat)
+            except PlanningError as e:
+                failures[str(mode)] = f"recompute={mode}: {e}"
+                continue
+            if cand is not None and (best is None or cand.makespan < best.makespan):
+                best = cand
         if best is None:
-            raise PlanningError("no feasible plan. " + " | ".join(failures))
+            raise PlanningError("no feasible plan. " + " | ".join(failures.values()))
         best = self._rebalanced(best)
         if groups is None and self._packs_dynamic(lengths):
             best = self._packed_if_faster(best, lengths, longest)
         return best
+
+    def _good_enough(self, best: Candidate) -> bool:
+        """Whether later recompute modes may stop: the plan is not memory-bound (peak below
+        `memory_pressure` of the limit everywhere) or pipelines well (small bubble)."""
+        limit = best.costs.memory_limit * self.config.memory_pressure
+        return (
+            bool(np.all(best.peak_memory <= limit)) or best.bubble <= self.config.bubble_tolerance
+        )
+
+    def _dp_fallback(self) -> bool:
+        """Whether the DP may fall back to micro-batches that fit only alone (§4: the adaptive
+        schedule needs only that; 1F1B holds C - j on stage j)."""
+        return (
+            self.config.batching == "dynamic"
+            and self.config.schedule == "adaptive"
+            and self.num_stages > 1
+        )
 
     def _rebalanced(self, best: Candidate) -> Candidate:
         """`best` with its replicas rebalanced by makespan when they are uneven (and few)."""
@@ -247,14 +286,18 @@ class IterationPlanner:
         order: np.ndarray,
         costs: PipelineCosts,
         groups: list[Group] | None = None,
-    ) -> Candidate:
+        alone: bool = False,
+        to_beat: float = math.inf,
+    ) -> Candidate | None:
+        """The fastest option under `costs`; None when every option was pruned, its bounds
+        no better than `to_beat`."""
         options = (
             [("given", partial(_without_dp, list, groups))]
             if groups is not None
-            else self._candidate_groups(lengths, ids, order, costs)
+            else self._candidate_groups(lengths, ids, order, costs, alone)
         )
-        best, errors = self._fastest(options, costs)
-        if best is None:
+        best, errors = self._fastest(options, costs, to_beat)
+        if best is None and (errors or to_beat == math.inf):
             raise PlanningError("; ".join(errors) or "no candidate micro-batching")
         return best
 
@@ -281,13 +324,18 @@ class IterationPlanner:
         return best, errors
 
     def _candidate_groups(
-        self, lengths: np.ndarray, ids: np.ndarray, order: np.ndarray, costs: PipelineCosts
+        self,
+        lengths: np.ndarray,
+        ids: np.ndarray,
+        order: np.ndarray,
+        costs: PipelineCosts,
+        alone: bool = False,
     ):
         """(label, thunk) pairs; each thunk returns (groups, DP passes, whether the DP ran out
-        of its time budget) or raises."""
+        of its time budget) or raises. `alone`: the DP's micro-batches need only fit alone."""
         cfg = self.config
         if cfg.batching == "dynamic":
-            dp = cache(partial(self._dynamic_groups, lengths, ids, order, costs))
+            dp = cache(partial(self._dynamic_groups, lengths, ids, order, costs, alone))
             yield "dp", dp
             if self._packs_dynamic(lengths):
                 yield "dp, packed rows", lambda: _pack_where_cheaper(*dp(), lengths, costs)
@@ -317,7 +365,8 @@ class IterationPlanner:
         bins = cache(partial(packing_bins, lengths, max_len))
         fixed = cfg.micro_batch_size if cfg.batching == "packing" else 0
         for size in [fixed] if fixed else _pow2_range(1, 64):
-            yield f"packing(mbs={size})", partial(_packed_rows, bins, lengths, max_len, size)
+            # Cached: `_packed_if_faster` prices each size's rows in every recomputation mode.
+            yield f"packing(mbs={size})", cache(partial(_packed_rows, bins, lengths, max_len, size))
 
     def _packed_if_faster(self, best: Candidate, lengths: np.ndarray, longest: int) -> Candidate:
         """DynaPipe's plan, or the packing baseline's rows when they are predicted faster: in
@@ -338,39 +387,36 @@ class IterationPlanner:
         return best
 
     def _dynamic_groups(
-        self, lengths: np.ndarray, ids: np.ndarray, order: np.ndarray, costs: PipelineCosts
+        self,
+        lengths: np.ndarray,
+        ids: np.ndarray,
+        order: np.ndarray,
+        costs: PipelineCosts,
+        alone: bool,
     ) -> tuple[list[Group], int, bool]:
         """DP micro-batches under the schedule's memory rule (§4 "Limit memory consumption"),
         the DP's passes, and whether its wall-clock budget ran out (its partition is then the
         best found so far, not the optimum).
 
         1F1B keeps up to C - j micro-batches on stage j. The adaptive schedule needs only each
-        micro-batch to fit alone, but micro-batches that fill memory alone cannot overlap, so it
-        first gets the 1F1B rule and falls back to "fits alone" when some sample needs it.
+        micro-batch to fit alone (`alone`), but micro-batches that fill memory alone cannot
+        overlap, so the planner asks for that rule only when some sample needs it
+        (`_choose`).
         """
         cfg, c = self.config, self.num_stages
-        rules = [np.arange(c, 0, -1, dtype=np.float64)]
-        if cfg.schedule == "adaptive" and c > 1:
-            rules.append(np.ones(c))
-        for k, inflight in enumerate(rules):
-            try:
-                mb = dynamic_microbatches(
-                    lengths,
-                    costs,
-                    inflight=inflight,
-                    num_replicas=cfg.num_replicas,
-                    order=order,
-                    bucket_rel=cfg.bucket_rel,
-                    time_budget_s=cfg.dp_time_budget_s,
-                    sample_ids=ids,
-                )
-            except PlanningError:
-                if k + 1 == len(rules):
-                    raise
-                continue
-            index_lists = split_for_replicas(list(mb.microbatches), cfg.num_replicas)
-            return groups_from_indices(lengths, index_lists), mb.passes, mb.budget_exhausted
-        raise AssertionError("unreachable")
+        inflight = np.ones(c) if alone else np.arange(c, 0, -1, dtype=np.float64)
+        mb = dynamic_microbatches(
+            lengths,
+            costs,
+            inflight=inflight,
+            num_replicas=cfg.num_replicas,
+            order=order,
+            bucket_rel=cfg.bucket_rel,
+            time_budget_s=cfg.dp_time_budget_s,
+            sample_ids=ids,
+        )
+        index_lists = split_for_replicas(list(mb.microbatches), cfg.num_replicas)
+        return groups_from_indices(lengths, index_lists), mb.passes, mb.budget_exhausted
 
     def _schedule(
         self, groups: list[Group], costs: PipelineCosts, rebalanced_from: Candidate | None = None
@@ -391,23 +437,24 @@ class IterationPlanner:
         def schedule(members: tuple[int, ...]) -> ScheduleChoice:
             m = np.array(members)
             comm = costs.p2p_times(rows[m], seq[m], tgt[m])
-            # Stored activations must leave room for the working memory of the op that runs.
+            # Stored activations plus the working memory of the op that runs fit the memory.
             return search_schedule(
                 fwd[m],
                 bwd[m],
                 act[m],
-                avail - tra[m].max(axis=0),
+                avail,
                 comm,
                 comm,
                 kind=cfg.schedule,
                 num_clusters=cfg.num_clusters,
                 inflight_options=cfg.injection_caps,
+                transient=tra[m],
             )
 
         replicas, choices = self._split_replicas(times, schedule, len(groups), rebalanced_from)
         peak = np.zeros(self.num_stages)
-        for members, choice in zip(replicas, choices, strict=True):
-            peak = np.maximum(peak, costs.static + choice.peak + tra[list(members)].max(axis=0))
+        for choice in choices:
+            peak = np.maximum(peak, costs.static + choice.peak)
         return Candidate(groups, costs, replicas, choices, peak)
 
     def _split_replicas(
@@ -532,9 +579,17 @@ def _stage_work(groups: list[Group], costs: PipelineCosts) -> np.ndarray:
 
 
 def _work_bound(groups: list[Group], costs: PipelineCosts, config: PlannerConfig) -> float:
-    """A lower bound on any schedule's makespan for `groups`: some pipeline gets at least its
-    share of the busiest stage's work."""
-    return float(_stage_work(groups, costs).sum(axis=0).max()) / config.num_replicas
+    """A lower bound on the makespan of any schedule of `groups` within memory, over any split
+    into the replicas: a share of each stage's work plus the least fill and drain
+    (`makespan_lower_bound`), and the time their activations must stay stored within the
+    memory (`memory_time_lower_bound`)."""
+    rows, seq, tgt, fwd, bwd, act, _ = _priced(groups, costs)
+    comm = costs.p2p_times(rows, seq, tgt)
+    r = config.num_replicas
+    return max(
+        makespan_lower_bound(fwd, bwd, comm, comm, r),
+        memory_time_lower_bound(fwd, bwd, comm, comm, act, costs.available_memory(), r),
+    )
 
 
 def _pack_where_cheaper(

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from dynapipe_planner.microbatch.baselines import (
     first_fit_decreasing,
+    first_fit_decreasing_reference,
     groups_from_indices,
     packing_groups,
     padding_groups,
@@ -168,6 +169,16 @@ def test_ffd_is_within_the_known_bound_of_optimal(sizes, capacity):
     check_ffd(sizes, capacity, bins)
     opt = optimal_bin_count(sizes, capacity)
     assert opt <= len(bins) <= 11 / 9 * opt + 6 / 9
+
+
+@SETTINGS
+@given(st.lists(st.integers(1, 200), max_size=120), st.integers(1, 300))
+def test_ffd_core_matches_reference(sizes, capacity):
+    """The C++ core's bins equal the readable reference's, samples longer than a row included."""
+    lengths = np.array(sizes, dtype=np.int64)
+    assert first_fit_decreasing(lengths, capacity) == first_fit_decreasing_reference(
+        lengths, capacity
+    )
 
 
 def test_ffd_example():

@@ -3,6 +3,8 @@ the properties DynaPipe §5 promises (memory limit, injection cap, ordering, sea
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 
 import numpy as np
@@ -15,6 +17,8 @@ from dynapipe_planner.schedule import (
     adaptive_schedule,
     adaptive_schedule_reference,
     cluster_permutations,
+    makespan_lower_bound,
+    memory_time_lower_bound,
     one_f_one_b,
     one_f_one_b_reference,
     peak_activation,
@@ -89,11 +93,18 @@ def test_one_f_one_b_matches_reference(num_stages, num_mb):
 
 
 @FAST
-@given(pipelines, st.floats(0.3, 6.0), st.sampled_from([None, 1, 2, 3, 5]))
-def test_adaptive_matches_reference(pipeline, limit_scale, max_inflight):
-    costs, _, num_stages = pipeline
+@given(
+    pipelines,
+    st.floats(0.3, 6.0),
+    st.sampled_from([None, 1, 2, 3, 5]),
+    st.sampled_from([0.0, 0.3, 1.0]),
+    st.integers(0, 2**32 - 1),
+)
+def test_adaptive_matches_reference(pipeline, limit_scale, max_inflight, working, seed):
+    costs, num_mb, num_stages = pipeline
     limit = np.full(num_stages, limit_scale * 1e6)
-    args = (costs["activation"], limit, max_inflight)
+    transient = np.random.default_rng(seed).uniform(0, working * 1e6, (num_mb, num_stages))
+    args = (costs["activation"], limit, max_inflight, transient)
     assert outcome(adaptive_schedule, *args) == outcome(adaptive_schedule_reference, *args)
 
 
@@ -166,6 +177,42 @@ def test_adaptive_respects_memory_limit(pipeline, headroom, max_inflight):
 
 
 @FAST
+@given(pipelines, st.floats(1.0, 3.0), st.integers(0, 2**32 - 1))
+def test_adaptive_counts_each_ops_working_memory(pipeline, headroom, seed):
+    """Stored activations plus the running op's transient stay within the limit at every op
+    (the simulator's rule), though transients differ a lot between micro-batches."""
+    costs, num_mb, _ = pipeline
+    act = costs["activation"]
+    transient = act * np.random.default_rng(seed).uniform(0.0, 2.0, act.shape)
+    limit = (act + transient).max(axis=0, initial=0.0) * headroom  # each fits on its own
+    orders = adaptive_schedule(act, limit, None, transient)
+    assert_complete(orders, num_mb)
+    for stage, order in enumerate(orders):
+        stored = 0.0
+        for code in order:
+            m = code // 2
+            stored += act[m, stage] if code % 2 == 0 else 0.0
+            assert stored + transient[m, stage] <= limit[stage] * (1 + 1e-12)
+            stored -= act[m, stage] if code % 2 else 0.0
+    assert np.all(peak_activation(orders, act, transient) <= limit)
+
+
+def test_working_memory_admits_more_than_a_uniform_reserve():
+    """One micro-batch with a large transient no longer shrinks every other's budget: with the
+    largest transient reserved for all ops, stage 0 holds 3 micro-batches; counted per op, 4."""
+    act = np.ones((6, 3))
+    transient = np.zeros((6, 3))
+    transient[5] = 1.0
+    per_op = adaptive_schedule(act, np.full(3, 4.0), None, transient)
+    reserved = adaptive_schedule(act, np.full(3, 4.0 - 1.0))
+
+    def deepest(orders):
+        return np.cumsum([1 if code % 2 == 0 else -1 for code in orders[0]]).max()
+
+    assert (deepest(reserved), deepest(per_op)) == (3, 4)
+
+
+@FAST
 @given(st.integers(1, 6), st.integers(1, 24), st.floats(0.1, 3.0), st.floats(0.0, 0.5))
 def test_adaptive_unlimited_memory_no_slower_than_1f1b(num_stages, num_mb, ratio, comm):
     ones = np.ones((num_mb, num_stages))
@@ -185,6 +232,12 @@ def test_impossible_microbatch_is_named():
         assert str(info.value) == (
             "micro-batch 3 needs 25 bytes of activation memory on stage 2, "
             "more than its limit of 24 bytes"
+        )
+        with pytest.raises(PlanningError) as info:
+            fn(act, np.array([30.0, 30.0, 30.0]), None, np.full((5, 3), 6.0))
+        assert str(info.value) == (
+            "micro-batch 3 needs 25 bytes of activation and 6 bytes of working memory on "
+            "stage 2, more than its limit of 30 bytes"
         )
 
 
@@ -277,3 +330,125 @@ def test_search_1f1b_and_errors():
     largest = int(np.argmax(act[:, 1]))
     with pytest.raises(PlanningError, match=f"micro-batch {largest} needs .* on stage 1"):
         search_schedule(*args, tight, *comm)
+
+
+# Lower bound -------------------------------------------------------------------------------
+
+
+@functools.cache
+def stage_orders(num_mb: int) -> list[list[int]]:
+    """Every order one stage may run: each backward after its own forward."""
+
+    def grow(order, started, done):
+        if len(order) == 2 * num_mb:
+            yield list(order)
+            return
+        for m in range(num_mb):
+            if m not in started:
+                yield from grow([*order, 2 * m], started | {m}, done)
+            elif m not in done:
+                yield from grow([*order, 2 * m + 1], started, done | {m})
+
+    return list(grow([], frozenset(), frozenset()))
+
+
+def optimal_makespan(
+    costs: dict[str, np.ndarray], members: list[int], limit: np.ndarray | None = None
+) -> float:
+    """Shortest makespan over every combination of per-stage orders (deadlocks skipped), and
+    given `limit`, only orders whose stored activations stay within it."""
+    if not members:
+        return 0.0
+    m = np.array(members)
+    times = tuple(costs[k][m] for k in ("forward", "backward", "act_comm", "grad_comm"))
+    best = math.inf
+    for orders in itertools.product(stage_orders(len(m)), repeat=times[0].shape[1]):
+        if limit is not None and np.any(peak_activation(orders, costs["activation"][m]) > limit):
+            continue
+        try:
+            best = min(best, timeline(list(orders), *times).makespan)
+        except PlanningError:
+            continue  # this combination deadlocks across stages
+    return best
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([(1, 3), (2, 2), (2, 3), (3, 2), (3, 1), (2, 4)]),
+)
+def test_lower_bound_never_exceeds_the_brute_forced_optimum(seed, shape):
+    num_mb, num_stages = shape
+    costs = random_pipeline(seed, num_mb, num_stages)
+    bound = makespan_lower_bound(*times_of(costs))
+    assert bound <= optimal_makespan(costs, list(range(num_mb))) + 1e-12
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([(2, 3), (3, 2), (2, 4)]))
+def test_lower_bound_over_replicas_holds_for_every_split(seed, shape):
+    num_mb, num_stages = shape
+    costs = random_pipeline(seed, num_mb, num_stages)
+    bound = makespan_lower_bound(*times_of(costs), num_replicas=2)
+    for mask in range(2**num_mb):
+        first = [m for m in range(num_mb) if mask >> m & 1]
+        second = [m for m in range(num_mb) if not mask >> m & 1]
+        best = max(optimal_makespan(costs, first), optimal_makespan(costs, second))
+        assert bound <= best + 1e-12
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([(2, 2), (2, 3), (3, 2), (2, 4)]),
+    st.floats(1.0, 2.5),
+    st.sampled_from([1, 2]),
+)
+def test_memory_time_bound_never_exceeds_the_brute_forced_optimum(seed, shape, headroom, reps):
+    """Within memory (each micro-batch fits alone), no split and no orders beat the bound."""
+    num_mb, num_stages = shape
+    costs = random_pipeline(seed, num_mb, num_stages)
+    limit = costs["activation"].max(axis=0) * headroom
+    bound = memory_time_lower_bound(*times_of(costs), costs["activation"], limit, reps)
+    splits = range(2**num_mb) if reps == 2 else [2**num_mb - 1]
+    for mask in splits:
+        first = [m for m in range(num_mb) if mask >> m & 1]
+        second = [m for m in range(num_mb) if not mask >> m & 1]
+        best = max(optimal_makespan(costs, p, limit) for p in (first, second))
+        assert bound <= best + 1e-12
+
+
+def test_memory_time_bound_counts_micro_batches_that_cannot_overlap():
+    """Two micro-batches that each fill the memory run one after the other: the bound is
+    their two round trips, twice what the stage work alone gives."""
+    ones = np.ones((2, 2))
+    comms = np.zeros((2, 1))
+    times = (ones, ones, comms, comms)
+    assert memory_time_lower_bound(*times, ones, np.ones(2)) == 8.0
+    assert makespan_lower_bound(*times) == 6.0
+    assert (
+        optimal_makespan(
+            {
+                "forward": ones,
+                "backward": ones,
+                "act_comm": comms,
+                "grad_comm": comms,
+                "activation": ones,
+            },
+            [0, 1],
+            np.ones(2),
+        )
+        == 8.0
+    )
+
+
+@FAST
+@given(st.integers(1, 6), st.integers(1, 12), st.floats(0.1, 3.0), st.floats(0.0, 0.5))
+def test_lower_bound_is_1f1b_for_equal_micro_batches(num_stages, num_mb, f, comm):
+    ones = np.ones((num_mb, num_stages))
+    comms = np.full((num_mb, num_stages - 1), comm)
+    times = (f * ones, 2 * f * ones, comms, comms)
+    span = timeline(one_f_one_b(num_stages, num_mb), *times).makespan
+    if comm == 0.0:
+        assert makespan_lower_bound(*times) == pytest.approx(span)
+    assert makespan_lower_bound(*times) <= span + 1e-9

@@ -12,9 +12,12 @@ Each returns `Group`s; the planner prices and schedules them like DP micro-batch
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
+
+from .. import _core
 
 
 @dataclass
@@ -73,7 +76,13 @@ def token_budget_groups(lengths: np.ndarray, budget: int, order: np.ndarray) -> 
 
 def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
     """Bins of sample indices, each summing to <= capacity (samples longer than it must have
-    been truncated by the caller)."""
+    been truncated by the caller); the C++ core, same bins as the reference."""
+    return _core.first_fit_decreasing(np.asarray(lengths, dtype=np.int64), int(capacity))
+
+
+def first_fit_decreasing_reference(lengths: np.ndarray, capacity: int) -> list[list[int]]:
+    """Readable first-fit-decreasing: the largest sample first (stable for ties), each into the
+    first bin with room for it, else a new bin."""
     order = np.argsort(-lengths, kind="stable")
     residual = np.empty(len(lengths), dtype=np.int64)
     bins: list[list[int]] = []
@@ -100,19 +109,20 @@ def packed_group(group: Group, lengths: np.ndarray) -> Group:
         bins = [[i] for i in range(len(clipped))]
     else:
         bins = first_fit_decreasing(clipped, group.seqlen)
-    rows = [[int(group.samples[i]) for i in b] for b in bins]
+    samples = group.samples.tolist()
+    rows = [[samples[i] for i in b] for b in bins]
     return Group(
         np.array([i for r in rows for i in r]),
         group.seqlen,
         rows=rows,
-        attention_saved=_attention_saved(clipped, bins, group.seqlen),
+        attention_saved=_attention_saved(clipped, len(bins), group.seqlen),
     )
 
 
-def _attention_saved(lengths: np.ndarray, bins: list[list[int]], seqlen: int) -> float:
-    """tokens^2 of attention that per-sample attention skips in rows of `seqlen`."""
-    squares = lengths.astype(np.float64) ** 2
-    return len(bins) * float(seqlen) ** 2 - sum(float(squares[b].sum()) for b in bins)
+def _attention_saved(lengths: np.ndarray, num_rows: int, seqlen: int) -> float:
+    """tokens^2 of attention that per-sample attention skips when `lengths` fill `num_rows`
+    rows of `seqlen`."""
+    return num_rows * float(seqlen) ** 2 - float((lengths.astype(np.float64) ** 2).sum())
 
 
 def packing_groups(lengths: np.ndarray, max_seqlen: int, micro_batch_size: int) -> list[Group]:
@@ -133,11 +143,16 @@ def packed_rows_groups(
     bins: list[list[int]], lengths: np.ndarray, max_seqlen: int, micro_batch_size: int
 ) -> list[Group]:
     """`micro_batch_size` rows of `bins` per micro-batch."""
-    clipped = np.minimum(lengths, max_seqlen)
+    flat = np.fromiter(itertools.chain.from_iterable(bins), dtype=np.int64)
+    row_starts = np.cumsum([0, *map(len, bins)])
+    squares = np.minimum(lengths[flat], max_seqlen).astype(np.float64) ** 2
+    # Attention saved per micro-batch: its rows' full squares less its samples' own squares.
+    firsts = range(0, len(bins), micro_batch_size)
+    own = np.add.reduceat(squares, row_starts[list(firsts)]) if len(flat) else np.zeros(0)
     groups = []
-    for g in range(0, len(bins), micro_batch_size):
-        rows = bins[g : g + micro_batch_size]
-        samples = np.array([i for r in rows for i in r])
-        saved = _attention_saved(clipped, rows, max_seqlen)
+    for g, first in enumerate(firsts):
+        rows = bins[first : first + micro_batch_size]
+        samples = flat[row_starts[first] : row_starts[first + len(rows)]]
+        saved = len(rows) * float(max_seqlen) ** 2 - float(own[g])
         groups.append(Group(samples, max_seqlen, rows=rows, attention_saved=saved))
     return groups

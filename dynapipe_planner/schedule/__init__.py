@@ -6,6 +6,7 @@ pure-Python versions the tests hold the core to.
 """
 
 from .adaptive import adaptive_schedule, adaptive_schedule_reference
+from .bound import makespan_lower_bound, memory_time_lower_bound
 from .memory import peak_activation
 from .one_f_one_b import one_f_one_b, one_f_one_b_reference
 from .ordering import cluster_permutations
@@ -18,6 +19,8 @@ __all__ = [
     "adaptive_schedule",
     "adaptive_schedule_reference",
     "cluster_permutations",
+    "makespan_lower_bound",
+    "memory_time_lower_bound",
     "one_f_one_b",
     "one_f_one_b_reference",
     "peak_activation",

@@ -11,11 +11,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .ops import check_orders, cost_matrix
+from .ops import check_orders, cost_matrix, working_memory
 
 
-def peak_activation(orders: Sequence[Sequence[int]], activation: np.ndarray) -> np.ndarray:
-    """Most activation bytes each stage stores at once when running its order, shape (C,).
+def peak_activation(
+    orders: Sequence[Sequence[int]], activation: np.ndarray, transient: np.ndarray | None = None
+) -> np.ndarray:
+    """Most bytes each stage uses at once when running its order, shape (C,): the activations
+    it stores, plus, given `transient` (M, C), the working memory of the op that runs (an op of
+    micro-batch m needs transient[m] on top of what is stored, its own activation included, as
+    the simulator counts it).
 
     Memory is counted with the same arithmetic as adaptive_schedule (including the reset to 0
     when a stage holds nothing), so an adaptive schedule's peak never exceeds its limit.
@@ -23,16 +28,20 @@ def peak_activation(orders: Sequence[Sequence[int]], activation: np.ndarray) -> 
     act = cost_matrix("activation", activation)
     num_mb, num_stages = act.shape
     check_orders(orders, num_mb, num_stages)
+    tra = working_memory(transient, act.shape)
     peak = [0.0] * num_stages
     for stage, order in enumerate(orders):
         stored = act[:, stage].tolist()  # Python floats: same doubles, far cheaper to index
+        working = tra[:, stage].tolist()
         memory, held = 0.0, 0
         for code in order:
+            m = code // 2
             if code % 2:
+                peak[stage] = max(peak[stage], memory + working[m])
                 held -= 1
-                memory = memory - stored[code // 2] if held else 0.0
+                memory = memory - stored[m] if held else 0.0
             else:
                 held += 1
-                memory += stored[code // 2]
-                peak[stage] = max(peak[stage], memory)
+                memory += stored[m]
+                peak[stage] = max(peak[stage], memory + working[m])
     return np.array(peak)

@@ -46,6 +46,11 @@ def cost_matrix(name: str, values: np.ndarray, shape: tuple[int, int] | None = N
     return arr
 
 
+def working_memory(transient: np.ndarray | None, shape: tuple[int, int]) -> np.ndarray:
+    """Per-op working memory (M, C) bytes, validated; none given means none needed."""
+    return np.zeros(shape) if transient is None else cost_matrix("transient", transient, shape)
+
+
 def memory_limits(limit: np.ndarray, num_stages: int) -> np.ndarray:
     """Per-stage activation budgets; +inf is allowed and means unlimited."""
     arr = np.ascontiguousarray(limit, dtype=np.float64)

@@ -18,7 +18,7 @@ from .. import _core
 from ..errors import PlanningError
 from .memory import peak_activation
 from .one_f_one_b import one_f_one_b
-from .ops import check_max_inflight, cost_matrix, format_bytes, memory_limits
+from .ops import check_max_inflight, cost_matrix, format_bytes, memory_limits, working_memory
 from .ordering import cluster_permutations
 from .timeline import Timeline, checked_costs, timeline
 
@@ -29,7 +29,8 @@ class ScheduleChoice:
 
     `order` is the injection order, `orders` the per-stage op codes (2*m forward, 2*m+1
     backward of original micro-batch m), `timeline` the predicted timeline indexed by original
-    micro-batch, `peak` the stored activation bytes per stage and `max_inflight` the injection
+    micro-batch, `peak` the most bytes per stage of stored activations plus the running op's
+    working memory (`peak_activation`) and `max_inflight` the injection
     cap that won (None: only memory limited injection, and always for 1F1B).
     """
 
@@ -51,8 +52,12 @@ def search_schedule(
     kind: str = "adaptive",
     num_clusters: int = 4,
     inflight_options: Sequence[int | None] | None = None,
+    transient: np.ndarray | None = None,
 ) -> ScheduleChoice:
     """Best schedule of kind "adaptive" (searched) or "1f1b" (given order) by makespan.
+
+    `limit` bounds, per stage, the stored activations plus the working memory (`transient`,
+    (M, C) bytes, default none) of the op that runs, as the runtime meets them.
 
     Adaptive candidates are every cluster permutation of the injection order times every
     max_inflight option (default None, C, 2C), and 1F1B in the given order when it fits (so
@@ -64,9 +69,10 @@ def search_schedule(
     fwd, bwd, act_comm, grad_comm = checked_costs(forward, backward, act_comm, grad_comm)
     num_mb, num_stages = fwd.shape
     act = cost_matrix("activation", activation, (num_mb, num_stages))
+    tra = working_memory(transient, (num_mb, num_stages))
     lim = memory_limits(limit, num_stages)
     if kind == "1f1b":
-        return _one_f_one_b_choice(fwd, bwd, act, lim, act_comm, grad_comm)
+        return _one_f_one_b_choice(fwd, bwd, act, tra, lim, act_comm, grad_comm)
     if kind != "adaptive":
         raise PlanningError(f"unknown schedule kind {kind!r}; use 'adaptive' or '1f1b'")
     options = [None, num_stages, 2 * num_stages] if inflight_options is None else inflight_options
@@ -80,7 +86,7 @@ def search_schedule(
         costs = (fwd[idx], bwd[idx], act_comm[idx], grad_comm[idx])
         for max_inflight in options:
             try:
-                local = _core.adaptive_schedule(act[idx], lim, max_inflight)
+                local = _core.adaptive_schedule(act[idx], lim, max_inflight, tra[idx])
             except ValueError as err:
                 first_error = first_error or PlanningError(str(err))
                 continue
@@ -89,7 +95,7 @@ def search_schedule(
             if best is None or makespan < best[0]:
                 best = (makespan, order, local, start, end, max_inflight)
     try:  # 1F1B in the given order, when it fits
-        one_f_one_b = _one_f_one_b_choice(fwd, bwd, act, lim, act_comm, grad_comm)
+        one_f_one_b = _one_f_one_b_choice(fwd, bwd, act, tra, lim, act_comm, grad_comm)
     except PlanningError:
         one_f_one_b = None
     if best is None:
@@ -106,7 +112,11 @@ def search_schedule(
     start[order] = start_local
     end[order] = end_local
     return ScheduleChoice(
-        order, orders, Timeline.from_times(start, end), peak_activation(orders, act), max_inflight
+        order,
+        orders,
+        Timeline.from_times(start, end),
+        peak_activation(orders, act, tra),
+        max_inflight,
     )
 
 
@@ -114,6 +124,7 @@ def _one_f_one_b_choice(
     fwd: np.ndarray,
     bwd: np.ndarray,
     act: np.ndarray,
+    tra: np.ndarray,
     lim: np.ndarray,
     act_comm: np.ndarray,
     grad_comm: np.ndarray,
@@ -121,12 +132,13 @@ def _one_f_one_b_choice(
     """1F1B in the given order; it has no memory control, so exceeding the limit is an error."""
     num_mb, num_stages = fwd.shape
     orders = one_f_one_b(num_stages, num_mb)
-    peak = peak_activation(orders, act)
+    peak = peak_activation(orders, act, tra)
     for stage in range(num_stages):
         if peak[stage] > lim[stage]:
             raise PlanningError(
-                f"1F1B stores up to {format_bytes(peak[stage])} bytes of activations on stage "
-                f"{stage}, more than its limit of {format_bytes(lim[stage])} bytes"
+                f"1F1B stores up to {format_bytes(peak[stage])} bytes of activations (with the "
+                f"running op's working memory) on stage {stage}, more than its limit of "
+                f"{format_bytes(lim[stage])} bytes"
             )
     tl = timeline(orders, fwd, bwd, act_comm, grad_comm)
     return ScheduleChoice(list(range(num_mb)), orders, tl, peak, None)
