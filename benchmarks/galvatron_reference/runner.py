@@ -23,6 +23,11 @@ way its search prices a candidate (`pipeline_costmodel` on the per-layer `TimeCo
 per-stage `MemoryCostModel` sums against its budget), so another engine's plan can be compared
 with Galvatron's choice on Galvatron's terms. Galvatron's chosen plan is priced the same way as
 a self-check.
+
+Search space. The search runs with Galvatron's own defaults except the settings `_search_args`
+lists: in particular vocabulary TP stays on (`disable_vtp=0`), so it searches every vocabulary
+TP degree v of 1, 2, 4, 8 with each layer's TP >= v, every chunk count dividing the batch and
+the embedding with and without SDP: its full space for one global batch.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import importlib.machinery
 import json
 import math
 import os
+import re
 import sys
 import time
 import types
@@ -94,7 +100,9 @@ def _search_args(job: dict, work_dir: str):
         "pipeline_type": job.get("pipeline_type", "pipedream_flush"),
         "default_dp_type": "ddp",
         "sp_space": "tp",
-        "disable_vtp": 1,
+        # Galvatron's default: every vocabulary TP degree v, each layer's TP >= v (with v = 1
+        # only, as `disable_vtp=1` sets, 2.4.0's search keeps no TP > 1 strategy).
+        "disable_vtp": 0,
         "time_profile_mode": "static",
         "memory_profile_mode": "static",
         "memory_profiling_path": job["profile_dir"],
@@ -139,7 +147,15 @@ def _galvatron_strategy(pp: int, group: int, tp: int, sdp: int, consec: int, ckp
     return [pp, tp, dp, info]
 
 
-def _plan_from_config(config: dict) -> dict:
+def _chosen_min_tp(log_path: str) -> int | None:
+    """The vocabulary TP range's lower end Galvatron's search chose: its config file does not
+    record it (only the vocabulary TP degree), its final report line `Min_tp=<v> ...` does."""
+    with open(log_path) as f:
+        found = re.findall(r"^Min_tp=(\d+) Max_tp=\d+", f.read(), flags=re.MULTILINE)
+    return int(found[-1]) if found else None
+
+
+def _plan_from_config(config: dict, min_tp: int | None) -> dict:
     def ints(key: str) -> list[int]:
         return [int(x) for x in str(config[key]).split(",")]
 
@@ -155,11 +171,18 @@ def _plan_from_config(config: dict) -> dict:
         "partition": ints("pp_division"),
         "chunks": int(config["chunks"]),
         "layers": [list(layer) for layer in layers],
+        "min_tp": min_tp,
+        "embed_sdp": int(config.get("embed_sdp", 0)),
     }
 
 
 def _price_plan(engine, args, plan: dict) -> dict:
-    """Galvatron's predicted throughput and per-stage memory of `plan` (vocab TP off: min_tp 1)."""
+    """Galvatron's predicted throughput and per-stage memory of `plan`, as its search prices
+    the plan's (PP, chunks, per-layer strategies) at the vocabulary TP range [`min_tp`,
+    max TP]: `plan["min_tp"]` when given (Galvatron's own plan: the range its search chose),
+    else the plan's least layer TP (the range whose search space holds the plan). Of the
+    vocabulary TP degrees v of that range, the fastest one that fits is taken, as its search
+    takes it; `vocab_tp` says which (`fits` is false when none does)."""
     from galvatron.core.search_engine.cost_model import (
         MemoryCostModel,
         OtherTimeCostModel,
@@ -168,7 +191,10 @@ def _price_plan(engine, args, plan: dict) -> dict:
     )
 
     world, pp, batch, chunk = args.gpu_num, plan["pp"], args.settle_bsz, plan["chunks"]
-    group, min_tp, max_tp = world // pp, 1, 1
+    group = world // pp
+    min_tp = plan.get("min_tp") or min(layer[0] for layer in plan["layers"])
+    max_tp = args.max_tp_deg
+    embed_sdp = plan.get("embed_sdp", 0)
     strategies = [_galvatron_strategy(pp, group, *layer) for layer in plan["layers"]]
     # The micro-batch size and chunk count exactly as the search derives them for (bsz, chunk).
     mbsz = (batch // (world // pp // min_tp) + chunk - 1) // chunk
@@ -190,32 +216,42 @@ def _price_plan(engine, args, plan: dict) -> dict:
         "profile_model_args": lists[3][0],
     }
     other_time = OtherTimeCostModel(
-        mbsz, pp, world, 0, 0, min_tp, max_tp, engine.seqlen_list,
+        mbsz, pp, world, 0, embed_sdp, min_tp, max_tp, engine.seqlen_list,
         profile_hardware_args=lists[4][0], **first,
     ).gen_result()  # fmt: skip
-    cost = pipeline_costmodel(
-        TimeCostModel, engine.layernum_list, *lists, strategies, plan["partition"], chunks,
-        batch, min_tp, other_time[1][min_tp],
-    )  # fmt: skip
     limit = engine.memory_constraint
     if limit // 1024 > 20:
         limit -= int(limit * 0.2)  # the search's allocator-cache reserve
-    stage_mib, start = [], 0
+    layer_mib, other_mib, start = [], [], 0
     for stage, count in enumerate(plan["partition"]):
-        total = 0
+        layer_mib.append(0)
         for i, s in enumerate(strategies[start : start + count]):
             mem = MemoryCostModel(
-                s, batch, mbsz=mbsz, min_tp=min_tp, max_tp=max_tp, stage_idx=stage, **first
-            ).get_memory_cost()
-            total += math.ceil(mem["enc_total"])
+                s, batch, mbsz=mbsz, min_tp=min_tp, max_tp=max_tp, stage_idx=stage,
+                embed_sdp=embed_sdp, **first,
+            ).get_memory_cost()  # fmt: skip
+            layer_mib[-1] += math.ceil(mem["enc_total"])
             if i == 0:
-                total += math.ceil(mem["other"][min_tp][stage])
-        stage_mib.append(total)
+                other_mib.append(mem["other"])
         start += count
+    priced = []
+    for vocab_tp, other in other_time[1].items():
+        cost = pipeline_costmodel(
+            TimeCostModel, engine.layernum_list, *lists, strategies, plan["partition"], chunks,
+            batch, min_tp, other,
+        )  # fmt: skip
+        stage_mib = [
+            total + math.ceil(extra[vocab_tp][stage])
+            for stage, (total, extra) in enumerate(zip(layer_mib, other_mib, strict=True))
+        ]
+        priced.append((max(stage_mib) > limit, cost, vocab_tp, stage_mib))
+    over, cost, vocab_tp, stage_mib = min(priced)
     return {
         "throughput": batch / cost,
         "stage_memory_mib": stage_mib,
-        "fits": max(stage_mib) <= limit,
+        "fits": not over,
+        "min_tp": min_tp,
+        "vocab_tp": vocab_tp,
     }
 
 
@@ -226,8 +262,9 @@ def _run_job(engine_class: type, job: dict) -> dict:
     args = _search_args(job, work_dir)
     layer = {"hidden_size": job["hidden_size"], "layer_num": job["num_layers"]}
     layer_configs = [{**layer, "seq_len": job["seq_len"]}]
+    log_path = os.path.join(work_dir, "galvatron_stdout.log")
     with (
-        open(os.path.join(work_dir, "galvatron_stdout.log"), "w") as log,
+        open(log_path, "w") as log,
         contextlib.redirect_stdout(log),
     ):
         start, cpu_start = time.perf_counter(), time.process_time()
@@ -241,6 +278,7 @@ def _run_job(engine_class: type, job: dict) -> dict:
         optimize_s = time.perf_counter() - start_opt
         cpu_s = time.process_time() - cpu_start
     plan = _read_plan(work_dir)
+    own = _plan_from_config(plan, _chosen_min_tp(log_path)) if plan else None
     return {
         "throughput": float(throughput),
         "plan": plan,
@@ -250,7 +288,7 @@ def _run_job(engine_class: type, job: dict) -> dict:
         "optimize_s": optimize_s,
         "num_strategies": len(engine.strategies),
         "priced": [_price_plan(engine, args, p) for p in job.get("evaluate", [])],
-        "self_check": _price_plan(engine, args, _plan_from_config(plan)) if plan else None,
+        "self_check": _price_plan(engine, args, own) if own else None,
     }
 
 
