@@ -25,9 +25,10 @@ with Galvatron's choice on Galvatron's terms. Galvatron's chosen plan is priced 
 a self-check.
 
 Search space. The search runs with Galvatron's own defaults except the settings `_search_args`
-lists: in particular vocabulary TP stays on (`disable_vtp=0`), so it searches every vocabulary
-TP degree v of 1, 2, 4, 8 with each layer's TP >= v, every chunk count dividing the batch and
-the embedding with and without SDP: its full space for one global batch.
+lists: in particular vocabulary TP stays on (`disable_vtp=0`), so it searches every layer TP
+range [lo, hi] of 1, 2, 4, 8 (each layer's TP in it, the vocabulary TP degree one of lo..hi),
+every chunk count dividing the batch and the embedding with and without SDP: its full space
+for one global batch (with `disable_vtp=1` only [1, 1] is left: no TP > 1 strategy at all).
 """
 
 from __future__ import annotations
@@ -100,8 +101,8 @@ def _search_args(job: dict, work_dir: str):
         "pipeline_type": job.get("pipeline_type", "pipedream_flush"),
         "default_dp_type": "ddp",
         "sp_space": "tp",
-        # Galvatron's default: every vocabulary TP degree v, each layer's TP >= v (with v = 1
-        # only, as `disable_vtp=1` sets, 2.4.0's search keeps no TP > 1 strategy).
+        # Galvatron's default: every layer TP range [lo, hi] of powers of two, the vocabulary
+        # TP degree in it (`disable_vtp=1` leaves only [1, 1]: no TP > 1 strategy at all).
         "disable_vtp": 0,
         "time_profile_mode": "static",
         "memory_profile_mode": "static",
@@ -147,15 +148,15 @@ def _galvatron_strategy(pp: int, group: int, tp: int, sdp: int, consec: int, ckp
     return [pp, tp, dp, info]
 
 
-def _chosen_min_tp(log_path: str) -> int | None:
-    """The vocabulary TP range's lower end Galvatron's search chose: its config file does not
-    record it (only the vocabulary TP degree), its final report line `Min_tp=<v> ...` does."""
+def _chosen_tp_range(log_path: str) -> list[int] | None:
+    """The layer TP range Galvatron's search chose: its config file does not record it (only
+    the vocabulary TP degree), its final report line `Min_tp=<lo> Max_tp=<hi>` does."""
     with open(log_path) as f:
-        found = re.findall(r"^Min_tp=(\d+) Max_tp=\d+", f.read(), flags=re.MULTILINE)
-    return int(found[-1]) if found else None
+        found = re.findall(r"^Min_tp=(\d+) Max_tp=(\d+)", f.read(), flags=re.MULTILINE)
+    return [int(x) for x in found[-1]] if found else None
 
 
-def _plan_from_config(config: dict, min_tp: int | None) -> dict:
+def _plan_from_config(config: dict, tp_range: list[int] | None) -> dict:
     def ints(key: str) -> list[int]:
         return [int(x) for x in str(config[key]).split(",")]
 
@@ -171,18 +172,49 @@ def _plan_from_config(config: dict, min_tp: int | None) -> dict:
         "partition": ints("pp_division"),
         "chunks": int(config["chunks"]),
         "layers": [list(layer) for layer in layers],
-        "min_tp": min_tp,
+        "tp_range": tp_range,
         "embed_sdp": int(config.get("embed_sdp", 0)),
     }
 
 
 def _price_plan(engine, args, plan: dict) -> dict:
-    """Galvatron's predicted throughput and per-stage memory of `plan`, as its search prices
-    the plan's (PP, chunks, per-layer strategies) at the vocabulary TP range [`min_tp`,
-    max TP]: `plan["min_tp"]` when given (Galvatron's own plan: the range its search chose),
-    else the plan's least layer TP (the range whose search space holds the plan). Of the
-    vocabulary TP degrees v of that range, the fastest one that fits is taken, as its search
-    takes it; `vocab_tp` says which (`fits` is false when none does)."""
+    """Galvatron's predicted throughput and per-stage memory of `plan` (PP, chunks, per-layer
+    strategies), as its search prices it. Its search runs once per TP range [lo, hi] (every
+    layer's TP in it, the vocabulary TP degree v one of lo, 2 lo, ..., hi): `plan["tp_range"]`
+    when given (Galvatron's own plan: the range its search chose), else every range holding
+    the plan's layer TPs. The fastest (range, v) that fits is taken, as its search takes it;
+    `tp_range` and `vocab_tp` say which (`fits` is false when none fits)."""
+    if plan.get("tp_range"):
+        ranges = [tuple(plan["tp_range"])]
+    else:
+        tps = [layer[0] for layer in plan["layers"]]
+        degrees = [d for d in (1, 2, 4, 8, 16, 32, 64) if d <= args.max_tp_deg]
+        group, chunk = args.gpu_num // plan["pp"], plan["chunks"]
+
+        def runs(lo: int) -> bool:  # the search's own rule: `chunk` must be the real count
+            per_group = args.settle_bsz // (group // lo)
+            return chunk <= per_group and -(-per_group // -(-per_group // chunk)) == chunk
+
+        ranges = [
+            (lo, hi)
+            for lo in degrees
+            for hi in degrees
+            if lo <= min(tps) and hi >= max(tps) and runs(lo)
+        ]
+    priced = [p for lo, hi in ranges for p in _price_in_range(engine, args, plan, lo, hi)]
+    over, cost, tp_range, vocab_tp, stage_mib = min(priced)
+    return {
+        "throughput": args.settle_bsz / cost,
+        "stage_memory_mib": stage_mib,
+        "fits": not over,
+        "tp_range": list(tp_range),
+        "vocab_tp": vocab_tp,
+    }
+
+
+def _price_in_range(engine, args, plan: dict, min_tp: int, max_tp: int) -> list[tuple]:
+    """(over the budget, time, (min_tp, max_tp), vocabulary TP, per-stage MiB) of `plan` for
+    each vocabulary TP degree of the search over layer TPs in [min_tp, max_tp]."""
     from galvatron.core.search_engine.cost_model import (
         MemoryCostModel,
         OtherTimeCostModel,
@@ -192,8 +224,6 @@ def _price_plan(engine, args, plan: dict) -> dict:
 
     world, pp, batch, chunk = args.gpu_num, plan["pp"], args.settle_bsz, plan["chunks"]
     group = world // pp
-    min_tp = plan.get("min_tp") or min(layer[0] for layer in plan["layers"])
-    max_tp = args.max_tp_deg
     embed_sdp = plan.get("embed_sdp", 0)
     strategies = [_galvatron_strategy(pp, group, *layer) for layer in plan["layers"]]
     # The micro-batch size and chunk count exactly as the search derives them for (bsz, chunk).
@@ -244,15 +274,8 @@ def _price_plan(engine, args, plan: dict) -> dict:
             total + math.ceil(extra[vocab_tp][stage])
             for stage, (total, extra) in enumerate(zip(layer_mib, other_mib, strict=True))
         ]
-        priced.append((max(stage_mib) > limit, cost, vocab_tp, stage_mib))
-    over, cost, vocab_tp, stage_mib = min(priced)
-    return {
-        "throughput": batch / cost,
-        "stage_memory_mib": stage_mib,
-        "fits": not over,
-        "min_tp": min_tp,
-        "vocab_tp": vocab_tp,
-    }
+        priced.append((max(stage_mib) > limit, cost, (min_tp, max_tp), vocab_tp, stage_mib))
+    return priced
 
 
 def _run_job(engine_class: type, job: dict) -> dict:
@@ -278,7 +301,7 @@ def _run_job(engine_class: type, job: dict) -> dict:
         optimize_s = time.perf_counter() - start_opt
         cpu_s = time.process_time() - cpu_start
     plan = _read_plan(work_dir)
-    own = _plan_from_config(plan, _chosen_min_tp(log_path)) if plan else None
+    own = _plan_from_config(plan, _chosen_tp_range(log_path)) if plan else None
     return {
         "throughput": float(throughput),
         "plan": plan,
