@@ -117,14 +117,17 @@ def nonnegative_float(text: str) -> float:
 
 
 def memory_gib(text: str) -> float:
-    """GiB per GPU (0: the GPU's own); a PiB or more is a typo."""
-    value = nonnegative_float(text)
+    """GiB per GPU (0: the GPU's own); a PiB or more is a typo. Refusals speak in GiB."""
+    value = _float(text)
+    _require(value, text, value >= 0, "GiB per GPU: a memory size must not be negative")
     return _require(value, text, value <= MAX_GIB, f"GiB is more than {MAX_GIB} GiB per GPU")
 
 
 def positive_memory_gib(text: str) -> float:
-    value = memory_gib(text)
-    return _require(value, text, value > 0, "must be positive")
+    """A memory budget in GiB per GPU: more than 0."""
+    value = _float(text)
+    _require(value, text, value > 0, "GiB per GPU: a memory budget must be positive")
+    return memory_gib(text)
 
 
 def _named(flag: str) -> str:

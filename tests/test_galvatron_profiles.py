@@ -90,6 +90,34 @@ def test_memory_profile_round_trips(docs16, inputs16) -> None:
         assert "1" in entry["model_states"] and "1" in entry["activation"]
 
 
+def test_end_layers_have_an_entry_per_vocabulary_tp_degree() -> None:
+    """Galvatron's default search (vocabulary TP on) reads the embedding and output layers'
+    memory at every degree v = 1, 2, 4, ... it tries; each entry is the whole split v ways."""
+    full = analytic_cost_inputs(MODEL, get_gpu("A100-80GB"), 16, seq_length=SEQ)
+    assert full.embedding_param_bytes > 0 and full.output_activation_bytes_per_sample > 0
+    mem = profiles.profile_documents(
+        full, model_name="m", num_gpus=16, gpus_per_node=8, hidden_size=MODEL.hidden_size
+    )["memory_profiling_bf16_m.json"]
+    states = full.model_state_factor
+    whole = {
+        "other_memory_pp_off": (
+            (full.embedding_param_bytes + full.output_param_bytes) * states,
+            full.output_activation_bytes_per_sample,
+        ),
+        "other_memory_pp_on_first": (full.embedding_param_bytes * states, 0.0),
+        "other_memory_pp_on_last": (
+            full.output_param_bytes * states,
+            full.output_activation_bytes_per_sample,
+        ),
+    }
+    for key, totals in whole.items():
+        entry = mem[key][str(SEQ)]
+        for part, total in zip(("model_states", "activation"), totals, strict=True):
+            assert set(entry[part]) == {"1", "2", "4", "8", "16"}
+            for v, mib in entry[part].items():
+                assert mib * MIB * int(v) == pytest.approx(total)
+
+
 def test_bandwidths_are_mib_per_ms_of_galvatron_groups(docs16, inputs16) -> None:
     ar = docs16["allreduce_bandwidth_2nodes_8gpus_per_node.json"]
     # What Galvatron's reader looks up for 16 GPUs: the full group consecutive, then both

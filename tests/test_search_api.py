@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -82,10 +83,54 @@ def test_infeasible_budget_names_the_smallest_that_works(inputs):
     assert "gpt-350m" in message and "0.50 GiB" in message
     smallest = float(re.search(r"smallest budget that works is ([0-9.]+) GiB", message)[1])
     assert smallest > 0.5
+    # One memory figure besides the budget: no "least" that is more than what works (here the
+    # per-layer least-memory guess is 1.44 GiB while 0.98 GiB works).
+    assert re.findall(r"([0-9.]+) GiB", message) == ["0.50", f"{smallest:.2f}"]
+    assert f"--memory-budget-gb {smallest:.2f})" in message
     ok = search(MODEL, inputs, 8, smallest * GiB, global_batch_size=8)
     assert max(ok.stage_memory_bytes) <= smallest * GiB
     with pytest.raises(PlanningError):
         search(MODEL, inputs, 8, (smallest - 0.01) * GiB, global_batch_size=8)
+
+
+def test_full_microbatch_range_reaches_plans_the_doubling_range_cannot(inputs):
+    """Every micro-batch count dividing the batch is searched: at 1 GiB per GPU nothing with
+    m = P, 2P, 4P or 8P micro-batches fits, while more, smaller micro-batches do (without PP:
+    TP8 over 64 micro-batches of one sample). The search equals the best of the searches at
+    each fixed count (brute force over counts; even partitions keep each one exact)."""
+    budget, batch = 1.0 * GiB, 64
+    kwargs = dict(global_batch_size=batch, pp_degrees=[1, 2], even_partition=True)
+    with pytest.raises(PlanningError, match="does not fit"):
+        search(MODEL, inputs, 8, budget, microbatch_counts=4, **kwargs)
+    wide = search(MODEL, inputs, 8, budget, **kwargs)
+    _check(wide, budget)
+    assert wide.num_microbatches > 8 * wide.pp
+    no_pp = search(MODEL, inputs, 8, budget, global_batch_size=batch, pp_degrees=[1])
+    assert no_pp.num_microbatches == batch and {s.tp for s in no_pp.strategies} == {8}
+    counts = [m for m in range(1, batch + 1) if batch % m == 0]
+    base_kwargs = dict(global_batch_size=batch, pp_degrees=[1, 2], bi_objective=False)
+    for options in (kwargs, base_kwargs):
+        each = []
+        for m in counts:
+            with contextlib.suppress(PlanningError):
+                each.append(search(MODEL, inputs, 8, budget, num_microbatches=m, **options))
+        got = search(MODEL, inputs, 8, budget, **options)
+        assert got.throughput == max(r.throughput for r in each) == got.base_throughput
+    assert search(MODEL, inputs, 8, budget, global_batch_size=batch).throughput >= wide.throughput
+
+
+def test_negative_budget_is_refused_in_gib(inputs, capsys):
+    with pytest.raises(PlanningError) as err:
+        search(MODEL, inputs, 8, -1.5 * GiB, global_batch_size=8)
+    assert str(err.value) == "memory budget must be positive, got -1.5 GiB per GPU"
+    with pytest.raises(SystemExit) as refused:
+        search_main(["--model", "gpt-350m", "--num-gpus", "8", "--memory-budget-gb", "-1",
+                     "--global-batch-size", "8", "--quiet"])  # fmt: skip
+    err_lines = capsys.readouterr().err.strip().splitlines()
+    assert refused.value.code == 2 and err_lines == [
+        "dynapipe-search: error: argument --memory-budget-gb: -1 GiB per GPU: a memory budget "
+        "must be positive"
+    ]
 
 
 def test_bad_arguments_are_named(inputs):
@@ -397,7 +442,8 @@ def test_bi_objective_reaches_plans_the_memory_balanced_start_misses():
     assert max(bmw.stage_memory_bytes) <= budget
     # Algorithm 2 from the memory-balanced start alone already gets past that first move.
     ps = _pipeline_searches(inputs, 4, budget, 256, [4], None, None, True)[0]
-    start = ps.evaluate_initial(1, 16)
+    start, balanced = ps.opening(1, 16, even=False, bmw=False)
+    assert balanced
     adjusted, _ = ps.adjust([start], 1, 16, 48)
     assert adjusted.partition[-1] < 11 and adjusted.time < start.time
 

@@ -11,7 +11,9 @@ numbers are ours). Units follow what its cost model multiplies them with:
   `tp_activation_per_bsz_dict` (MiB of stored activations per sample per TP degree, plus
   `checkpoint`: what a recomputed layer keeps). `other_memory_pp_off`, `other_memory_pp_on_first`
   and `other_memory_pp_on_last` (`[<seq>]["model_states"|"activation"][<vocab tp>]`, MiB) are the
-  embedding and output layers' memory.
+  embedding and output layers' memory, one entry per vocabulary TP degree 1, 2, 4, ... (split
+  that many ways): Galvatron's default search (`disable_vtp=0`) tries every degree and skips
+  those without an entry.
 * `allreduce_bandwidth_<n>nodes_<g>gpus_per_node.json`: `allreduce_size_<k>_consec_<0|1>`, the
   ring all-reduce bus bandwidth of groups of k GPUs, consecutive (`1`) or strided by N/k (`0`,
   how its hardware profiler forms them), as MiB per ms: Galvatron's coefficient is 1/value in ms
@@ -139,8 +141,15 @@ def profile_documents(
         str(k): v / MIB for k, v in sorted(lt.activation_bytes_per_sample.items())
     }
     activation["checkpoint"] = lt.boundary_bytes_per_sample / MIB
-    end_states = (inputs.embedding_param_bytes + inputs.output_param_bytes) / MIB
     states = inputs.model_state_factor
+    # The embedding and output layers split by vocabulary TP degree v (1, 2, 4, ...): Galvatron
+    # searches every v (its default `disable_vtp=0`) and reads one entry per v.
+    vocab_tps = [1, *power_of_two_degrees(num_gpus)]
+
+    def split(total_bytes: float) -> dict[str, float]:
+        return {str(v): total_bytes / MIB / v for v in vocab_tps}
+
+    output_act = inputs.output_activation_bytes_per_sample
     memory = {
         "layertype_0": {
             str(seq): {
@@ -150,20 +159,22 @@ def profile_documents(
         },
         "other_memory_pp_off": {
             str(seq): {
-                "model_states": {"1": end_states * states},
-                "activation": {"1": inputs.output_activation_bytes_per_sample / MIB},
+                "model_states": split(
+                    (inputs.embedding_param_bytes + inputs.output_param_bytes) * states
+                ),
+                "activation": split(output_act),
             }
         },
         "other_memory_pp_on_first": {
             str(seq): {
-                "model_states": {"1": inputs.embedding_param_bytes * states / MIB},
-                "activation": {"1": 0.0},
+                "model_states": split(inputs.embedding_param_bytes * states),
+                "activation": split(0.0),
             }
         },
         "other_memory_pp_on_last": {
             str(seq): {
-                "model_states": {"1": inputs.output_param_bytes * states / MIB},
-                "activation": {"1": inputs.output_activation_bytes_per_sample / MIB},
+                "model_states": split(inputs.output_param_bytes * states),
+                "activation": split(output_act),
             }
         },
     }

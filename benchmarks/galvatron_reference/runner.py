@@ -23,6 +23,12 @@ way its search prices a candidate (`pipeline_costmodel` on the per-layer `TimeCo
 per-stage `MemoryCostModel` sums against its budget), so another engine's plan can be compared
 with Galvatron's choice on Galvatron's terms. Galvatron's chosen plan is priced the same way as
 a self-check.
+
+Search space. The search runs with Galvatron's own defaults except the settings `_search_args`
+lists: in particular vocabulary TP stays on (`disable_vtp=0`), so it searches every layer TP
+range [lo, hi] of 1, 2, 4, 8 (each layer's TP in it, the vocabulary TP degree one of lo..hi),
+every chunk count dividing the batch and the embedding with and without SDP: its full space
+for one global batch (with `disable_vtp=1` only [1, 1] is left: no TP > 1 strategy at all).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import importlib.machinery
 import json
 import math
 import os
+import re
 import sys
 import time
 import types
@@ -94,7 +101,9 @@ def _search_args(job: dict, work_dir: str):
         "pipeline_type": job.get("pipeline_type", "pipedream_flush"),
         "default_dp_type": "ddp",
         "sp_space": "tp",
-        "disable_vtp": 1,
+        # Galvatron's default: every layer TP range [lo, hi] of powers of two, the vocabulary
+        # TP degree in it (`disable_vtp=1` leaves only [1, 1]: no TP > 1 strategy at all).
+        "disable_vtp": 0,
         "time_profile_mode": "static",
         "memory_profile_mode": "static",
         "memory_profiling_path": job["profile_dir"],
@@ -139,7 +148,15 @@ def _galvatron_strategy(pp: int, group: int, tp: int, sdp: int, consec: int, ckp
     return [pp, tp, dp, info]
 
 
-def _plan_from_config(config: dict) -> dict:
+def _chosen_tp_range(log_path: str) -> list[int] | None:
+    """The layer TP range Galvatron's search chose: its config file does not record it (only
+    the vocabulary TP degree), its final report line `Min_tp=<lo> Max_tp=<hi>` does."""
+    with open(log_path) as f:
+        found = re.findall(r"^Min_tp=(\d+) Max_tp=(\d+)", f.read(), flags=re.MULTILINE)
+    return [int(x) for x in found[-1]] if found else None
+
+
+def _plan_from_config(config: dict, tp_range: list[int] | None) -> dict:
     def ints(key: str) -> list[int]:
         return [int(x) for x in str(config[key]).split(",")]
 
@@ -155,11 +172,49 @@ def _plan_from_config(config: dict) -> dict:
         "partition": ints("pp_division"),
         "chunks": int(config["chunks"]),
         "layers": [list(layer) for layer in layers],
+        "tp_range": tp_range,
+        "embed_sdp": int(config.get("embed_sdp", 0)),
     }
 
 
 def _price_plan(engine, args, plan: dict) -> dict:
-    """Galvatron's predicted throughput and per-stage memory of `plan` (vocab TP off: min_tp 1)."""
+    """Galvatron's predicted throughput and per-stage memory of `plan` (PP, chunks, per-layer
+    strategies), as its search prices it. Its search runs once per TP range [lo, hi] (every
+    layer's TP in it, the vocabulary TP degree v one of lo, 2 lo, ..., hi): `plan["tp_range"]`
+    when given (Galvatron's own plan: the range its search chose), else every range holding
+    the plan's layer TPs. The fastest (range, v) that fits is taken, as its search takes it;
+    `tp_range` and `vocab_tp` say which (`fits` is false when none fits)."""
+    if plan.get("tp_range"):
+        ranges = [tuple(plan["tp_range"])]
+    else:
+        tps = [layer[0] for layer in plan["layers"]]
+        degrees = [d for d in (1, 2, 4, 8, 16, 32, 64) if d <= args.max_tp_deg]
+        group, chunk = args.gpu_num // plan["pp"], plan["chunks"]
+
+        def runs(lo: int) -> bool:  # the search's own rule: `chunk` must be the real count
+            per_group = args.settle_bsz // (group // lo)
+            return chunk <= per_group and -(-per_group // -(-per_group // chunk)) == chunk
+
+        ranges = [
+            (lo, hi)
+            for lo in degrees
+            for hi in degrees
+            if lo <= min(tps) and hi >= max(tps) and runs(lo)
+        ]
+    priced = [p for lo, hi in ranges for p in _price_in_range(engine, args, plan, lo, hi)]
+    over, cost, tp_range, vocab_tp, stage_mib = min(priced)
+    return {
+        "throughput": args.settle_bsz / cost,
+        "stage_memory_mib": stage_mib,
+        "fits": not over,
+        "tp_range": list(tp_range),
+        "vocab_tp": vocab_tp,
+    }
+
+
+def _price_in_range(engine, args, plan: dict, min_tp: int, max_tp: int) -> list[tuple]:
+    """(over the budget, time, (min_tp, max_tp), vocabulary TP, per-stage MiB) of `plan` for
+    each vocabulary TP degree of the search over layer TPs in [min_tp, max_tp]."""
     from galvatron.core.search_engine.cost_model import (
         MemoryCostModel,
         OtherTimeCostModel,
@@ -168,7 +223,8 @@ def _price_plan(engine, args, plan: dict) -> dict:
     )
 
     world, pp, batch, chunk = args.gpu_num, plan["pp"], args.settle_bsz, plan["chunks"]
-    group, min_tp, max_tp = world // pp, 1, 1
+    group = world // pp
+    embed_sdp = plan.get("embed_sdp", 0)
     strategies = [_galvatron_strategy(pp, group, *layer) for layer in plan["layers"]]
     # The micro-batch size and chunk count exactly as the search derives them for (bsz, chunk).
     mbsz = (batch // (world // pp // min_tp) + chunk - 1) // chunk
@@ -190,33 +246,36 @@ def _price_plan(engine, args, plan: dict) -> dict:
         "profile_model_args": lists[3][0],
     }
     other_time = OtherTimeCostModel(
-        mbsz, pp, world, 0, 0, min_tp, max_tp, engine.seqlen_list,
+        mbsz, pp, world, 0, embed_sdp, min_tp, max_tp, engine.seqlen_list,
         profile_hardware_args=lists[4][0], **first,
     ).gen_result()  # fmt: skip
-    cost = pipeline_costmodel(
-        TimeCostModel, engine.layernum_list, *lists, strategies, plan["partition"], chunks,
-        batch, min_tp, other_time[1][min_tp],
-    )  # fmt: skip
     limit = engine.memory_constraint
     if limit // 1024 > 20:
         limit -= int(limit * 0.2)  # the search's allocator-cache reserve
-    stage_mib, start = [], 0
+    layer_mib, other_mib, start = [], [], 0
     for stage, count in enumerate(plan["partition"]):
-        total = 0
+        layer_mib.append(0)
         for i, s in enumerate(strategies[start : start + count]):
             mem = MemoryCostModel(
-                s, batch, mbsz=mbsz, min_tp=min_tp, max_tp=max_tp, stage_idx=stage, **first
-            ).get_memory_cost()
-            total += math.ceil(mem["enc_total"])
+                s, batch, mbsz=mbsz, min_tp=min_tp, max_tp=max_tp, stage_idx=stage,
+                embed_sdp=embed_sdp, **first,
+            ).get_memory_cost()  # fmt: skip
+            layer_mib[-1] += math.ceil(mem["enc_total"])
             if i == 0:
-                total += math.ceil(mem["other"][min_tp][stage])
-        stage_mib.append(total)
+                other_mib.append(mem["other"])
         start += count
-    return {
-        "throughput": batch / cost,
-        "stage_memory_mib": stage_mib,
-        "fits": max(stage_mib) <= limit,
-    }
+    priced = []
+    for vocab_tp, other in other_time[1].items():
+        cost = pipeline_costmodel(
+            TimeCostModel, engine.layernum_list, *lists, strategies, plan["partition"], chunks,
+            batch, min_tp, other,
+        )  # fmt: skip
+        stage_mib = [
+            total + math.ceil(extra[vocab_tp][stage])
+            for stage, (total, extra) in enumerate(zip(layer_mib, other_mib, strict=True))
+        ]
+        priced.append((max(stage_mib) > limit, cost, (min_tp, max_tp), vocab_tp, stage_mib))
+    return priced
 
 
 def _run_job(engine_class: type, job: dict) -> dict:
@@ -226,8 +285,9 @@ def _run_job(engine_class: type, job: dict) -> dict:
     args = _search_args(job, work_dir)
     layer = {"hidden_size": job["hidden_size"], "layer_num": job["num_layers"]}
     layer_configs = [{**layer, "seq_len": job["seq_len"]}]
+    log_path = os.path.join(work_dir, "galvatron_stdout.log")
     with (
-        open(os.path.join(work_dir, "galvatron_stdout.log"), "w") as log,
+        open(log_path, "w") as log,
         contextlib.redirect_stdout(log),
     ):
         start, cpu_start = time.perf_counter(), time.process_time()
@@ -241,6 +301,7 @@ def _run_job(engine_class: type, job: dict) -> dict:
         optimize_s = time.perf_counter() - start_opt
         cpu_s = time.process_time() - cpu_start
     plan = _read_plan(work_dir)
+    own = _plan_from_config(plan, _chosen_tp_range(log_path)) if plan else None
     return {
         "throughput": float(throughput),
         "plan": plan,
@@ -250,7 +311,7 @@ def _run_job(engine_class: type, job: dict) -> dict:
         "optimize_s": optimize_s,
         "num_strategies": len(engine.strategies),
         "priced": [_price_plan(engine, args, p) for p in job.get("evaluate", [])],
-        "self_check": _price_plan(engine, args, _plan_from_config(plan)) if plan else None,
+        "self_check": _price_plan(engine, args, own) if own else None,
     }
 
 

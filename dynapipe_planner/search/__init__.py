@@ -8,7 +8,7 @@ Public API (stable)::
            max_tp: int | None = None,
            strategy_filter: Callable[[LayerStrategy], bool] | None = None,
            bi_objective: bool = True, prune: bool = True, memory_bins: int = 256,
-           microbatch_counts: int = 4, batch_window: int = 2,
+           microbatch_counts: int | None = None, batch_window: int = 2,
            max_adjust_steps: int | None = None, stop_after_misses: int = 2,
            num_microbatches: int | None = None, even_partition: bool = False,
            progress: Callable[[int, int], None] | None = None) -> SearchResult
@@ -16,7 +16,8 @@ Public API (stable)::
     `memory_budget` is bytes per GPU; `bi_objective=False` is Galvatron-Base (memory-balanced
     partition only); `even_partition=True` splits layers evenly over stages and skips the
     partition search (the space of engines without one). Raises PlanningError naming the
-    smallest budget that fits.
+    smallest budget that fits. Every micro-batch count dividing the global batch is tried
+    (`microbatch_counts=k`: only the first k of P, 2P, 4P, ...).
 
     price_plan(cost_inputs, strategies: Sequence[LayerStrategy], partition: Sequence[int],
                num_microbatches: int, global_batch_size: int) -> PlanPrice

@@ -1,13 +1,15 @@
 """Galvatron-Base and Galvatron-BMW optimisation (seed `galvatron_bmw.txt` §IV-A1 Algorithm 1,
 §IV-B2 Algorithm 2, App. B).
 
-For each global batch size B, PP degree P and micro-batch count m, the model is split into P
-stages (memory-balanced partition p_m under an initial strategy), every stage's layers get
-their strategies from the layer DP under the memory budget, and Eq. 9 prices the pipeline.
-Galvatron-Base stops there. Galvatron-BMW then adjusts the partition of the best
-configurations from memory- towards time-balanced and searches the batch sizes around the
-best one found. B is explored by doubling until nothing fits, then by bisection up to the
-largest batch that fits, instead of Algorithm 1's B = 1, 2, 3, ...
+For each global batch size B, PP degree P and micro-batch count m (every m dividing B, 1 to
+B: Init_Microbatch_Num of Algorithm 1 left open), the model is split into P stages
+(memory-balanced partition p_m under an initial strategy), every stage's layers get their
+strategies from the layer DP under the memory budget, and Eq. 9 prices the pipeline.
+Galvatron-Base stops there. Galvatron-BMW then adjusts the partition of every configuration
+that fits from memory- towards time-balanced (starting from the even split where p_m does not
+fit) and searches the batch sizes around the best one found. B is explored by doubling until
+nothing fits (or `max_batch_size`), then by bisection up to the largest batch that fits,
+instead of Algorithm 1's B = 1, 2, 3, ...
 
 The adjustment follows Algorithm 2: a boundary layer leaves the slowest stage for a neighbour
 when (1) no stage becomes slower than the old slowest, (2) every stage fits the budget and
@@ -24,7 +26,9 @@ Within a partition every stage minimises its own time, (m - 1) micro-batches plu
 one; Eq. 9 charges the (m - 1) only to the slowest stage, so the others then take the plan with
 the quickest last micro-batch if it keeps them no slower than the slowest (`evaluate`).
 (P, m) configurations are priced in order of an Eq. 9 lower bound and skipped once a
-memory-balanced plan found for the same batch beats the bound (exact for both answers). Stage
+memory-balanced plan found for the same batch beats the bound (exact for both answers): this is
+the only pruning of micro-batch counts, and it is safe because no plan of a skipped (P, m),
+whatever its partition or strategies, can be faster than its bound. Stage
 plans are cached by the layer types of the stage, and one prefix layer DP
 (`layer_dp.StageSolver`) serves every stage length at a pipeline position, so moving
 boundaries costs little.
@@ -221,9 +225,19 @@ class _PipelineSearch:
                 out.append(partition)
         return out
 
-    def evaluate_initial(self, mb: int, m: int) -> _Evaluated | None:
-        """The best of the memory-balanced starting partitions (Galvatron-Base's answer)."""
-        return self.best_of(self.initial_partitions(mb, m), mb, m)
+    def opening(self, mb: int, m: int, even: bool, bmw: bool) -> tuple[_Evaluated | None, bool]:
+        """The first plan of (P, m) and whether it is memory-balanced (Galvatron-Base's answer):
+        the even split when `even`, else the best memory-balanced partition. Under BMW
+        (`bmw`), where no memory-balanced partition fits, the even split: p_m balances memory
+        under one assumed strategy per layer, so the even split (inside the space between p_m
+        and p_t, Eq. 7) can fit where p_m does not once the layer DP picks the strategies."""
+        L = self.inputs.num_layers
+        if even:
+            return self.evaluate(even_split(L, self.pp), mb, m), True
+        ev = self.best_of(self.initial_partitions(mb, m), mb, m)
+        if ev is None and bmw and self.pp > 1:
+            return self.evaluate(even_split(L, self.pp), mb, m), False
+        return ev, True
 
     def best_of(self, partitions, mb: int, m: int) -> _Evaluated | None:
         best = None
@@ -352,12 +366,20 @@ def even_split(num_layers: int, num_stages: int) -> list[int]:
     return [base + (i >= num_stages - extra) for i in range(num_stages)]
 
 
-def _microbatch_counts(batch: int, pp: int, counts: tuple[int, int | None]) -> list[int]:
-    """m = P, 2P, 4P, ... dividing `batch` (at most `counts[0]` of them), or the fixed
-    `counts[1]` when given."""
+def _microbatch_counts(batch: int, pp: int, counts: tuple[int | None, int | None]) -> list[int]:
+    """The micro-batch counts m tried for a global batch at PP degree P.
+
+    By default every m dividing the batch, 1 to B: the whole range Eq. 9 can price (§IV-A1,
+    Init_Microbatch_Num). Fewer micro-batches than stages keep fewer activations in flight,
+    many small ones let wide TP run micro-batches of one sample with a small bubble; the
+    doubling P, 2P, 4P, 8P of earlier versions reached neither (e.g. TP8 with 64 micro-batches
+    of 1 at B = 64). `counts[0]` = k keeps only the first k of P, 2P, 4P, ... (the narrow range,
+    for the paper's baseline rows); `counts[1]` fixes m."""
     limit, fixed = counts
     if fixed is not None:
         return [fixed] if batch % fixed == 0 else []
+    if limit is None:
+        return [m for m in range(1, batch + 1) if batch % m == 0]
     out = []
     m = pp
     while m <= batch and len(out) < limit:
@@ -382,7 +404,7 @@ def search(
     bi_objective: bool = True,
     prune: bool = True,
     memory_bins: int = 256,
-    microbatch_counts: int = 4,
+    microbatch_counts: int | None = None,
     batch_window: int = 2,
     max_adjust_steps: int | None = None,
     stop_after_misses: int = 2,
@@ -396,12 +418,13 @@ def search(
     `batch_sizes` list (tried in increasing order until `stop_after_misses` in a row fit
     nothing), or a search (doubling from `num_gpus`, then bisection to the largest
     batch that fits, then +-`batch_window` steps around the best). For each B and PP degree,
-    `microbatch_counts` counts m = P, 2P, 4P, ... dividing B are tried (or exactly
-    `num_microbatches`, for every P, when given). `even_partition=True` splits the layers
-    evenly over the stages and skips the partition search (the layer DP still picks every
-    layer's strategy): the space of engines without a partition search. `strategy_filter`
-    restricts the layer strategies (the limited spaces of Table II). Raises PlanningError
-    naming the smallest budget that fits when nothing does.
+    every micro-batch count m dividing B is tried (1 to B), or with `microbatch_counts` = k
+    only the first k of m = P, 2P, 4P, ... dividing B, or exactly `num_microbatches`.
+    `even_partition=True` splits the layers evenly over the stages and skips the partition
+    search (the layer DP still picks every layer's strategy): the space of engines without
+    a partition search. `strategy_filter` restricts the layer strategies (the limited spaces
+    of Table II). Raises PlanningError naming the smallest budget that fits when nothing
+    does.
     """
     started = time.perf_counter()
     if cost_inputs.num_layers != len(model.layer_kinds()):
@@ -410,7 +433,9 @@ def search(
             f"{len(model.layer_kinds())}"
         )
     if memory_budget <= 0:
-        raise PlanningError(f"memory budget must be positive, got {memory_budget}")
+        raise PlanningError(
+            f"memory budget must be positive, got {memory_budget / GiB:.3g} GiB per GPU"
+        )
     if num_microbatches is not None and num_microbatches < 1:
         raise PlanningError(f"num_microbatches must be >= 1, got {num_microbatches}")
     counts = (microbatch_counts, num_microbatches)
@@ -454,14 +479,14 @@ def search(
                 state["evaluated"] += 1
                 tick()
                 continue
-            initial = [even_split(L, ps.pp)] if even else ps.initial_partitions(mb, m)
-            ev = ps.best_of(initial, mb, m)
+            ev, balanced = ps.opening(mb, m, even, bi_objective)
             state["evaluated"] += 1
             tick()
             if ev is None:
                 continue
-            base_here = max(base_here, batch / ev.time)
-            best_base[0] = max(best_base[0], base_here)
+            if balanced:
+                base_here = max(base_here, batch / ev.time)
+                best_base[0] = max(best_base[0], base_here)
             starts = [ev]
             if bi_objective and not even and ps.pp > 1:
                 starts = ps.starts(ev, mb, m)
@@ -470,15 +495,17 @@ def search(
             found.append((batch / top.time, ps, starts, mb, m))
         if not found:
             return False
-        found.sort(key=lambda f: -f[0])
         if bi_objective and not even:
-            for i, (_, ps, starts, mb, m) in enumerate(found[:3]):
+            # Algorithm 2 on every (P, m) that fits, not only the best few starts: with every
+            # micro-batch count in play the best starts crowd around one degree's counts while
+            # another degree's partition moves win more, and the stage plans it re-solves are
+            # cached, so this costs little.
+            for i, (_, ps, starts, mb, m) in enumerate(found):
                 if ps.pp > 1:
                     adjusted, steps = ps.adjust(starts, mb, m, steps_limit)
                     state["evaluated"] += steps
                     found[i] = (batch / adjusted.time, ps, [adjusted], mb, m)
-            found.sort(key=lambda f: -f[0])
-        tput, ps, starts, mb, m = found[0]
+        tput, ps, starts, mb, m = max(found, key=lambda f: f[0])
         ev = min(starts, key=lambda e: e.time)
         if best[0] is None or tput > best[0][0]:
             best[0] = (tput, batch, ps, ev, mb, m)
@@ -521,7 +548,16 @@ def search(
     if best[0] is None:
         smallest = global_batch_size or (min(batch_sizes) if batch_sizes else num_gpus)
         raise PlanningError(
-            _infeasible_message(model, searches, smallest, memory_budget, counts, memory_bins)
+            _infeasible_message(
+                model,
+                searches,
+                smallest,
+                memory_budget,
+                counts,
+                memory_bins,
+                even,
+                bi_objective,
+            )
         )
     tput, batch, ps, ev, _mb, m = best[0]
     strategies = [ps.strategies[j] for plan in ev.plans for j in plan.chosen]
@@ -578,12 +614,15 @@ def _pipeline_searches(
     return out
 
 
-def minimum_memory(
-    inputs: CostInputs, searches: list[_PipelineSearch], batch: int, counts: tuple[int, int | None]
-) -> tuple[float, str]:
-    """The least Eq. 2 peak any (P, m) reaches at `batch` with each layer on its least-memory
-    strategy and the memory-balanced partition, and where."""
-    best, where = math.inf, ""
+def _least_memory_guess(
+    searches: list[_PipelineSearch], batch: int, counts: tuple[int | None, int | None]
+) -> float:
+    """Where the bisection of `smallest_budget` starts: the least Eq. 2 peak any (P, m)
+    reaches at `batch` with each layer on its own least-memory strategy and the first
+    memory-balanced partition (inf: no strategy splits the batch). Only a guess: Eq. 2's
+    backward term is a maximum over layers and the layer DP may pick another partition, so
+    plans needing less can exist; it is never reported as the least."""
+    best = math.inf
     for ps in searches:
         for m in _microbatch_counts(batch, ps.pp, counts):
             mb = batch // m
@@ -599,56 +638,69 @@ def minimum_memory(
                     break
                 peak = max(peak, peak_memory(t, chosen))
                 start += n
-            if peak < best:
-                best, where = peak, f"PP={ps.pp}, {m} micro-batches of {mb}"
-    return best, where
+            best = min(best, peak)
+    return best
 
 
-def _fits(
+def _fitting_config(
     searches: list[_PipelineSearch],
     batch: int,
     budget: float,
-    counts: tuple[int, int | None],
+    counts: tuple[int | None, int | None],
     bins: int,
-):
-    """Whether any (P, m) plan of `batch` fits `budget` (memory-balanced partition)."""
+    modes: tuple[bool, bool],
+) -> str | None:
+    """The first (P, m) whose opening plan of `batch` (`_PipelineSearch.opening` with
+    `modes` = (even, bmw)) fits `budget`, in words, or None when none does. The search fits at
+    this budget exactly when this finds one (it prices these plans first and its other steps
+    only start from plans that fit)."""
     for template in searches:
         ps = _PipelineSearch(template.inputs, template.strategies, budget, bins)
         for m in _microbatch_counts(batch, ps.pp, counts):
             mb = batch // m
-            if ps.evaluate_initial(mb, m) is not None:
-                return True
-    return False
+            if ps.opening(mb, m, *modes)[0] is not None:
+                return f"PP={ps.pp}, {m} micro-batches of {mb}"
+    return None
 
 
 def smallest_budget(
-    searches: list[_PipelineSearch], batch: int, counts: tuple[int, int | None], bins: int
-) -> float | None:
-    """The least memory budget (to 0.01 GiB) at which some plan of `batch` fits, found by
-    bisection around the least-memory assignment's Eq. 2 peak; None when no strategy can
-    split the batch at all. The search at `global_batch_size=batch` fits exactly when
-    `_fits` does (the bi-objective step only starts from plans that fit)."""
-    need, _ = minimum_memory(searches[0].inputs, searches, batch, counts)
-    if not math.isfinite(need):
+    searches: list[_PipelineSearch],
+    batch: int,
+    counts: tuple[int | None, int | None],
+    bins: int,
+    modes: tuple[bool, bool] = (False, True),
+) -> tuple[float, str] | None:
+    """The least memory budget (to 0.01 GiB) at which some plan of `batch` fits and that
+    plan's (P, m) in words, found by bisection from `_least_memory_guess`; None when no
+    strategy can split the batch at all."""
+    guess = _least_memory_guess(searches, batch, counts)
+    if not math.isfinite(guess):
         return None
     step = 0.01 * GiB
+
+    def fits(k: int) -> str | None:
+        return _fitting_config(searches, batch, k * step, counts, bins, modes)
+
     # In steps of 0.01 GiB; lo always fails and hi always fits, so the answer is minimal on
     # that grid even where rounding memory into budget-sized bins is not monotone.
-    lo = math.floor(need / step)
-    while lo > 0 and _fits(searches, batch, lo * step, counts, bins):
+    lo = math.floor(guess / step)
+    while lo > 0 and fits(lo):
         lo //= 2
-    hi = max(lo + 1, math.ceil(need * 1.25 / step))
-    while not _fits(searches, batch, hi * step, counts, bins):
+    hi = max(lo + 1, math.ceil(guess * 1.25 / step))
+    where = fits(hi)
+    while where is None:
         lo, hi = hi, hi * 2
         if hi * step > 1e6 * GiB:
             return None
+        where = fits(hi)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _fits(searches, batch, mid * step, counts, bins):
-            hi = mid
+        got = fits(mid)
+        if got is not None:
+            hi, where = mid, got
         else:
             lo = mid
-    return hi * step
+    return hi * step, where
 
 
 def _infeasible_message(
@@ -656,20 +708,22 @@ def _infeasible_message(
     searches: list[_PipelineSearch],
     batch: int,
     budget: float,
-    counts: tuple[int, int | None],
+    counts: tuple[int | None, int | None],
     bins: int,
+    even: bool,
+    bmw: bool,
 ) -> str:
-    need, where = minimum_memory(searches[0].inputs, searches, batch, counts)
-    smallest = smallest_budget(searches, batch, counts, bins)
+    smallest = smallest_budget(searches, batch, counts, bins, (even, bmw))
     if smallest is None:
         return (
             f"{model.name}: no strategy can split a global batch of {batch} "
             f"(each layer's micro-batch must divide by its data-parallel degree)"
         )
+    need, where = smallest
     return (
         f"{model.name} does not fit in {budget / GiB:.2f} GiB per GPU at global batch {batch}: "
-        f"the least-memory plan needs {need / GiB:.2f} GiB ({where}); the smallest budget "
-        f"that works is {smallest / GiB:.2f} GiB (--memory-budget-gb {smallest / GiB:.2f})"
+        f"the smallest budget that works is {need / GiB:.2f} GiB ({where}; "
+        f"--memory-budget-gb {need / GiB:.2f})"
     )
 
 
