@@ -27,6 +27,7 @@ _PER_TP_FIELDS = (
     "forward_s_per_sample",
     "activation_bytes_per_sample",
     "workspace_bytes_per_sample",
+    "backward_s_per_sample",
 )
 
 
@@ -37,6 +38,8 @@ class LayerTypeCosts:
     Per-sample numbers scale linearly with the samples a GPU processes (§V: "the product of the
     batch size and the per-sample computation time"); keys of the per-TP dicts are TP degrees,
     and a TP degree missing from them cannot split this layer (heads or FFN not divisible).
+    The backward pass takes twice the forward (§V) unless `backward_s_per_sample` holds a
+    measured time for the TP degree (a profiled cost table does).
     """
 
     name: str
@@ -46,6 +49,11 @@ class LayerTypeCosts:
     param_bytes: float  # bf16 weight bytes of one layer, unsharded
     boundary_bytes_per_sample: float  # the layer's input: kept under CKPT, sent between stages
     tp_allreduce_bytes_per_sample: float  # bytes TP all-reduces per sample in one forward pass
+    backward_s_per_sample: dict[int, float] = field(default_factory=dict)  # TP -> measured
+
+    def backward_s(self, tp: int) -> float:
+        """Backward compute per sample at TP `tp`: measured, else twice the forward (§V)."""
+        return self.backward_s_per_sample.get(tp, 2.0 * self.forward_s_per_sample[tp])
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@
 Prices every layer of a pipeline stage under every candidate strategy, for one micro-batch of
 `b` samples (split `data_degree` ways) and `m` micro-batches:
 
-* compute: forward from `CostInputs`, backward twice the forward (§V), plus one more forward
-  under CKPT (recomputation) with its TP all-reduce;
+* compute: forward from `CostInputs`, backward twice the forward (§V) or as measured when the
+  inputs hold it (a profiled cost table), plus one more forward under CKPT (recomputation)
+  with its TP all-reduce;
 * communication from bandwidths: TP all-reduces (not overlapped), SDP all-gathers before
   forward and backward and a reduce-scatter after backward (3 (N-1)/N of the weights,
   Takeaway #3), DP gradient all-reduce (2 (N-1)/N) on the last micro-batch only (App. C);
@@ -92,6 +93,7 @@ class Estimator:
         tp_bw, dp_bw, sdp_bw = ring_bw("tp"), ring_bw("dp"), ring_bw("sdp")
         # Per layer type x strategy: per-sample-on-this-GPU pieces and per-micro-batch constants.
         self.fwd_per_sample = np.zeros((t_count, s_count))
+        self.bwd_per_sample = np.zeros((t_count, s_count))
         self.tp_per_sample = np.zeros((t_count, s_count))
         self.act_per_sample = np.zeros((t_count, s_count))
         self.work_per_sample = np.zeros((t_count, s_count))
@@ -105,6 +107,7 @@ class Estimator:
                     continue
                 t = s.tp
                 self.fwd_per_sample[k, j] = lt.forward_s_per_sample[t]
+                self.bwd_per_sample[k, j] = lt.backward_s(t)
                 if t > 1:
                     ring = 2.0 * (t - 1) / t / tp_bw[j]
                     self.tp_per_sample[k, j] = lt.tp_allreduce_bytes_per_sample * ring
@@ -148,7 +151,7 @@ class Estimator:
         tp_pass = self.tp_per_sample[kinds] * n_local + self.tp_latency
         gather = self.sdp_gather[kinds]
         forward = overlapped(fwd_compute, gather, inputs.overlap_slowdown) + tp_pass
-        bwd_compute = fwd_compute * np.where(self.ckpt, 3.0, 2.0)
+        bwd_compute = self.bwd_per_sample[kinds] * n_local + np.where(self.ckpt, fwd_compute, 0.0)
         bwd_tp = tp_pass * np.where(self.ckpt, 2.0, 1.0)
         slow = inputs.overlap_slowdown
         nosync = forward + overlapped(bwd_compute, 2.0 * gather, slow) + bwd_tp
