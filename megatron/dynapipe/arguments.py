@@ -135,6 +135,13 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         help="seconds a rank waits for a plan or a peer before failing with an error (default: "
         "Megatron's --distributed-timeout-minutes when given, else 600)",
     )
+    g.add_argument(
+        "--log-peak-memory",
+        action="store_true",
+        help="trace the tensor memory of the last training iteration and log every rank's "
+        "peak on its line (that iteration runs slower; megatron/dynapipe/memory.py says what "
+        "is counted)",
+    )
     g.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     h = parser.add_argument_group("heterogeneous jobs")
     h.add_argument(
