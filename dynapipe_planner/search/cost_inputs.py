@@ -46,7 +46,7 @@ class LayerTypeCosts:
     forward_s_per_sample: dict[int, float]  # TP degree -> forward compute, no communication
     activation_bytes_per_sample: dict[int, float]  # TP -> forward activations kept for backward
     workspace_bytes_per_sample: dict[int, float]  # TP -> transient bytes of its backward pass
-    param_bytes: float  # bf16 weight bytes of one layer, unsharded
+    param_bytes: float  # weight bytes of one layer (bf16; a profiled table: its dtype), unsharded
     boundary_bytes_per_sample: float  # the layer's input: kept under CKPT, sent between stages
     tp_allreduce_bytes_per_sample: float  # bytes TP all-reduces per sample in one forward pass
     backward_s_per_sample: dict[int, float] = field(default_factory=dict)  # TP -> measured
@@ -126,7 +126,11 @@ class CostInputs:
                 LayerTypeCosts(
                     **{
                         **t,
-                        **{k: {int(tp): v for tp, v in t[k].items()} for k in _PER_TP_FIELDS},
+                        **{
+                            k: {int(tp): v for tp, v in t[k].items()}
+                            for k in _PER_TP_FIELDS
+                            if k in t  # backward_s_per_sample is optional
+                        },
                     }
                 )
                 for t in data["layer_types"]
