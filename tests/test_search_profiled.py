@@ -62,6 +62,7 @@ def _table(tp: int, bandwidth: float) -> dict:
         "dtype": "fp32",
         "model": {**MODEL.to_dict(), "num_layers": 2, "name": "profiled_gpt"},
         "allreduce_bus_bandwidth": {str(tp): bandwidth} if tp > 1 else {},
+        "allreduce_latency_s": {str(tp): 1e-4} if tp > 1 else {},
         "entries": entries,
     }
 
@@ -102,8 +103,10 @@ def test_layer_costs_are_the_tables_entries_per_sample(tables):
     assert t.bwd_bytes[0, 0] == pytest.approx(2 * work1, rel=1e-12)
     assert t.state_bytes[0, 0] == pytest.approx(LAYER_STATIC, rel=1e-12)
     # DP's gradient all-reduce on the last micro-batch: 2 (N-1)/N x fp32 weights / bus bandwidth
+    # + the measured latency
     grads = 4.0 * MODEL.layer_params("decoder")
-    allreduce = grads / 2e9
+    allreduce = grads / 2e9 + 1e-4
+    assert inputs.link_latency_s == 1e-4
     assert t.sync[0, 0] == pytest.approx(
         2 * fwd1 + 1.3 * min(2 * bwd1, allreduce) + abs(2 * bwd1 - allreduce), rel=1e-12
     )

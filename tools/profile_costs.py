@@ -12,7 +12,8 @@ TP 1; under torchrun with `--tensor-model-parallel-size` equal to the process co
 runs its shard (TP's all-reduces inside the times), rank 0's numbers are written with that TP
 degree, and the table also holds the world's measured all-reduce bus bandwidth
 (`allreduce_bus_bandwidth`: {"ranks": bytes/s}, what the search prices DP, SDP and
-pipeline traffic with). It measures
+pipeline traffic with) and latency (`allreduce_latency_s`: {"ranks": s}, one number's
+all-reduce). It measures
 `embedding`, `decoder_layer` and `lm_head` over a grid of micro-batch sizes and sequence lengths,
 prints one line per grid point and writes the JSON documented in README "Cost tables"
 atomically (a failed run leaves no partial file). On the CPU,
@@ -155,6 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from megatron.dynapipe.cost_profiler import (
         ProfileGrid,
         allreduce_bus_bandwidth,
+        allreduce_latency_s,
         device_name,
         profile_cost_table,
     )
@@ -197,8 +199,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if tp > 1:
             bandwidth = allreduce_bus_bandwidth(device)
+            latency = allreduce_latency_s(device)
             table["allreduce_bus_bandwidth"] = {str(tp): bandwidth}
-            say(f"all-reduce bus bandwidth over {tp} ranks: {bandwidth / 1e9:.3f} GB/s")
+            table["allreduce_latency_s"] = {str(tp): latency}
+            say(
+                f"all-reduce bus bandwidth over {tp} ranks: {bandwidth / 1e9:.3f} GB/s, "
+                f"latency {latency * 1e3:.3f} ms"
+            )
     finally:
         ps.destroy()
     if first:

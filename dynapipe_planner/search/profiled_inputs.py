@@ -24,7 +24,9 @@ micro-batch size whose point was measured, per component and TP degree):
   priced (a lookup);
 * communication: the all-reduce bus bandwidth each multi-rank table measured for its group
   size (`allreduce_bus_bandwidth`), for every stride (one machine), and between pipeline
-  stages the two-rank one; link latency 0 (inside the measured bandwidth).
+  stages the two-rank one; the link latency is the two-rank table's `allreduce_latency_s`
+  (one number's all-reduce; 0 where the table has none), which the estimator adds to every
+  transfer between stages and every DP or SDP collective.
 
 Bad tables stop with a `PlanningError` naming the file and entry: another model's layer shape,
 a TP degree the search needs but no table holds, negative or NaN values, the sequence length
@@ -153,12 +155,12 @@ def _static(entry: dict, where: str) -> float:
     return float(value)
 
 
-def _bandwidths(tables: list[dict[str, Any]]) -> dict[int, float]:
-    """Group size -> measured all-reduce bus bandwidth (bytes/s)."""
+def _per_group(tables: list[dict[str, Any]], key: str) -> dict[int, float]:
+    """Group size -> the measured positive number under `key` (bandwidth, latency)."""
     out: dict[int, float] = {}
     for table in tables:
-        for size, bw in (table.get("allreduce_bus_bandwidth") or {}).items():
-            where = f"cost table {table['path']} allreduce_bus_bandwidth[{size!r}]"
+        for size, bw in (table.get(key) or {}).items():
+            where = f"cost table {table['path']} {key}[{size!r}]"
             try:
                 n = int(size)
             except ValueError:
@@ -230,7 +232,8 @@ def profiled_cost_inputs(
     b_head, head = _point(head_entry, head_where, seq_length)
     embedding_bytes = _static(*entries[1, "embedding"]) / state_factor
     _point(*entries[1, "embedding"], seq_length)  # checked like the others, time not priced
-    measured_bw = _bandwidths(tables)
+    measured_bw = _per_group(tables, "allreduce_bus_bandwidth")
+    latency = _per_group(tables, "allreduce_latency_s").get(2, 0.0)
     allreduce, p2p = _topology(measured_bw, num_gpus, tables)
     layer = LayerTypeCosts(
         name="decoder",
@@ -249,7 +252,7 @@ def profiled_cost_inputs(
         p2p_bandwidth=p2p,
         overlap_slowdown=overlap_slowdown,
         model_state_factor=state_factor,
-        link_latency_s=0.0,
+        link_latency_s=latency,
         embedding_param_bytes=embedding_bytes,
         output_param_bytes=_static(head_entry, head_where) / state_factor,
         output_forward_s_per_sample=(head["forward_s"] + head["backward_s"]) / (3.0 * b_head),

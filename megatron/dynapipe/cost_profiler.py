@@ -370,3 +370,20 @@ def allreduce_bus_bandwidth(
         if i >= warmup:
             times.append(time.perf_counter() - started)
     return 2.0 * (n - 1) / n * nbytes / statistics.median(times)
+
+
+def allreduce_latency_s(device: torch.device, warmup: int = 3, repeats: int = 21) -> float:
+    """Seconds one all-reduce of a single number takes over the world group (the median of
+    `repeats` after a barrier each): what a transfer costs beyond its bytes on this machine,
+    including waking the peer processes up when they share cores."""
+    one = torch.ones(1, dtype=torch.float32, device=device)
+    times = []
+    for i in range(warmup + repeats):
+        _synchronize(device)
+        torch.distributed.barrier()
+        started = time.perf_counter()
+        torch.distributed.all_reduce(one)
+        _synchronize(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - started)
+    return statistics.median(times)
