@@ -604,6 +604,11 @@ def _check_dynapipe(args: argparse.Namespace, given: dict[str, str]) -> None:
                 "--use-distributed-optimizer: --dynamic-strategies and --hetero-plan always "
                 "shard the optimiser states over all ranks (their own disaggregated optimiser)"
             )
+        if args.log_peak_memory:
+            raise ArgumentError(
+                "--log-peak-memory: the heterogeneous loop (--dynamic-strategies, --hetero-plan) "
+                "does not trace memory"
+            )
     elif args.strategy_candidates or args.strategy_window is not None:
         raise ArgumentError("--strategy-candidates and --strategy-window need --dynamic-strategies")
     elif args.overlap_pull_push:
