@@ -195,8 +195,8 @@ def run_layout(layout: Layout, model: ModelSpec, args, out: Path) -> None:
         rows = run(layout.name, WORLD, argv, args.warmup, args.iterations + 1, args.run_timeout_s)
     except (SystemExit, RunTimedOut) as failure:  # printed as a row, not hidden
         lines = str(failure).splitlines()
-        errors = [x for x in lines if "Error" in x or "error:" in x] or lines[:1]
-        layout.why_not = f"run failed: {errors[-1].strip()[:200]}"
+        errors = [x for x in lines if "error:" in x] or [x for x in lines if "Error" in x]
+        layout.why_not = f"run failed: {(errors or lines[:1])[0].strip()[:200]}"
         print(f"  {layout.name}: {layout.why_not}", flush=True)
         return
     timed, traced = rows[:-1], rows[-1]

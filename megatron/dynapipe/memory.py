@@ -63,10 +63,11 @@ def live_tensor_bytes(device: torch.device) -> int:
             continue
         try:
             storage = obj.untyped_storage()
-        except (RuntimeError, NotImplementedError):  # sparse or wrapper tensors own no storage
-            continue
-        if storage.data_ptr():
-            seen[storage.data_ptr()] = storage.nbytes()
+            pointer = storage.data_ptr()
+        except (RuntimeError, NotImplementedError):
+            continue  # sparse or wrapper tensors own no storage; FSDP2's freed ones are invalid
+        if pointer:
+            seen[pointer] = storage.nbytes()
     return sum(seen.values())
 
 
