@@ -38,6 +38,8 @@ HOMOGENEOUS = re.compile(
     r".*?\| iteration (?P<ms>[\d,]+) ms(?: \(predicted (?P<predicted>[\d,.]+) ms)?"
 )
 
+PEAK_MEMORY = re.compile(r"\| peak memory (?P<peak_mib>[\d,.]+) MiB")
+
 
 def add_model_args(
     parser, *, hidden_size: int, seq_length: int, num_layers: int = 4, num_attention_heads: int = 4
@@ -65,12 +67,14 @@ def free_port() -> int:
 
 
 def iteration_rows(stdout: str) -> list[dict[str, str]]:
-    """The fields of every per-iteration line, heterogeneous or homogeneous."""
+    """The fields of every per-iteration line, heterogeneous or homogeneous; `peak_mib` is the
+    largest rank's peak memory where `--log-peak-memory` traced the iteration, else None."""
     rows = []
     for line in stdout.splitlines():
         match = HETERO.search(line) or HOMOGENEOUS.search(line)
         if match:
-            rows.append(match.groupdict())
+            peak = PEAK_MEMORY.search(line)
+            rows.append({**match.groupdict(), "peak_mib": peak and peak["peak_mib"]})
     return rows
 
 

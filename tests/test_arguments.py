@@ -49,6 +49,7 @@ def test_megatron_flags_keep_megatron_meaning_and_defaults() -> None:
         (["--transformer-impl", "transformer_engine"], "--transformer-impl"),
         (["--attention-backend", "fused"], "--attention-backend"),
         (["--apply-layernorm-1p"], "--apply-layernorm-1p"),
+        (["--dynamic-strategies", "--log-peak-memory"], "--log-peak-memory"),
     ],
 )
 def test_flags_the_runtime_cannot_honour_are_refused_by_name(capsys, flags, named) -> None:

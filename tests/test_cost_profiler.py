@@ -54,12 +54,12 @@ def _args(*flags: str):
     return spec_args(SPEC, 64, *flags)
 
 
-def _profile(max_tokens: int) -> dict:
+def _profile(max_tokens: int, *flags: str) -> dict:
     from megatron.dynapipe.cost_profiler import ProfileGrid, profile_cost_table
 
     grid = ProfileGrid(*GRID, max_tokens=max_tokens)
     return profile_cost_table(
-        _args(), SPEC.vocab_size, grid, ("none",), torch.device("cpu"), warmup=0, repeats=1
+        _args(*flags), SPEC.vocab_size, grid, ("none",), torch.device("cpu"), warmup=0, repeats=1
     )
 
 
@@ -187,3 +187,42 @@ def test_tool_names_the_offending_flag(extra, flag, capsys, tmp_path) -> None:
 
 def test_tool_default_grid() -> None:
     assert _tool().default_seqlens(256) == [32, 48, 64, 96, 128, 192, 256]
+
+
+def test_a_tp2_table_from_two_ranks_feeds_the_search(table_path: Path) -> None:
+    """Two TP ranks profile their shards: every entry says TP 2, the decoder layer's model
+    states are about half of TP 1's (its GEMMs split, norms and some biases replicated), and the
+    measured all-reduce bandwidth with both tables prices a search of 2 ranks."""
+    from dynapipe_planner.search import profiled_cost_inputs, read_cost_tables
+
+    def body(rank: int, world: int):
+        from megatron.dynapipe import cpu_compat
+        from megatron.dynapipe import parallel_state as ps
+        from megatron.dynapipe.cost_profiler import allreduce_bus_bandwidth
+
+        cpu_compat.install()
+        ps.initialize(2, 1, 1)
+        try:
+            torch.manual_seed(0)
+            table = _profile(64, "--tensor-model-parallel-size", "2")
+            table["allreduce_bus_bandwidth"] = {"2": allreduce_bus_bandwidth(torch.device("cpu"))}
+            return table
+        finally:
+            ps.destroy()
+
+    tp2 = run_ranks(body, 2, timeout_s=180)[0]
+    tp1 = json.loads(table_path.read_text())
+    assert {e["tp"] for e in tp2["entries"]} == {2}
+
+    def layer_static(table: dict) -> int:
+        layer = [e for e in table["entries"] if e["component"] == "decoder_layer"]
+        return layer[0]["static_bytes"]
+
+    assert 0.45 < layer_static(tp2) / layer_static(tp1) < 0.6
+    bandwidth = tp2["allreduce_bus_bandwidth"]["2"]
+    assert 0 < bandwidth < float("inf")
+    path = table_path.parent / "costs_tp2.json"
+    path.write_text(json.dumps(tp2))
+    inputs = profiled_cost_inputs(SPEC, read_cost_tables([table_path, path]), 2, seq_length=32)
+    assert set(inputs.layer_types[0].forward_s_per_sample) == {1, 2}
+    assert inputs.allreduce_bandwidth[2, 1] == bandwidth

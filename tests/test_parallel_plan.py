@@ -380,17 +380,20 @@ def _train(rank: int, world: int, argv: list[str]) -> list[float]:
 def test_pretrain_trains_a_searched_plan(tmp_path, capfd, sdp) -> None:
     """`pretrain` with --parallel-plan: PP=2 with layers [3, 1] x DP=2, layers 0 and 2
     recomputed, 16 samples in 4 micro-batches, optionally with SDP layers (layer 2 is both
-    SDP and CKPT; stage 1 is all SDP); the loss falls."""
+    SDP and CKPT; stage 1 is all SDP); the loss falls. `--log-peak-memory` traces the last
+    iteration, FSDP2's freed storages included (they hold nothing)."""
     layer = {i: LayerStrategy(2, ("sdp",), (2,), i in (0, 2)) for i in sdp}
     path = write_searched_plan(
         tmp_path / "plan.json", [3, 1], {0, 2}, num_microbatches=4, global_batch_size=16,
         layer=layer,
     )  # fmt: skip
     argv = [*TINY, "--num-layers", "4", "--train-iters", "3", "--parallel-plan", str(path)]
-    losses = run_ranks(_train, 4, argv, timeout_s=120)
+    losses = run_ranks(_train, 4, [*argv, "--log-peak-memory"], timeout_s=120)
     assert all(rank_losses == losses[0] for rank_losses in losses)
     assert losses[0][-1] < losses[0][0], losses[0]
     out = capfd.readouterr().out
+    traced = [line for line in out.splitlines() if "| peak memory" in line]
+    assert len(traced) == 1 and "iteration 3/3" in traced[0]
     assert "TP 1, PP 2 with layers [3, 1], DP 2" in out and "recomputing layers [0, 2]" in out
     assert f"sharding (SDP) layers {list(sdp)}" in out
     assert "micro-batches 8 | recompute layers [0, 2]" in out  # 4 per replica, 2 replicas

@@ -206,3 +206,24 @@ def test_iteration_line_says_when_the_planner_budget_ran_out(monkeypatch) -> Non
     assert [(r["it"], r["tps"], r["ms"], r["predicted"]) for r in rows] == [
         ("2", "2,333", "6,691", "8.0")
     ]
+
+
+def test_log_peak_memory_traces_the_last_iteration_on_every_rank(capfd) -> None:
+    """`--log-peak-memory`: the last iteration's line, and only it, gives every rank's traced
+    peak, at least the stage's fp32 weights, gradient buffer and Adam moments (16 bytes per
+    parameter) that are alive throughout."""
+    from benchmarks.torchrun_runs import iteration_rows
+    from dynapipe_planner.model_spec import ModelSpec
+
+    run_ranks(_train, 2, [*TINY, "--train-iters", "2", "--log-peak-memory"], timeout_s=120)
+    out = capfd.readouterr().out
+    rows = iteration_rows(out)
+    assert [r["peak_mib"] is not None for r in rows] == [False, True]
+    line = next(x for x in out.splitlines() if "| peak memory" in x)
+    per_rank = line.split("(per rank ")[1].split(";")[0].split(", ")
+    assert max(float(p) for p in per_rank) == float(rows[-1]["peak_mib"])
+    spec = ModelSpec("tiny", "gpt", 2, 32, 4, 128, 384, max_position_embeddings=128)
+    layer = spec.layer_params("decoder")
+    floors = [16 * (layer + spec.embedding_params()), 16 * (layer + spec.output_params())]
+    for peak, floor in zip(per_rank, floors, strict=True):
+        assert float(peak) * 2**20 >= floor, (per_rank, floors)

@@ -1,10 +1,19 @@
-"""Profile the per-layer cost table the planner's ProfiledCostModel reads (DynaPipe seed
-`dynapipe.txt` §3 "Cost models"), on this machine's device: CUDA when available, else the CPU.
+"""Profile the per-layer cost table the planner's ProfiledCostModel and `dynapipe-search
+--cost-table` read (DynaPipe seed `dynapipe.txt` §3 "Cost models"; Galvatron-BMW seed
+`galvatron_bmw.txt` §V), on this machine's device: CUDA when available, else the CPU.
 
     python tools/profile_costs.py --num-layers 4 --hidden-size 256 --num-attention-heads 4 \
         --seq-length 1024 --output costs.json
+    torchrun --nproc-per-node 2 tools/profile_costs.py ... --tensor-model-parallel-size 2 \
+        --output costs_tp2.json
 
-Takes Megatron's model flags (parsed and checked by Megatron's own parser; TP 1), measures
+Takes Megatron's model flags (parsed and checked by Megatron's own parser). One process profiles
+TP 1; under torchrun with `--tensor-model-parallel-size` equal to the process count, every rank
+runs its shard (TP's all-reduces inside the times), rank 0's numbers are written with that TP
+degree, and the table also holds the world's measured all-reduce bus bandwidth
+(`allreduce_bus_bandwidth`: {"ranks": bytes/s}, what the search prices DP, SDP and
+pipeline traffic with) and latency (`allreduce_latency_s`: {"ranks": s}, one number's
+all-reduce). It measures
 `embedding`, `decoder_layer` and `lm_head` over a grid of micro-batch sizes and sequence lengths,
 prints one line per grid point and writes the JSON documented in README "Cost tables"
 atomically (a failed run leaves no partial file). On the CPU,
@@ -89,12 +98,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         raise ArgumentError(message)
 
     def one_rank(args: argparse.Namespace) -> None:
-        for flag in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
-            if getattr(args, flag) != 1:
-                error(
-                    f"--{flag.replace('_', '-')}: this profiler measures one rank (cost "
-                    "tables are per layer at TP 1)"
-                )
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if args.pipeline_model_parallel_size != 1:
+            error("--pipeline-model-parallel-size: cost tables are per layer (PP 1)")
+        if args.tensor_model_parallel_size != world:
+            error(
+                f"--tensor-model-parallel-size {args.tensor_model_parallel_size}: this profiler "
+                f"measures one TP group, so it must equal the {world} process(es) it runs on"
+            )
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_megatron_args(argv, add_profile_args, before_validation=one_rank)
@@ -142,17 +153,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dynapipe_planner.megatron_model import spec_from_args
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
-    from megatron.dynapipe.cost_profiler import ProfileGrid, device_name, profile_cost_table
+    from megatron.dynapipe.cost_profiler import (
+        ProfileGrid,
+        allreduce_bus_bandwidth,
+        allreduce_latency_s,
+        device_name,
+        profile_cost_table,
+    )
     from megatron.dynapipe.data.base import BYTE_VOCAB_SIZE
     from megatron.dynapipe.model import padded_vocab_size
 
     args = parse_args(argv)
     torch.set_num_threads(args.cpu_threads)
-    vocab_size = padded_vocab_size(args, args.vocab_size or BYTE_VOCAB_SIZE, 1)
+    tp = args.tensor_model_parallel_size
+    vocab_size = padded_vocab_size(args, args.vocab_size or BYTE_VOCAB_SIZE, tp)
     grid = ProfileGrid(tuple(args.microbatch_sizes), tuple(args.seqlens), args.max_tokens)
     cpu_compat.install()
-    _single_rank_environment()
-    ps.initialize(1, 1, 1)
+    if "WORLD_SIZE" not in os.environ:
+        _single_rank_environment()
+    ps.initialize(tp, 1, 1)
+    first = int(os.environ["RANK"]) == 0
+    torch.manual_seed(0)  # every TP rank draws the same inputs
+
+    def say(line: str) -> None:
+        if first:
+            print(line, flush=True)
+
     try:
         device = (
             torch.device("cuda", torch.cuda.current_device())
@@ -160,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             else torch.device("cpu")
         )
         shape = spec_from_args(args, vocab_size, "profiled_gpt").to_dict()
-        print(f"profiling {shape} on {device_name(device)}", flush=True)
+        say(f"profiling {shape} at TP {tp} on {device_name(device)}")
         table = profile_cost_table(
             args,
             vocab_size,
@@ -169,12 +195,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             device,
             warmup=args.warmup_runs,
             repeats=args.repeats,
-            progress=lambda line: print(line, flush=True),
+            progress=say,
         )
+        if tp > 1:
+            bandwidth = allreduce_bus_bandwidth(device)
+            latency = allreduce_latency_s(device)
+            table["allreduce_bus_bandwidth"] = {str(tp): bandwidth}
+            table["allreduce_latency_s"] = {str(tp): latency}
+            say(
+                f"all-reduce bus bandwidth over {tp} ranks: {bandwidth / 1e9:.3f} GB/s, "
+                f"latency {latency * 1e3:.3f} ms"
+            )
     finally:
         ps.destroy()
-    atomic_write(Path(args.output), (json.dumps(table, indent=1) + "\n").encode())
-    print(f"wrote {args.output}", flush=True)
+    if first:
+        atomic_write(Path(args.output), (json.dumps(table, indent=1) + "\n").encode())
+        say(f"wrote {args.output}")
     return 0
 
 

@@ -57,6 +57,12 @@ Public API (stable)::
         param_bytes: float                       # bf16 weight bytes, unsharded
         boundary_bytes_per_sample: float         # layer input (kept under CKPT, p2p size)
         tp_allreduce_bytes_per_sample: float     # all-reduced by TP per sample, one forward
+        backward_s_per_sample: dict[tp, s] = {}  # measured backward; absent: twice the forward
+
+    profiled_cost_inputs(model, read_cost_tables(paths), num_gpus, *, seq_length, max_tp=None,
+                         overlap_slowdown=1.3) -> CostInputs
+        From tools/profile_costs.py tables (one per TP degree): per-sample entries at the job's
+        sequence length, measured bandwidths (profiled_inputs.py says how they are scaled).
 
     SearchResult: throughput (samples/s), iteration_time_s, global_batch_size,
         num_microbatches, pp, partition (layers per stage), strategies (LayerStrategy per
@@ -69,6 +75,7 @@ Public API (stable)::
 
 from .cost_inputs import CostInputs, LayerTypeCosts, analytic_cost_inputs, topology_bandwidths
 from .optimizer import PlanPrice, SearchResult, balance_partitions, price_plan, search
+from .profiled_inputs import profiled_cost_inputs, read_cost_tables
 from .space import LayerStrategy, decision_trees, strategy_space
 
 __all__ = [
@@ -81,6 +88,8 @@ __all__ = [
     "balance_partitions",
     "decision_trees",
     "price_plan",
+    "profiled_cost_inputs",
+    "read_cost_tables",
     "search",
     "strategy_space",
     "topology_bandwidths",

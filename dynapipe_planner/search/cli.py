@@ -1,7 +1,9 @@
 """`dynapipe-search`: Galvatron-BMW search from the command line (seed `galvatron_bmw.txt`).
 
 Searches per-layer DP / SDP / TP / CKPT strategies, the PP degree and partition, the
-micro-batch count and the global batch for a model on N GPUs under a per-GPU memory budget;
+micro-batch count and the global batch for a model on N GPUs under a per-GPU memory budget,
+priced by the analytic model of a GPU preset or by profiled cost tables (`--cost-table`, see
+`profiled_inputs`);
 prints a summary table, the Megatron-LM and runtime flags when the plan is uniform enough (else
 `pretrain_gpt.py --parallel-plan` with the plan file, when the runtime can run it), and writes
 the plan file (`--output`). Progress goes to stderr.
@@ -30,6 +32,7 @@ from ..model_spec import MODEL_PRESETS, load_model_spec
 from .cost_inputs import analytic_cost_inputs
 from .optimizer import SearchResult, search
 from .plan_file import megatron_flags, parallel_plan_flags, runtime_flags, write_plan
+from .profiled_inputs import profiled_cost_inputs, read_cost_tables
 from .runnable import runnable_search
 
 
@@ -47,6 +50,14 @@ def _parser() -> argparse.ArgumentParser:
     job.add_argument("--tgt-seq-length", type=positive_int, default=None, help="T5 decoder length")
     job.add_argument("--flash-attention", action="store_true")
     job.add_argument("--overlap-slowdown", type=positive_float, default=1.3, help="§V, default 1.3")
+    job.add_argument(
+        "--cost-table",
+        nargs="+",
+        default=None,
+        metavar="FILE",
+        help="profiled cost tables from tools/profile_costs.py (one per TP degree) instead of "
+        "the analytic model and --gpu; --model must describe the profiled layers",
+    )
     s = p.add_argument_group("search")
     s.add_argument(
         "--global-batch-size", type=positive_int, default=None, help="default: search it"
@@ -134,16 +145,26 @@ def search_main(argv: Sequence[str] | None = None) -> int:
     try:
         model = load_model_spec(args.model)
         gpu = get_gpu(args.gpu)
-        inputs = analytic_cost_inputs(
-            model,
-            gpu,
-            args.num_gpus,
-            gpus_per_node=args.gpus_per_node,
-            seq_length=args.seq_length,
-            tgt_seq_length=args.tgt_seq_length,
-            overlap_slowdown=args.overlap_slowdown,
-            flash_attention=args.flash_attention,
-        )
+        if args.cost_table:
+            inputs = profiled_cost_inputs(
+                model,
+                read_cost_tables(args.cost_table),
+                args.num_gpus,
+                seq_length=args.seq_length,
+                max_tp=args.max_tp,
+                overlap_slowdown=args.overlap_slowdown,
+            )
+        else:
+            inputs = analytic_cost_inputs(
+                model,
+                gpu,
+                args.num_gpus,
+                gpus_per_node=args.gpus_per_node,
+                seq_length=args.seq_length,
+                tgt_seq_length=args.tgt_seq_length,
+                overlap_slowdown=args.overlap_slowdown,
+                flash_attention=args.flash_attention,
+            )
         bar = _ProgressBar(not args.quiet)
         try:
             result = (runnable_search if args.runnable else search)(
@@ -166,8 +187,12 @@ def search_main(argv: Sequence[str] | None = None) -> int:
     except PlanningError as e:
         report_error("dynapipe-search", e, args)
         return 2
-    print(f"{model.name} on {args.num_gpus} {gpu.name} ({args.gpus_per_node} per node), "
-          f"sequence length {args.seq_length}")  # fmt: skip
+    where = (
+        f"profiled on {', '.join(inputs.description['devices'])} ({' '.join(args.cost_table)})"
+        if args.cost_table
+        else f"{gpu.name} ({args.gpus_per_node} per node)"
+    )
+    print(f"{model.name} on {args.num_gpus} {where}, sequence length {args.seq_length}")
     print(summary(result))
     runtime = runtime_flags(result, model, args.seq_length)
     if not runtime.expressible:  # the plan file itself runs what the flags cannot say
@@ -187,7 +212,7 @@ def search_main(argv: Sequence[str] | None = None) -> int:
             args.output,
             model,
             seq_length=args.seq_length,
-            gpu=gpu.name,
+            gpu=", ".join(inputs.description["devices"]) if args.cost_table else gpu.name,
             num_gpus=args.num_gpus,
             gpus_per_node=args.gpus_per_node,
         )

@@ -27,6 +27,7 @@ _PER_TP_FIELDS = (
     "forward_s_per_sample",
     "activation_bytes_per_sample",
     "workspace_bytes_per_sample",
+    "backward_s_per_sample",
 )
 
 
@@ -37,15 +38,22 @@ class LayerTypeCosts:
     Per-sample numbers scale linearly with the samples a GPU processes (§V: "the product of the
     batch size and the per-sample computation time"); keys of the per-TP dicts are TP degrees,
     and a TP degree missing from them cannot split this layer (heads or FFN not divisible).
+    The backward pass takes twice the forward (§V) unless `backward_s_per_sample` holds a
+    measured time for the TP degree (a profiled cost table does).
     """
 
     name: str
     forward_s_per_sample: dict[int, float]  # TP degree -> forward compute, no communication
     activation_bytes_per_sample: dict[int, float]  # TP -> forward activations kept for backward
     workspace_bytes_per_sample: dict[int, float]  # TP -> transient bytes of its backward pass
-    param_bytes: float  # bf16 weight bytes of one layer, unsharded
+    param_bytes: float  # weight bytes of one layer (bf16; a profiled table: its dtype), unsharded
     boundary_bytes_per_sample: float  # the layer's input: kept under CKPT, sent between stages
     tp_allreduce_bytes_per_sample: float  # bytes TP all-reduces per sample in one forward pass
+    backward_s_per_sample: dict[int, float] = field(default_factory=dict)  # TP -> measured
+
+    def backward_s(self, tp: int) -> float:
+        """Backward compute per sample at TP `tp`: measured, else twice the forward (§V)."""
+        return self.backward_s_per_sample.get(tp, 2.0 * self.forward_s_per_sample[tp])
 
 
 @dataclass(frozen=True)
@@ -118,7 +126,11 @@ class CostInputs:
                 LayerTypeCosts(
                     **{
                         **t,
-                        **{k: {int(tp): v for tp, v in t[k].items()} for k in _PER_TP_FIELDS},
+                        **{
+                            k: {int(tp): v for tp, v in t[k].items()}
+                            for k in _PER_TP_FIELDS
+                            if k in t  # backward_s_per_sample is optional
+                        },
                     }
                 )
                 for t in data["layer_types"]

@@ -3,8 +3,9 @@
 Prices every layer of a pipeline stage under every candidate strategy, for one micro-batch of
 `b` samples (split `data_degree` ways) and `m` micro-batches:
 
-* compute: forward from `CostInputs`, backward twice the forward (§V), plus one more forward
-  under CKPT (recomputation) with its TP all-reduce;
+* compute: forward from `CostInputs`, backward twice the forward (§V) or as measured when the
+  inputs hold it (a profiled cost table), plus one more forward under CKPT (recomputation)
+  with its TP all-reduce;
 * communication from bandwidths: TP all-reduces (not overlapped), SDP all-gathers before
   forward and backward and a reduce-scatter after backward (3 (N-1)/N of the weights,
   Takeaway #3), DP gradient all-reduce (2 (N-1)/N) on the last micro-batch only (App. C);
@@ -73,7 +74,6 @@ class Estimator:
         s_count, t_count = len(strategies), len(types)
         lat = inputs.link_latency_s
         self.supported = np.array([inputs.supports(s) for s in strategies], dtype=bool)
-        tp = np.array([s.tp for s in strategies], dtype=np.float64)
         dp = np.array([s.dp for s in strategies], dtype=np.float64)
         sdp = np.array([s.sdp for s in strategies], dtype=np.float64)
         self.data = dp * sdp
@@ -92,7 +92,9 @@ class Estimator:
         tp_bw, dp_bw, sdp_bw = ring_bw("tp"), ring_bw("dp"), ring_bw("sdp")
         # Per layer type x strategy: per-sample-on-this-GPU pieces and per-micro-batch constants.
         self.fwd_per_sample = np.zeros((t_count, s_count))
+        self.bwd_per_sample = np.zeros((t_count, s_count))
         self.tp_per_sample = np.zeros((t_count, s_count))
+        self.tp_latency = np.zeros((t_count, s_count))
         self.act_per_sample = np.zeros((t_count, s_count))
         self.work_per_sample = np.zeros((t_count, s_count))
         self.sdp_gather = np.zeros((t_count, s_count))
@@ -105,9 +107,11 @@ class Estimator:
                     continue
                 t = s.tp
                 self.fwd_per_sample[k, j] = lt.forward_s_per_sample[t]
-                if t > 1:
+                self.bwd_per_sample[k, j] = lt.backward_s(t)
+                if t > 1 and lt.tp_allreduce_bytes_per_sample > 0:  # profiled: in the times
                     ring = 2.0 * (t - 1) / t / tp_bw[j]
                     self.tp_per_sample[k, j] = lt.tp_allreduce_bytes_per_sample * ring
+                    self.tp_latency[k, j] = lat
                 self.act_per_sample[k, j] = lt.activation_bytes_per_sample[t]
                 self.work_per_sample[k, j] = lt.workspace_bytes_per_sample[t]
                 shard = lt.param_bytes / t
@@ -119,7 +123,6 @@ class Estimator:
                     a = s.dp
                     self.dp_allreduce[k, j] = 2.0 * (a - 1) / a * shard / dp_bw[j] + lat
                 self.states[k, j] = lt.param_bytes * inputs.model_state_factor / t / s.sdp
-        self.tp_latency = np.where(tp > 1, lat, 0.0)
         # Transformation: gather the samples a GPU lacks when the layout changes.
         keys = [_layout_key(s) for s in strategies]
         self.relayout = np.zeros((s_count, s_count))  # fraction of the new shard to receive
@@ -145,10 +148,10 @@ class Estimator:
         n_local = b / self.data  # samples per GPU
         ok = self.supported & (microbatch % self.data.astype(np.int64) == 0)
         fwd_compute = self.fwd_per_sample[kinds] * n_local
-        tp_pass = self.tp_per_sample[kinds] * n_local + self.tp_latency
+        tp_pass = self.tp_per_sample[kinds] * n_local + self.tp_latency[kinds]
         gather = self.sdp_gather[kinds]
         forward = overlapped(fwd_compute, gather, inputs.overlap_slowdown) + tp_pass
-        bwd_compute = fwd_compute * np.where(self.ckpt, 3.0, 2.0)
+        bwd_compute = self.bwd_per_sample[kinds] * n_local + np.where(self.ckpt, fwd_compute, 0.0)
         bwd_tp = tp_pass * np.where(self.ckpt, 2.0, 1.0)
         slow = inputs.overlap_slowdown
         nosync = forward + overlapped(bwd_compute, 2.0 * gather, slow) + bwd_tp

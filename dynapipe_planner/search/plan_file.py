@@ -355,7 +355,7 @@ def load_plan(path: str | Path) -> SearchedPlan:
 
 # ModelSpec fields a layer's shape depends on, with the flag that sets each. The vocabulary is
 # left out: the runtime's comes from its tokenizer (padded), a search preset's from the paper.
-_MODEL_FLAGS = {
+MODEL_SHAPE_FLAGS = {
     "arch": "the architecture",
     "num_layers": "--num-layers",
     "hidden_size": "--hidden-size",
@@ -377,7 +377,7 @@ def check_job(plan: SearchedPlan, model: ModelSpec, world_size: int, seq_length:
     where = f"plan {plan.path}"
     if plan.num_gpus != world_size:
         raise PlanFileError(f"{where} is for {plan.num_gpus} GPUs; this job has {world_size}")
-    for name, flag in _MODEL_FLAGS.items():
+    for name, flag in MODEL_SHAPE_FLAGS.items():
         planned, given = getattr(plan.model, name), getattr(model, name)
         if planned != given:
             raise PlanFileError(

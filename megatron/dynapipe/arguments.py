@@ -135,6 +135,13 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         help="seconds a rank waits for a plan or a peer before failing with an error (default: "
         "Megatron's --distributed-timeout-minutes when given, else 600)",
     )
+    g.add_argument(
+        "--log-peak-memory",
+        action="store_true",
+        help="trace the tensor memory of the last training iteration and log every rank's "
+        "peak on its line (that iteration runs slower; megatron/dynapipe/memory.py says what "
+        "is counted)",
+    )
     g.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     h = parser.add_argument_group("heterogeneous jobs")
     h.add_argument(
@@ -596,6 +603,11 @@ def _check_dynapipe(args: argparse.Namespace, given: dict[str, str]) -> None:
             raise ArgumentError(
                 "--use-distributed-optimizer: --dynamic-strategies and --hetero-plan always "
                 "shard the optimiser states over all ranks (their own disaggregated optimiser)"
+            )
+        if args.log_peak_memory:
+            raise ArgumentError(
+                "--log-peak-memory: the heterogeneous loop (--dynamic-strategies, --hetero-plan) "
+                "does not trace memory"
             )
     elif args.strategy_candidates or args.strategy_window is not None:
         raise ArgumentError("--strategy-candidates and --strategy-window need --dynamic-strategies")

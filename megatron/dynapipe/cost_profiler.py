@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from megatron.core import parallel_state as mpu
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
@@ -279,8 +280,9 @@ def profile_cost_table(
     progress: Callable[[str], None] = lambda _line: None,
 ) -> dict[str, Any]:
     """The cost table (README "Cost tables") of the model `args` (Megatron's flags) describe,
-    with `vocab_size` rows, for TP 1; parallel state must be set up for one rank. `progress`
-    receives one line per measured point."""
+    with `vocab_size` rows, for the TP degree of the parallel state (one rank, or the TP
+    group of a TP-only job: every rank runs its shard, TP's all-reduces included in the
+    times; the numbers are this rank's). `progress` receives one line per measured point."""
     statics = static_bytes(args, vocab_size, device)
     entries = []
     total = len(recompute_modes) * len(COMPONENTS) * len(grid.points())
@@ -336,7 +338,7 @@ def _entry(
         ]
 
     return {
-        "tp": 1,
+        "tp": mpu.get_tensor_model_parallel_world_size(),
         "recompute": mode,
         "component": component,
         "microbatch_sizes": list(grid.microbatch_sizes),
@@ -347,3 +349,41 @@ def _entry(
         "transient_bytes": field("transient_bytes"),
         "static_bytes": static,
     }
+
+
+def allreduce_bus_bandwidth(
+    device: torch.device, nbytes: int = 16 * 2**20, warmup: int = 2, repeats: int = 5
+) -> float:
+    """Bus bandwidth (bytes/s) of an all-reduce of `nbytes` over the world group: a ring moves
+    2 (n-1)/n of the bytes through every rank, so this is the number a search divides its
+    all-reduce volumes by (Galvatron-BMW §V: "size of tensor ... divided by the bandwidth").
+    The median of `repeats` timed all-reduces after `warmup` untimed ones."""
+    n = torch.distributed.get_world_size()
+    buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    times = []
+    for i in range(warmup + repeats):
+        _synchronize(device)
+        torch.distributed.barrier()
+        started = time.perf_counter()
+        torch.distributed.all_reduce(buffer)
+        _synchronize(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - started)
+    return 2.0 * (n - 1) / n * nbytes / statistics.median(times)
+
+
+def allreduce_latency_s(device: torch.device, warmup: int = 3, repeats: int = 21) -> float:
+    """Seconds one all-reduce of a single number takes over the world group (the median of
+    `repeats` after a barrier each): what a transfer costs beyond its bytes on this machine,
+    including waking the peer processes up when they share cores."""
+    one = torch.ones(1, dtype=torch.float32, device=device)
+    times = []
+    for i in range(warmup + repeats):
+        _synchronize(device)
+        torch.distributed.barrier()
+        started = time.perf_counter()
+        torch.distributed.all_reduce(one)
+        _synchronize(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - started)
+    return statistics.median(times)

@@ -15,6 +15,10 @@ table and the run are measured with the same instrument:
 Kineto prints a line per CPU trace unless `KINETO_LOG_LEVEL=5` is set before torch is imported
 (the command-line tools do so).
 
+`traced_peak` gives a training iteration's peak per rank (`--log-peak-memory`): the live tensor
+bytes when the iteration starts plus the traced peak above them during it; what it leaves out is
+said there.
+
 `live_tensor_bytes` measures what exists at one moment (weights, gradients, optimiser state):
 on CUDA the allocator's count, on CPU the storages of every live tensor, each counted once.
 
@@ -59,10 +63,11 @@ def live_tensor_bytes(device: torch.device) -> int:
             continue
         try:
             storage = obj.untyped_storage()
-        except (RuntimeError, NotImplementedError):  # sparse or wrapper tensors own no storage
-            continue
-        if storage.data_ptr():
-            seen[storage.data_ptr()] = storage.nbytes()
+            pointer = storage.data_ptr()
+        except (RuntimeError, NotImplementedError):
+            continue  # sparse or wrapper tensors own no storage; FSDP2's freed ones are invalid
+        if pointer:
+            seen[pointer] = storage.nbytes()
     return sum(seen.values())
 
 
@@ -75,6 +80,36 @@ def megatron_workspace_bytes() -> int:
 def release_megatron_workspace() -> None:
     """Drop megatron-core's global memory buffer; it is re-allocated at the next request."""
     mpu.get_global_memory_buffer().buffer.clear()
+
+
+@dataclass
+class PeakMemory:
+    """Filled when `traced_peak`'s region ends: `static` bytes alive at its start, `peak` the
+    most tensor bytes alive at once during it (static included)."""
+
+    static: int = 0
+    peak: int = 0
+
+
+@contextlib.contextmanager
+def traced_peak(device: torch.device) -> Iterator[PeakMemory]:
+    """The peak tensor memory of the enclosed region on `device`.
+
+    Counted: tensor storages alive at the start (`live_tensor_bytes`: weights, Megatron's
+    gradient buffers, optimiser state, input tensors, megatron-core's workspace) plus the
+    highest level, above that start, of the bytes allocated during the region and not yet freed
+    (CPU: the allocator events of the torch profiler; CUDA: the caching allocator's counters):
+    activations, received buffers, gradients, transients, Adam's temporaries. Not counted:
+    the allocator's cached but free blocks and fragmentation, memory outside torch tensors
+    (Python objects, gloo's and NCCL's buffers, the libraries), and on the CPU frees of tensors
+    allocated before the region (the level never drops below the start). The trace slows the
+    region it watches on the CPU.
+    """
+    result = PeakMemory()
+    result.static = live_tensor_bytes(device)
+    with MemoryTrace(device) as trace, trace.phase("region"):
+        yield result
+    result.peak = result.static + trace.phases["region"].peak
 
 
 class MemoryTrace:

@@ -36,6 +36,7 @@ from .data.datasets import DataSplits, datasets
 from .evaluation import validation_line
 from .iterations import iterations_for
 from .log import iteration_line, log_rank0
+from .memory import traced_peak
 from .model import padded_vocab_size
 from .parallel_plan import apply_parallel_plan
 from .pipeline.liveness import Liveness
@@ -52,6 +53,13 @@ def _global_loss(loss_sum: float, tokens: int, tp: int) -> tuple[float, int]:
     dist.all_reduce(totals)
     loss_sum, tokens = float(totals[0]) / tp, round(float(totals[1]) / tp)
     return loss_sum / max(tokens, 1), tokens
+
+
+def _gathered(value: int) -> list[int]:
+    """`value` of every rank, in rank order."""
+    values: list[int] = [0] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
 
 
 IterationProbe = Callable[[int, ExecutionPlan], contextlib.AbstractContextManager[object]]
@@ -145,15 +153,18 @@ def _train(
             work = iterations.next(iteration)
             model.zero_grad_buffer()
             optimizer.zero_grad()
+            traced = args.log_peak_memory and state.iteration == args.train_iters - 1
             started = time.perf_counter()
             with liveness.step(iteration):
-                with probe(iteration, work.plan) if probe else contextlib.nullcontext():
-                    result = work.run()
-                stepped, grad_norm, _ = optimizer.step()
+                with traced_peak(device) if traced else contextlib.nullcontext() as peak:
+                    with probe(iteration, work.plan) if probe else contextlib.nullcontext():
+                        result = work.run()
+                    stepped, grad_norm, _ = optimizer.step()
                 if stepped:  # as Megatron: a step skipped for overflow does not advance the LR
                     scheduler.step(increment=args.global_batch_size)
                 measured_s = time.perf_counter() - started
                 loss, tokens = _global_loss(result.loss_sum, result.num_tokens, tp)
+                peaks = _gathered(peak.peak) if traced else None
             losses.append(loss)
             state.iteration += 1
             state.consumed_samples += work.samples
@@ -173,6 +184,12 @@ def _train(
                 line += f" | learning rate {lr:.3E}"
                 if grad_norm is not None:
                     line += f" | grad norm {grad_norm:.3f}"
+                if peaks is not None:
+                    line += (
+                        f" | peak memory {max(peaks) / 2**20:,.2f} MiB (per rank "
+                        f"{', '.join(f'{p / 2**20:.2f}' for p in peaks)}; traced tensors, "
+                        "this iteration slowed by the trace)"
+                    )
                 if args.fp16:  # Megatron's dynamic loss scaling skips steps that overflow
                     line += f" | loss scale {optimizer.get_loss_scale().item():.1f}"
                     line += "" if stepped else " | skipped (overflow)"

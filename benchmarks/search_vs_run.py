@@ -1,0 +1,322 @@
+"""The Galvatron-BMW search against real runs of what it predicts (seed `galvatron_bmw.txt` §V
+cost estimator, App. D "Estimation Performance"; issue #20's acceptance), on 4 CPU ranks.
+
+1. Profile cost tables of the model on this machine in this run: TP 1 on one process, TP 2 and
+   TP 4 under torchrun on 2 and 4 processes (`tools/profile_costs.py`, one thread per rank as
+   torchrun gives training ranks; the multi-rank ones also measure gloo's all-reduce
+   bandwidth). The 4 training ranks share the machine's cores, so the tables are measured the
+   same way: 4 / TP profilers at once, 4 processes in all.
+2. Set a per-rank memory budget that forbids plain DP: `--budget-fraction` (0.4) of the least
+   peak the estimator gives uniform DP4 without recomputation over every micro-batch count
+   (low enough that the search has to mix checkpointed and plain layers).
+3. Search with those tables (`runnable_search`: the plans `pretrain_gpt.py --parallel-plan`
+   runs) at a fixed global batch, and price the uniform layouts: DP4, SDP4, TP4, TP2+DP2, PP4,
+   PP2+DP2, PP2+TP2, each with and without full recompute, each searched alone (even
+   partition, the micro-batch count free) under the same budget. Layouts over the budget are
+   listed as "does not fit", layouts the runtime refuses as "refused: reason".
+4. Run the searched plan and every uniform layout that fits and runs, for real
+   (`torchrun --nproc-per-node 4 pretrain_gpt.py --parallel-plan`), on SYNTHETIC web/code-like
+   data (91% of the samples full length at 128 tokens, padded to the longest per micro-batch),
+   `--warmup` + `--iterations` iterations, plus a last one traced by `--log-peak-memory`.
+5. Print per layout the measured tokens/s (median over the measured iterations), the measured
+   iteration time against the search's predicted one (Eq. 9; the measurement also holds the
+   optimiser step, which the prediction leaves out), and the largest rank's traced peak tensor
+   memory against the largest predicted stage peak; then the targets: memory within 10%, time
+   within 15%, searched >= best uniform in tokens/s. A target missed is printed as a MISS.
+
+`--quick` profiles fewer points and skips a CKPT layout when its non-CKPT twin fits (the
+estimator prices full recompute slower whenever both fit; skipped rows say so). Not a test: CPU
+numbers on a shared machine are noisy; the load average is printed with every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.torchrun_runs import (
+    ROOT,
+    RunTimedOut,
+    add_model_args,
+    free_port,
+    model_flags,
+    run,
+)
+from dynapipe_planner.errors import PlanningError
+from dynapipe_planner.model_spec import ModelSpec
+from dynapipe_planner.search import (
+    LayerStrategy,
+    SearchResult,
+    price_plan,
+    profiled_cost_inputs,
+    read_cost_tables,
+    search,
+)
+from dynapipe_planner.search.plan_file import parallel_plan_refusal, write_plan
+from dynapipe_planner.search.runnable import runnable_search
+
+WORLD = 4
+MiB = 2**20
+UNIFORM = [  # name, PP degree, decision tree (root -> leaf)
+    ("DP4", 1, ("dp",), (4,)),
+    ("SDP4", 1, ("sdp",), (4,)),
+    ("TP4", 1, ("tp",), (4,)),
+    ("TP2+DP2", 1, ("dp", "tp"), (2, 2)),
+    ("PP4", 4, (), ()),
+    ("PP2+DP2", 2, ("dp",), (2,)),
+    ("PP2+TP2", 2, ("tp",), (2,)),
+]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_args(p, hidden_size=256, seq_length=128, num_layers=8)
+    p.add_argument("--global-batch-size", type=int, default=32)
+    p.add_argument("--budget-fraction", type=float, default=0.4)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iterations", type=int, default=4)
+    p.add_argument("--microbatch-sizes", default="1,2,4,8,16", help="profiled sizes")
+    p.add_argument("--repeats", type=int, default=5, help="profiler's timed runs per point")
+    p.add_argument("--quick", action="store_true", help="fewer profile points and runs")
+    p.add_argument("--run-timeout-s", type=float, default=600.0)
+    p.add_argument("--out-dir", default="/tmp/search_vs_run")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.microbatch_sizes, args.repeats = "1,2,4,8", 3
+        args.warmup, args.iterations = 1, 3
+    return args
+
+
+def _load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load {one:.1f}/{five:.1f} on {os.cpu_count()} CPUs"
+
+
+def profile(args: argparse.Namespace, out: Path) -> list[Path]:
+    """One cost table per TP degree, measured now on this machine as the job's ranks run: the
+    4 ranks share its cores, so 4 / TP profilers of TP degree TP run at once (every process
+    with one thread), and the first one's table is kept."""
+    paths = []
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "KINETO_LOG_LEVEL": "6"}
+    for tp in (1, 2, 4):
+        started = time.perf_counter()
+        procs = []
+        for copy in range(WORLD // tp):
+            path = out / f"costs_tp{tp}{'' if copy == 0 else f'_copy{copy}'}.json"
+            launcher = [sys.executable]
+            if tp > 1:
+                launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(tp),
+                             "--master-port", str(free_port())]  # fmt: skip
+            cmd = [
+                *launcher, str(ROOT / "tools" / "profile_costs.py"), *model_flags(args),
+                "--tensor-model-parallel-size", str(tp), "--seqlens", str(args.seq_length),
+                "--microbatch-sizes", args.microbatch_sizes, "--repeats", str(args.repeats),
+                "--cpu-threads", "1", "--output", str(path),
+            ]  # fmt: skip
+            proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+            procs.append((cmd, proc, path))
+        for cmd, proc, _ in procs:
+            stdout, stderr = proc.communicate()
+            if proc.returncode != 0:
+                sys.exit(f"profiling TP {tp} failed:\n{' '.join(cmd)}\n{stderr[-3000:]}")
+            bandwidth = [line for line in stdout.splitlines() if "bandwidth" in line]
+        print(f"  profiled TP {tp}, {len(procs)} at once, in {time.perf_counter() - started:.0f} s"
+              f" ({_load()}){'; ' + bandwidth[0] if bandwidth else ''}", flush=True)  # fmt: skip
+        paths.append(procs[0][2])
+    return paths
+
+
+@dataclass
+class Layout:
+    name: str
+    result: SearchResult | None = None
+    why_not: str = ""  # does not fit / refused / skipped
+    tps: float = 0.0
+    measured_s: float = 0.0
+    measured_peak: float = 0.0
+
+    @property
+    def predicted_peak(self) -> float:
+        return max(self.result.stage_memory_bytes)
+
+
+def uniform_layout(model, inputs, budget, batch, name, pp, order, degrees, ckpt) -> Layout:
+    """The uniform layout's best micro-batch count under the budget, by the same estimator."""
+    layout = Layout(name + ("+CKPT" if ckpt else ""))
+    strategy = LayerStrategy(pp, order, degrees, ckpt)
+    refusal = parallel_plan_refusal([strategy] * model.num_layers, [model.num_layers // pp] * pp)
+    try:
+        layout.result = search(
+            model, inputs, WORLD, budget, global_batch_size=batch, pp_degrees=[pp],
+            strategy_filter=lambda s: s == strategy, even_partition=True,
+        )  # fmt: skip
+    except PlanningError as e:
+        layout.why_not = f"does not fit: {e}"
+        return layout
+    if refusal is not None:
+        layout.why_not = f"refused: {refusal}"
+    return layout
+
+
+def least_dp_peak(inputs, batch: int, num_layers: int) -> float:
+    """The least Eq. 2 peak of uniform DP4 without recomputation over micro-batch counts."""
+    dp4 = LayerStrategy(1, ("dp",), (4,), False)
+    peaks = [
+        max(price_plan(inputs, [dp4] * num_layers, [num_layers], m, batch).stage_memory_bytes)
+        for m in range(1, batch + 1)
+        if batch % m == 0 and (batch // m) % 4 == 0
+    ]
+    return min(peaks)
+
+
+def run_layout(layout: Layout, model: ModelSpec, args, out: Path) -> None:
+    path = out / f"plan_{layout.name.replace('+', '_')}.json"
+    write_plan(layout.result, path, model, seq_length=args.seq_length, num_gpus=WORLD)
+    argv = [
+        *model_flags(args), "--parallel-plan", str(path), "--data-path", "synthetic:webcode",
+        "--seed", "1234", "--hidden-dropout", "0", "--attention-dropout", "0", "--lr", "1e-4",
+        "--lr-decay-style", "constant", "--log-interval", "1", "--split", "1,0,0",
+        "--eval-iters", "0", "--log-peak-memory",
+        "--train-iters", str(args.warmup + args.iterations + 1),
+    ]  # fmt: skip
+    try:
+        rows = run(layout.name, WORLD, argv, args.warmup, args.iterations + 1, args.run_timeout_s)
+    except (SystemExit, RunTimedOut) as failure:  # printed as a row, not hidden
+        lines = str(failure).splitlines()
+        errors = [x for x in lines if "error:" in x] or [x for x in lines if "Error" in x]
+        layout.why_not = f"run failed: {(errors or lines[:1])[0].strip()[:200]}"
+        print(f"  {layout.name}: {layout.why_not}", flush=True)
+        return
+    timed, traced = rows[:-1], rows[-1]
+    layout.tps = statistics.median(float(r["tps"].replace(",", "")) for r in timed)
+    layout.measured_s = statistics.median(float(r["ms"].replace(",", "")) for r in timed) / 1e3
+    layout.measured_peak = float(traced["peak_mib"].replace(",", "")) * MiB
+
+
+def _error(measured: float, predicted: float) -> float:
+    return (predicted - measured) / measured
+
+
+def report(layouts: list[Layout], searched: Layout) -> list[str]:
+    lines = [
+        f"{'layout':<22}{'tokens/s':>10}{'iter s':>9}{'pred s':>9}{'err':>8}"
+        f"{'peak MiB':>10}{'pred MiB':>10}{'err':>8}  plan"
+    ]
+    for layout in [searched, *layouts]:
+        if layout.why_not:
+            lines.append(f"{layout.name:<22}{layout.why_not}")
+            continue
+        r = layout.result
+        lines.append(
+            f"{layout.name:<22}{layout.tps:>10,.0f}{layout.measured_s:>9.3f}"
+            f"{r.iteration_time_s:>9.3f}{_error(layout.measured_s, r.iteration_time_s):>+8.1%}"
+            f"{layout.measured_peak / MiB:>10.1f}{layout.predicted_peak / MiB:>10.1f}"
+            f"{_error(layout.measured_peak, layout.predicted_peak):>+8.1%}  "
+            f"m={r.num_microbatches}, partition {r.partition}"
+        )
+    lines.append(
+        "err = (predicted - measured) / measured; iter s: median measured iteration (optimiser "
+        "step included); peak MiB: the largest rank's traced peak tensor memory"
+    )
+    return lines
+
+
+def targets(layouts: list[Layout], searched: Layout) -> list[str]:
+    ran = [x for x in [searched, *layouts] if not x.why_not]
+    lines = []
+    for x in ran:
+        mem = abs(_error(x.measured_peak, x.predicted_peak))
+        time_err = abs(_error(x.measured_s, x.result.iteration_time_s))
+        lines.append(
+            f"{x.name}: memory error {mem:.1%} ({'ok' if mem <= 0.10 else 'MISS'}, target 10%); "
+            f"time error {time_err:.1%} ({'ok' if time_err <= 0.15 else 'MISS'}, target 15%)"
+        )
+    uniform = [x for x in layouts if not x.why_not]
+    plan = (searched.result.strategies, searched.result.partition, searched.result.num_microbatches)
+    for x in uniform:
+        if (x.result.strategies, x.result.partition, x.result.num_microbatches) == plan:
+            lines.append(
+                f"note: the searched plan is the uniform layout {x.name}; their tokens/s differ "
+                "by run-to-run noise only"
+            )
+    if uniform:
+        best = max(uniform, key=lambda x: x.tps)
+        ratio = searched.tps / best.tps
+        verdict = "ok" if ratio >= 1.0 else "MISS"
+        lines.append(
+            f"tokens/s searched / best uniform ({best.name}): {ratio:.3f} ({verdict}, target >= 1)"
+        )
+    else:
+        lines.append("no uniform layout fits and runs: no ratio (MISS)")
+    return lines
+
+
+def _record(x: Layout) -> dict:
+    return {
+        "layout": x.name,
+        "why_not": x.why_not,
+        "tokens_per_s": x.tps,
+        "measured_s": x.measured_s,
+        "measured_peak_bytes": x.measured_peak,
+        "predicted_s": x.result.iteration_time_s if x.result else None,
+        "predicted_peak_bytes": x.predicted_peak if x.result else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"search vs run on {WORLD} CPU ranks; start {_load()} (the machine is shared)")
+    tables = profile(args, out)
+    data = read_cost_tables(tables)
+    model = ModelSpec.from_dict({**data[0]["model"], "name": "tiny-gpt"})
+    inputs = profiled_cost_inputs(model, data, WORLD, seq_length=args.seq_length)
+    batch = args.global_batch_size
+    budget = args.budget_fraction * least_dp_peak(inputs, batch, model.num_layers)
+    print(f"model {model.to_dict()}\nglobal batch {batch}; memory budget {budget / MiB:.1f} MiB "
+          f"per rank ({args.budget_fraction} x uniform DP4's least predicted peak)")  # fmt: skip
+    started = time.perf_counter()
+    found = runnable_search(model, inputs, WORLD, budget, global_batch_size=batch)
+    print(f"searched in {time.perf_counter() - started:.2f} s: "
+          f"{', '.join(sorted({str(s) for s in found.strategies}))} per layer "
+          f"{[str(s) for s in found.strategies]}")  # fmt: skip
+    searched = Layout("searched", found)
+    layouts = []
+    for name, pp, order, degrees in UNIFORM:
+        plain = uniform_layout(model, inputs, budget, batch, name, pp, order, degrees, False)
+        ckpt = uniform_layout(model, inputs, budget, batch, name, pp, order, degrees, True)
+        if args.quick and not ckpt.why_not and plain.result is not None:
+            ckpt.why_not = "skipped (--quick: its non-CKPT twin fits and is predicted faster)"
+        layouts += [plain, ckpt]
+    for layout in [searched, *layouts]:
+        if not layout.why_not:
+            run_layout(layout, model, args, out)
+    lines = [
+        f"search vs run: {WORLD} CPU ranks (gloo, 1 thread each), {model.num_layers} layers, "
+        f"hidden {model.hidden_size}, seq {args.seq_length}, global batch {batch}, budget "
+        f"{budget / MiB:.1f} MiB; {args.warmup} warm-up + {args.iterations} timed iterations "
+        "(+1 traced for memory) per layout; end "
+        f"{_load()} (the machine was shared)",
+        *report(layouts, searched),
+        *targets(layouts, searched),
+    ]
+    print("\n".join(lines))
+    records = [_record(x) for x in [searched, *layouts]]
+    (out / "summary.json").write_text(json.dumps(records, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,302 @@
+"""The Galvatron-BMW search's inputs from profiled cost tables: the search run for the machine
+at hand (seed `galvatron_bmw.txt` §V: "the per-sample computation time ... could be measured by
+profiling the real layer execution time on a single device"; communication time is "the size
+of tensor to be transferred divided by the inter-device connection's bandwidth").
+
+`tools/profile_costs.py` writes one table per TP degree (a TP-t table comes from t ranks under
+torchrun), in the format of README "Cost tables". `profiled_cost_inputs` reads the tables'
+`recompute: "none"` entries at the job's sequence length, which must be one of the profiled
+ones, and scales them to the §V per-sample model as follows (b_ref: the largest profiled
+micro-batch size whose point was measured, per component and TP degree):
+
+* decoder layer, per TP degree t: `forward_s_per_sample[t] = forward_s[b_ref][s] / b_ref`,
+  `backward_s_per_sample[t] = backward_s[b_ref][s] / b_ref`, `activation_bytes_per_sample[t]
+  = activation_bytes[b_ref][s] / b_ref`, `workspace_bytes_per_sample[t] = transient_bytes
+  [b_ref][s] / b_ref`. A TP-t table is measured on t ranks, so its times include TP's own
+  all-reduces: `tp_allreduce_bytes_per_sample` is 0 (nothing priced twice);
+* model states: `param_bytes` is the layer's weight count times the dtype's bytes (what DP
+  all-reduces and SDP gathers), and `model_state_factor` = the TP-1 decoder layer's measured
+  `static_bytes` (weights, gradient buffer, Adam state) / `param_bytes`;
+* embedding and output layer: their TP-1 `static_bytes` / `model_state_factor` as parameter
+  bytes; `output_forward_s_per_sample` = (forward + backward of `lm_head`) / (3 b_ref), so that
+  the estimator's forward + twice-forward backward of the output layer is the measured pair,
+  `output_activation_bytes_per_sample` = its activations / b_ref. The embedding's time is not
+  priced (a lookup);
+* communication: the all-reduce bus bandwidth each multi-rank table measured for its group
+  size (`allreduce_bus_bandwidth`), for every stride (one machine), and between pipeline
+  stages the two-rank one; the link latency is the two-rank table's `allreduce_latency_s`
+  (one number's all-reduce; 0 where the table has none), which the estimator adds to every
+  transfer between stages and every DP or SDP collective.
+
+Bad tables stop with a `PlanningError` naming the file and entry: another model's layer shape,
+a TP degree the search needs but no table holds, negative or NaN values, the sequence length
+not profiled, a bandwidth missing for a group size the strategy space uses.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..cost.profiled import FIELDS, FORMAT
+from ..errors import PlanningError
+from ..model_spec import ModelSpec
+from .cost_inputs import CostInputs, LayerTypeCosts
+from .plan_file import MODEL_SHAPE_FLAGS
+from .space import pipeline_degrees, strategy_space
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+_COMPONENTS = ("decoder_layer", "embedding", "lm_head")
+
+
+def read_cost_tables(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """Load the tables (one per TP degree, as the profiler writes them); each keeps its path
+    under `"path"` for the messages."""
+    tables = []
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as e:
+            raise PlanningError(f"cannot read cost table {path}: {e.strerror}") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise PlanningError(f"cost table {path}: not valid JSON ({e})") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != 1:
+            raise PlanningError(f"cost table {path}: expected format {FORMAT!r} version 1")
+        if not isinstance(data.get("entries"), list) or not data["entries"]:
+            raise PlanningError(f"cost table {path}: 'entries' must be a non-empty list")
+        tables.append({**data, "path": str(path)})
+    if not tables:
+        raise PlanningError("no cost table given")
+    return tables
+
+
+def _check_model(table: dict[str, Any], model: ModelSpec) -> None:
+    """The table's layers have `model`'s shape (layer count and vocabulary padding aside)."""
+    described = table.get("model")
+    if not isinstance(described, dict):
+        raise PlanningError(f"cost table {table['path']}: no 'model' description")
+    try:
+        profiled = ModelSpec.from_dict(described)
+    except (PlanningError, TypeError, ValueError, KeyError) as e:
+        raise PlanningError(f"cost table {table['path']}: bad 'model' ({e})") from None
+    for name in MODEL_SHAPE_FLAGS:
+        if name != "num_layers" and getattr(profiled, name) != getattr(model, name):
+            raise PlanningError(
+                f"cost table {table['path']} was profiled for a model with {name} "
+                f"{getattr(profiled, name)}; {model.name} has {getattr(model, name)}"
+            )
+
+
+def _entries(tables: list[dict[str, Any]]) -> dict[tuple[int, str], tuple[dict, str]]:
+    """(TP degree, component) -> (entry, where) of the `recompute: "none"` entries."""
+    out: dict[tuple[int, str], tuple[dict, str]] = {}
+    for table in tables:
+        for i, e in enumerate(table["entries"]):
+            if not isinstance(e, dict) or e.get("recompute") != "none":
+                continue
+            tp, component = e.get("tp"), e.get("component")
+            where = f"cost table {table['path']} entry {i} (tp={tp}, {component})"
+            if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+                raise PlanningError(f"{where}: 'tp' must be a positive integer")
+            if (tp, component) in out:
+                raise PlanningError(f"{where}: a second entry for tp={tp}, {component}")
+            out[tp, component] = (e, where)
+    return out
+
+
+def _point(entry: dict, where: str, seq_length: int) -> tuple[int, dict[str, float]]:
+    """(b_ref, the four fields at (b_ref, seq_length)), after checking the whole entry."""
+    seqlens, sizes = entry.get("seqlens"), entry.get("microbatch_sizes")
+    if not isinstance(seqlens, list) or not isinstance(sizes, list) or not sizes:
+        raise PlanningError(f"{where}: 'seqlens' and 'microbatch_sizes' must be lists")
+    arrays = {}
+    for name in FIELDS:
+        try:
+            arr = np.array(entry.get(name), dtype=np.float64)  # null -> nan
+        except (TypeError, ValueError):
+            raise PlanningError(f"{where}: {name} is not a numeric table") from None
+        if arr.shape != (len(sizes), len(seqlens)):
+            raise PlanningError(
+                f"{where}: {name} has shape {arr.shape}, grid is {(len(sizes), len(seqlens))}"
+            )
+        for i, row in enumerate(entry[name]):
+            for j, value in enumerate(row):
+                if value is not None and not (math.isfinite(value) and value >= 0):
+                    raise PlanningError(
+                        f"{where}: {name} at micro-batch {sizes[i]}, sequence length "
+                        f"{seqlens[j]} is {value} (must be finite and >= 0, or null)"
+                    )
+        arrays[name] = arr
+    if seq_length not in seqlens:
+        raise PlanningError(
+            f"{where}: sequence length {seq_length} was not profiled (profiled: {seqlens})"
+        )
+    column = seqlens.index(seq_length)
+    measured = [
+        i for i in range(len(sizes)) if all(np.isfinite(arrays[n][i, column]) for n in FIELDS)
+    ]
+    if not measured:
+        raise PlanningError(f"{where}: no micro-batch measured at sequence length {seq_length}")
+    row = measured[-1]
+    return int(sizes[row]), {n: float(arrays[n][row, column]) for n in FIELDS}
+
+
+def _static(entry: dict, where: str) -> float:
+    value = entry.get("static_bytes")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise PlanningError(f"{where}: static_bytes must be a number >= 0, got {value!r}")
+    if not math.isfinite(value):
+        raise PlanningError(f"{where}: static_bytes must be finite, got {value!r}")
+    return float(value)
+
+
+def _per_group(tables: list[dict[str, Any]], key: str) -> dict[int, float]:
+    """Group size -> the measured positive number under `key` (bandwidth, latency)."""
+    out: dict[int, float] = {}
+    for table in tables:
+        for size, bw in (table.get(key) or {}).items():
+            where = f"cost table {table['path']} {key}[{size!r}]"
+            try:
+                n = int(size)
+            except ValueError:
+                raise PlanningError(f"{where}: the key must be a group size") from None
+            if isinstance(bw, bool) or not isinstance(bw, int | float) or not bw > 0:
+                raise PlanningError(f"{where} must be a positive number, got {bw!r}")
+            if not math.isfinite(bw):
+                raise PlanningError(f"{where} must be finite, got {bw!r}")
+            out[n] = max(out.get(n, 0.0), float(bw))
+    return out
+
+
+def required_tp_degrees(model: ModelSpec, num_gpus: int, max_tp: int) -> list[int]:
+    """TP degrees the search may use: divisors of the GPUs and the heads up to `max_tp`."""
+    top = min(max_tp, num_gpus)
+    return [t for t in range(1, top + 1) if num_gpus % t == 0 and not model.num_heads % t]
+
+
+def profiled_cost_inputs(
+    model: ModelSpec,
+    tables: list[dict[str, Any]],
+    num_gpus: int,
+    *,
+    seq_length: int,
+    max_tp: int | None = None,
+    overlap_slowdown: float = 1.3,
+) -> CostInputs:
+    """`CostInputs` of `model` on `num_gpus` ranks from profiled `tables` (`read_cost_tables`),
+    scaled as the module docstring says. Every TP degree up to `max_tp` (default: the largest
+    profiled) that divides the GPUs and the heads must be profiled."""
+    if model.is_encoder_decoder:
+        raise PlanningError("profiled search inputs cover GPT models (decoder layers) only")
+    for table in tables:
+        _check_model(table, model)
+    dtypes = {t.get("dtype", "bf16") for t in tables}
+    if len(dtypes) > 1 or not dtypes <= set(DTYPE_BYTES):
+        raise PlanningError(f"cost tables: one dtype of {sorted(DTYPE_BYTES)} needed, got {dtypes}")
+    dtype_bytes = DTYPE_BYTES[dtypes.pop()]
+    entries = _entries(tables)
+    profiled_tp = sorted({tp for tp, c in entries if c == "decoder_layer"})
+    if not profiled_tp:
+        raise PlanningError(
+            f"cost tables {[t['path'] for t in tables]}: no decoder_layer entry at recompute none"
+        )
+    limit = max(profiled_tp) if max_tp is None else max_tp
+    degrees = required_tp_degrees(model, num_gpus, limit)
+    for tp in degrees:
+        for component in _COMPONENTS if tp == 1 else ("decoder_layer",):
+            if (tp, component) not in entries:
+                raise PlanningError(
+                    f"cost tables {[t['path'] for t in tables]}: no {component} entry for "
+                    f"tp={tp} (recompute none; profiled TP degrees {profiled_tp}); profile it "
+                    f"on {tp} ranks or lower --max-tp"
+                )
+    forward, backward, activation, workspace = {}, {}, {}, {}
+    for tp in degrees:
+        entry, where = entries[tp, "decoder_layer"]
+        b, point = _point(entry, where, seq_length)
+        forward[tp] = point["forward_s"] / b
+        backward[tp] = point["backward_s"] / b
+        activation[tp] = point["activation_bytes"] / b
+        workspace[tp] = point["transient_bytes"] / b
+    param_bytes = float(model.layer_params("decoder") * dtype_bytes)
+    layer_entry, layer_where = entries[1, "decoder_layer"]
+    state_factor = _static(layer_entry, layer_where) / param_bytes
+    if state_factor <= 0:
+        raise PlanningError(f"{layer_where}: static_bytes must be positive")
+    head_entry, head_where = entries[1, "lm_head"]
+    b_head, head = _point(head_entry, head_where, seq_length)
+    embedding_bytes = _static(*entries[1, "embedding"]) / state_factor
+    _point(*entries[1, "embedding"], seq_length)  # checked like the others, time not priced
+    measured_bw = _per_group(tables, "allreduce_bus_bandwidth")
+    latency = _per_group(tables, "allreduce_latency_s").get(2, 0.0)
+    allreduce, p2p = _topology(measured_bw, num_gpus, tables)
+    layer = LayerTypeCosts(
+        name="decoder",
+        forward_s_per_sample=forward,
+        activation_bytes_per_sample=activation,
+        workspace_bytes_per_sample=workspace,
+        param_bytes=param_bytes,
+        boundary_bytes_per_sample=float(dtype_bytes * seq_length * model.hidden_size),
+        tp_allreduce_bytes_per_sample=0.0,
+        backward_s_per_sample=backward,
+    )
+    return CostInputs(
+        layer_types=(layer,),
+        layer_kinds=(0,) * model.num_layers,
+        allreduce_bandwidth=allreduce,
+        p2p_bandwidth=p2p,
+        overlap_slowdown=overlap_slowdown,
+        model_state_factor=state_factor,
+        link_latency_s=latency,
+        embedding_param_bytes=embedding_bytes,
+        output_param_bytes=_static(head_entry, head_where) / state_factor,
+        output_forward_s_per_sample=(head["forward_s"] + head["backward_s"]) / (3.0 * b_head),
+        output_activation_bytes_per_sample=head["activation_bytes"] / b_head,
+        seq_length=seq_length,
+        description={
+            "kind": "profiled",
+            "tables": [t["path"] for t in tables],
+            "devices": sorted({str(t.get("device")) for t in tables}),
+            "model": model.name,
+            "num_gpus": num_gpus,
+            "seq_length": seq_length,
+            "tp_degrees": degrees,
+        },
+    )
+
+
+def _topology(
+    measured: dict[int, float], num_gpus: int, tables: list[dict[str, Any]]
+) -> tuple[dict[tuple[int, int], float], dict[int, float]]:
+    """The measured bandwidth of each group size for every (size, stride) the strategy space
+    uses, and the two-rank one between pipeline stages."""
+    sizes = {
+        s.degree(p)
+        for strategies in strategy_space(num_gpus, prune=False).values()
+        for s in strategies
+        for p in s.order
+    }
+    if num_gpus > 1:
+        sizes.add(2)  # pipeline neighbours, and a stage group's re-layout
+    sizes |= {num_gpus // pp for pp in pipeline_degrees(num_gpus) if num_gpus // pp > 1}
+    missing = sorted(n for n in sizes if n not in measured)
+    if missing:
+        raise PlanningError(
+            f"cost tables {[t['path'] for t in tables]}: no all-reduce bandwidth measured for "
+            f"groups of {missing} ranks (profile a table on that many ranks); measured: "
+            f"{sorted(measured) or 'none'}"
+        )
+    allreduce = {
+        (s.degree(p), s.stride(p)): measured[s.degree(p)]
+        for strategies in strategy_space(num_gpus, prune=False).values()
+        for s in strategies
+        for p in s.order
+    }
+    for n in sizes:
+        allreduce[n, 1] = measured[n]
+    return allreduce, {pp: measured[2] for pp in pipeline_degrees(num_gpus) if pp > 1}

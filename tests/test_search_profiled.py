@@ -1,0 +1,233 @@
+"""`dynapipe-search --cost-table`: the Galvatron-BMW search priced from profiled cost tables.
+
+A hand-written TP-1 and TP-2 table of a small GPT: the estimator's per-layer time and memory
+equal the tables' entries scaled as `profiled_inputs` documents (value at the largest measured
+micro-batch / that size, per sample), the plan the CLI writes predicts what `price_plan` gives
+for those inputs, and bad tables (another model, a missing TP degree, negative or NaN values,
+an unprofiled sequence length, a missing bandwidth) end the CLI with exit 2 and one line naming
+the entry.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from dynapipe_planner.errors import PlanningError
+from dynapipe_planner.model_spec import ModelSpec
+from dynapipe_planner.search import LayerStrategy, price_plan
+from dynapipe_planner.search.cli import search_main
+from dynapipe_planner.search.estimator import Estimator
+from dynapipe_planner.search.plan_file import load_plan
+from dynapipe_planner.search.profiled_inputs import profiled_cost_inputs, read_cost_tables
+
+MODEL = ModelSpec("tiny", "gpt", 4, 64, 4, 256, 512, max_position_embeddings=128)
+SEQ = 128
+SIZES = [1, 2, 4]
+SEQLENS = [64, 128]
+LAYER_STATIC = 16 * MODEL.layer_params("decoder")  # fp32 weights, gradients, Adam m and v
+
+
+def _grid(at_128: list[float | None], at_64: float = 1.0) -> list[list[float | None]]:
+    return [[at_64, v] for v in at_128]
+
+
+def _entry(tp: int, component: str, scale: float, static: int) -> dict:
+    return {
+        "tp": tp,
+        "recompute": "none",
+        "component": component,
+        "microbatch_sizes": SIZES,
+        "seqlens": SEQLENS,
+        # b=4 out of memory at TP 1: b_ref is then 2
+        "forward_s": _grid([0.011 * scale, 0.02 * scale, None if tp == 1 else 0.039 * scale]),
+        "backward_s": _grid([0.025 * scale, 0.046 * scale, None if tp == 1 else 0.09 * scale]),
+        "activation_bytes": _grid([3e6 * scale, 6e6 * scale, None if tp == 1 else 12e6 * scale]),
+        "transient_bytes": _grid([1e6 * scale, 2e6 * scale, None if tp == 1 else 4e6 * scale]),
+        "static_bytes": static,
+    }
+
+
+def _table(tp: int, bandwidth: float) -> dict:
+    scale = 1.0 if tp == 1 else 0.6
+    entries = [_entry(tp, "decoder_layer", scale, LAYER_STATIC // tp)]
+    if tp == 1:
+        entries += [_entry(1, "embedding", 0.1, 800_000), _entry(1, "lm_head", 0.5, 600_000)]
+    return {
+        "format": "dynapipe-cost-table",
+        "version": 1,
+        "device": "cpu (1 threads)",
+        "dtype": "fp32",
+        "model": {**MODEL.to_dict(), "num_layers": 2, "name": "profiled_gpt"},
+        "allreduce_bus_bandwidth": {str(tp): bandwidth} if tp > 1 else {},
+        "allreduce_latency_s": {str(tp): 1e-4} if tp > 1 else {},
+        "entries": entries,
+    }
+
+
+@pytest.fixture
+def tables(tmp_path):
+    paths = []
+    for tp, bw in ((1, 0.0), (2, 2e9)):
+        path = tmp_path / f"tp{tp}.json"
+        path.write_text(json.dumps(_table(tp, bw)))
+        paths.append(path)
+    return paths
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(MODEL.to_dict()))
+    return path
+
+
+def _inputs(paths, **kw):
+    return profiled_cost_inputs(MODEL, read_cost_tables(paths), 2, seq_length=SEQ, **kw)
+
+
+def test_layer_costs_are_the_tables_entries_per_sample(tables):
+    inputs = _inputs(tables)
+    dp2 = LayerStrategy(1, ("dp",), (2,), False)
+    tp2 = LayerStrategy(1, ("tp",), (2,), False)
+    dp2_ckpt = LayerStrategy(1, ("dp",), (2,), True)
+    est = Estimator(inputs, [dp2, tp2, dp2_ckpt])
+    t = est.stage_tables(range(4), 0, 4, 1)  # micro-batch of 4, one micro-batch
+    # TP 1: b_ref = 2 (b = 4 is null), per sample = value / 2; DP2 gives each rank 2 samples.
+    fwd1, bwd1 = 0.02 / 2, 0.046 / 2
+    act1, work1 = 6e6 / 2, 2e6 / 2
+    assert t.nosync[0, 0] == pytest.approx(2 * (fwd1 + bwd1), rel=1e-12)
+    assert t.fwd_bytes[0, 0] == pytest.approx(2 * act1, rel=1e-12)
+    assert t.bwd_bytes[0, 0] == pytest.approx(2 * work1, rel=1e-12)
+    assert t.state_bytes[0, 0] == pytest.approx(LAYER_STATIC, rel=1e-12)
+    # DP's gradient all-reduce on the last micro-batch: 2 (N-1)/N x fp32 weights / bus bandwidth
+    # + the measured latency
+    grads = 4.0 * MODEL.layer_params("decoder")
+    allreduce = grads / 2e9 + 1e-4
+    assert inputs.link_latency_s == 1e-4
+    assert t.sync[0, 0] == pytest.approx(
+        2 * fwd1 + 1.3 * min(2 * bwd1, allreduce) + abs(2 * bwd1 - allreduce), rel=1e-12
+    )
+    # TP 2: b_ref = 4, the whole micro-batch on both ranks, TP's all-reduce inside the times
+    fwd2, bwd2 = 0.039 * 0.6 / 4, 0.09 * 0.6 / 4
+    assert t.nosync[0, 1] == pytest.approx(4 * (fwd2 + bwd2), rel=1e-12)
+    assert t.fwd_bytes[0, 1] == pytest.approx(4 * 12e6 * 0.6 / 4, rel=1e-12)
+    assert t.state_bytes[0, 1] == pytest.approx(LAYER_STATIC / 2, rel=1e-12)
+    # CKPT keeps the layer's input (fp32, s x h per sample) and recomputes the forward
+    assert t.fwd_bytes[0, 2] == pytest.approx(2 * 4 * SEQ * MODEL.hidden_size, rel=1e-12)
+    assert t.nosync[0, 2] == pytest.approx(2 * (2 * fwd1 + bwd1), rel=1e-12)
+    assert t.bwd_bytes[0, 2] == pytest.approx(2 * (work1 + act1), rel=1e-12)
+    # the ends: embedding and output states split over the stage's 2 ranks, head time measured
+    factor = LAYER_STATIC / (4.0 * MODEL.layer_params("decoder"))
+    assert inputs.model_state_factor == pytest.approx(factor)
+    head = (0.02 * 0.5 + 0.046 * 0.5) / 2  # lm_head forward + backward per sample, b_ref 2
+    assert 3 * inputs.output_forward_s_per_sample == pytest.approx(head)
+    assert t.extra_bytes == pytest.approx((800_000 + 600_000) / 2 + 6e6 * 0.5 / 2 * 4 / 2)
+
+
+def test_cli_searches_with_tables_and_predicts_what_they_imply(tables, model_file, tmp_path):
+    plan_path = tmp_path / "plan.json"
+    argv = [
+        "--model", str(model_file), "--num-gpus", "2", "--seq-length", str(SEQ),
+        "--memory-budget-gb", "0.05", "--global-batch-size", "8", "--quiet",
+        "--cost-table", *map(str, tables), "--output", str(plan_path),
+    ]  # fmt: skip
+    assert search_main(argv) == 0
+    plan = json.loads(plan_path.read_text())
+    assert plan["gpu"] == "cpu (1 threads)"
+    searched = load_plan(plan_path)
+    price = price_plan(
+        _inputs(tables),
+        searched.strategies,
+        searched.partition,
+        searched.num_microbatches,
+        searched.global_batch_size,
+    )
+    assert plan["predicted"]["iteration_time_s"] == pytest.approx(price.iteration_time_s)
+    assert plan["predicted"]["stage_memory_bytes"] == pytest.approx(price.stage_memory_bytes)
+    assert max(price.stage_memory_bytes) <= 0.05 * 2**30
+
+
+def _edited(tables, tmp_path, edit) -> list:
+    data = [json.loads(p.read_text()) for p in tables]
+    edit(data)
+    out = []
+    for i, d in enumerate(data):
+        path = tmp_path / f"edited{i}.json"
+        path.write_text(json.dumps(d))
+        out.append(path)
+    return out
+
+
+def _set(table: int, entry: int, field: str, value, b: int = 1, s: int = 1):
+    def edit(data):
+        data[table]["entries"][entry][field][b][s] = value
+
+    return edit
+
+
+def _hidden(data):
+    data[0]["model"]["hidden_size"] = 128
+
+
+def _no_tp2(data):
+    data[1]["entries"][0]["tp"] = 4
+
+
+def _no_bandwidth(data):
+    data[1]["allreduce_bus_bandwidth"] = {}
+
+
+def _seqlens(data):
+    for d in data:
+        for e in d["entries"]:
+            e["seqlens"] = [64, 96]
+
+
+@pytest.mark.parametrize(
+    "edit, named",
+    [
+        (_hidden, "edited0.json was profiled for a model with hidden_size 128; tiny has 64"),
+        (_no_tp2, "no decoder_layer entry for tp=2 (recompute none; profiled TP degrees [1, 4])"),
+        (
+            _set(0, 2, "forward_s", -0.5),
+            "entry 2 (tp=1, lm_head): forward_s at micro-batch 2, sequence length 128 is -0.5",
+        ),
+        (
+            _set(1, 0, "activation_bytes", float("nan"), b=0),
+            "edited1.json entry 0 (tp=2, decoder_layer): activation_bytes at micro-batch 1",
+        ),
+        (_no_bandwidth, "no all-reduce bandwidth measured for groups of [2] ranks"),
+        (_seqlens, "sequence length 128 was not profiled (profiled: [64, 96])"),
+    ],
+)
+def test_bad_tables_are_refused_in_one_line(tables, model_file, tmp_path, capsys, edit, named):
+    edited = _edited(tables, tmp_path, edit)
+    argv = [
+        "--model", str(model_file), "--num-gpus", "2", "--seq-length", str(SEQ),
+        "--memory-budget-gb", "1", "--quiet", "--cost-table", *map(str, edited),
+    ]  # fmt: skip
+    assert search_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dynapipe-search: error: ")
+    assert named in err
+
+
+def test_max_tp_names_the_degree_no_table_holds(tables):
+    with pytest.raises(PlanningError, match="no decoder_layer entry for tp=2"):
+        _inputs(tables[:1], max_tp=2)
+    narrowed = _inputs(tables[:1] + tables[1:], max_tp=1)
+    assert set(narrowed.layer_types[0].forward_s_per_sample) == {1}
+    with pytest.raises(PlanningError, match="a second entry for tp=1, decoder_layer"):
+        profiled_cost_inputs(MODEL, read_cost_tables([tables[0], tables[0]]), 2, seq_length=SEQ)
+
+
+def test_a_file_that_is_not_a_cost_table_is_named(tmp_path):
+    other = copy.deepcopy(_table(1, 0.0))
+    other["format"] = "other"
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(other))
+    with pytest.raises(PlanningError, match=r"other.json: expected format 'dynapipe-cost-table'"):
+        read_cost_tables([path])
