@@ -82,6 +82,18 @@ def build_stage(flags: tuple[str, ...] = GPT):
     return build_stage_model(spec_args(SPEC, MAX_SEQLEN, *flags), SPEC.vocab_size)
 
 
+def sample_by_sample_loss(model, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The loss per real token of every sample of DATA run alone through `model` (PP=1)."""
+    total = torch.zeros((), device=device)
+    for i in range(len(LENGTHS)):
+        t = torch.as_tensor(DATA.tokens(i), dtype=torch.int64, device=device)[None]
+        n = t.shape[1] - 1
+        mask = torch.ones(1, 1, n, n, dtype=torch.bool, device=device).triu(1)
+        positions = torch.arange(n, device=device)[None]
+        total = total + model(t[:, :-1], positions, mask, labels=t[:, 1:]).sum()
+    return total / int(LENGTHS.sum())
+
+
 def reference(rank: int, world: int, flags: tuple[str, ...] = GPT) -> tuple[float, dict, dict]:
     """Every sample alone through a PP=1 model: (loss, weights, gradients) by parameter name.
 
@@ -96,15 +108,7 @@ def reference(rank: int, world: int, flags: tuple[str, ...] = GPT) -> tuple[floa
         _, model = build_stage(flags)  # on the GPU where there is one
         device = next(model.parameters()).device
         weights = {n: p.detach().cpu().numpy().copy() for n, p in model.named_parameters()}
-        total = torch.zeros((), device=device)
-        for i in range(len(LENGTHS)):
-            t = torch.as_tensor(DATA.tokens(i), dtype=torch.int64, device=device)[None]
-            n = t.shape[1] - 1
-            mask = torch.ones(1, 1, n, n, dtype=torch.bool, device=device).triu(1)
-            positions = torch.arange(n, device=device)[None]
-            per_token = model(t[:, :-1], positions, mask, labels=t[:, 1:])
-            total = total + per_token.sum()
-        loss = total / int(LENGTHS.sum())
+        loss = sample_by_sample_loss(model, device)
         loss.backward()
         grads = {n: p.grad.cpu().numpy().copy() for n, p in model.named_parameters()}
         return float(loss), weights, grads

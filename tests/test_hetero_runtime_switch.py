@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
 from distributed import run_ranks  # noqa: E402
-from gpt_reference import DATA, GPT, LENGTHS, LLAMA  # noqa: E402
+from gpt_reference import DATA, GPT, LENGTHS, LLAMA, sample_by_sample_loss  # noqa: E402
 from gpt_reference import reference as _reference  # noqa: E402
 from test_hetero_runtime import pipeline_plan  # noqa: E402
 
@@ -78,13 +78,7 @@ def _reference_training(
         losses = []
         for _ in range(iterations):
             optimizer.zero_grad()
-            total = torch.zeros(())
-            for i in range(len(LENGTHS)):
-                t = torch.as_tensor(DATA.tokens(i), dtype=torch.int64)[None]
-                n = t.shape[1] - 1
-                mask = torch.ones(1, 1, n, n, dtype=torch.bool).triu(1)
-                total = total + model(t[:, :-1], torch.arange(n)[None], mask, labels=t[:, 1:]).sum()
-            loss = total / int(LENGTHS.sum())
+            loss = sample_by_sample_loss(model)
             loss.backward()
             optimizer.step()
             losses.append(float(loss))

@@ -37,6 +37,7 @@ from gpt_reference import (  # noqa: E402
     _reference_name,
     _shard,
     assert_matches_reference,
+    sample_by_sample_loss,
     stage_gradients,
     stage_model_like_reference,
     tp_slice,
@@ -187,13 +188,7 @@ def _reference_steps(rank: int, world: int, flags: tuple[str, ...]):
         for _ in range(STEPS):
             model.zero_grad_buffer()
             optimizer.zero_grad()
-            total = torch.zeros(())
-            for i in range(len(LENGTHS)):
-                t = torch.as_tensor(DATA.tokens(i), dtype=torch.int64)[None]
-                n = t.shape[1] - 1
-                mask = torch.ones(1, 1, n, n, dtype=torch.bool).triu(1)
-                total = total + model(t[:, :-1], torch.arange(n)[None], mask, labels=t[:, 1:]).sum()
-            loss = total / int(LENGTHS.sum())
+            loss = sample_by_sample_loss(model)
             loss.backward()
             model.finish_grad_sync()
             stepped, grad_norm, _ = optimizer.step()

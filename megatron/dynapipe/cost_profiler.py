@@ -360,16 +360,7 @@ def allreduce_bus_bandwidth(
     The median of `repeats` timed all-reduces after `warmup` untimed ones."""
     n = torch.distributed.get_world_size()
     buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    times = []
-    for i in range(warmup + repeats):
-        _synchronize(device)
-        torch.distributed.barrier()
-        started = time.perf_counter()
-        torch.distributed.all_reduce(buffer)
-        _synchronize(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - started)
-    return 2.0 * (n - 1) / n * nbytes / statistics.median(times)
+    return 2.0 * (n - 1) / n * nbytes / _median_allreduce_s(buffer, device, warmup, repeats)
 
 
 def allreduce_latency_s(device: torch.device, warmup: int = 3, repeats: int = 21) -> float:
@@ -377,12 +368,20 @@ def allreduce_latency_s(device: torch.device, warmup: int = 3, repeats: int = 21
     `repeats` after a barrier each): what a transfer costs beyond its bytes on this machine,
     including waking the peer processes up when they share cores."""
     one = torch.ones(1, dtype=torch.float32, device=device)
+    return _median_allreduce_s(one, device, warmup, repeats)
+
+
+def _median_allreduce_s(
+    tensor: torch.Tensor, device: torch.device, warmup: int, repeats: int
+) -> float:
+    """The median seconds of `repeats` all-reduces of `tensor` over the world group, each
+    after a barrier, following `warmup` untimed ones."""
     times = []
     for i in range(warmup + repeats):
         _synchronize(device)
         torch.distributed.barrier()
         started = time.perf_counter()
-        torch.distributed.all_reduce(one)
+        torch.distributed.all_reduce(tensor)
         _synchronize(device)
         if i >= warmup:
             times.append(time.perf_counter() - started)
