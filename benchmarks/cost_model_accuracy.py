@@ -116,8 +116,7 @@ def _worker(args: argparse.Namespace, records_path: Path) -> None:
     from megatron.dynapipe.training import pretrain
 
     torch.set_num_threads(1)
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    device = ps.device()
     records: list[dict] = []
     tables = {}
 

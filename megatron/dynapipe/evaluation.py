@@ -135,7 +135,7 @@ def _loss(model: torch.nn.Module, results: Iterator[IterationResult]) -> float:
             tokens += result.num_tokens
     finally:
         model.train()
-    totals = torch.tensor([loss_sum, float(tokens)], dtype=torch.float64, device=_device())
+    totals = torch.tensor([loss_sum, float(tokens)], dtype=torch.float64, device=ps.device())
     dist.all_reduce(totals)
     return float(totals[0]) / max(float(totals[1]), 1.0)  # TP shards repeat both alike
 
@@ -147,7 +147,3 @@ def validation_line(name: str, where: str, loss: float) -> str:
     text = f" {name} loss at {where} | lm loss value: {loss:.6E} | lm loss PPL: {ppl:.6E} | "
     rule = "-" * len(text)
     return f"{rule}\n{text}\n{rule}"
-
-
-def _device() -> torch.device | str:
-    return torch.cuda.current_device() if torch.cuda.is_available() else "cpu"  # NCCL: GPU

@@ -175,9 +175,7 @@ class DynaPipeSchedule:
         )
         self.liveness.start()
         atexit.register(self.liveness.stop)
-        cuda = torch.cuda.is_available()
-        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        iterations.bind(model[0], get_model_config(model[0]), device, forward_step_func)
+        iterations.bind(model[0], get_model_config(model[0]), ps.device(), forward_step_func)
         return iterations
 
 
@@ -234,8 +232,7 @@ def _planned_shape_broadcast(broadcast_batch: Callable[..., Any]) -> Callable[..
             return broadcast_batch(*args, **kwargs)
         call = signature.bind(*args, **kwargs)
         given = call.arguments
-        cuda = torch.cuda.is_available()
-        shape = torch.zeros(2, dtype=torch.int64, device="cuda" if cuda else "cpu")
+        shape = torch.zeros(2, dtype=torch.int64, device=ps.device())
         if given["tp_rank"] == 0:
             batch = given["batch"]
             held = batch.get("tokens") if batch.get("tokens") is not None else batch["labels"]

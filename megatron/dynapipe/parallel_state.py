@@ -299,6 +299,14 @@ def pipeline_layer_counts() -> list[int] | None:
     return [s.layers[1] - s.layers[0] for s in stages]
 
 
+def device() -> torch.device:
+    """This rank's device: its current GPU (NCCL reduces and sends device tensors), else the
+    CPU (gloo)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def is_initialized() -> bool:
     """Whether `initialize` has run (and `destroy` has not)."""
     return _layout is not None

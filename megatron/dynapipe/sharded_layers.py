@@ -50,13 +50,14 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
+from . import parallel_state as ps
+
 
 def shard_layers(model: torch.nn.Module, layers: Collection[int]) -> list[int]:
     """Shard the parameters of this stage's TransformerLayers whose 0-based index over the
     whole model is in `layers` over the data-parallel group (FSDP2, one unit per layer,
     resharded after the forward pass); returns the indices sharded on this stage."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    mesh = DeviceMesh.from_group(mpu.get_data_parallel_group(), device)
+    mesh = DeviceMesh.from_group(mpu.get_data_parallel_group(), ps.device().type)
     sharded = []
     for module in model.modules():
         if isinstance(module, TransformerLayer) and module.layer_number - 1 in layers:

@@ -48,8 +48,7 @@ log = logging.getLogger("dynapipe")
 
 def _global_loss(loss_sum: float, tokens: int, tp: int) -> tuple[float, int]:
     """Loss per real token over the global batch (last stages report it; TP shards repeat it)."""
-    device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"  # NCCL: GPU
-    totals = torch.tensor([loss_sum, float(tokens)], dtype=torch.float64, device=device)
+    totals = torch.tensor([loss_sum, float(tokens)], dtype=torch.float64, device=ps.device())
     dist.all_reduce(totals)
     loss_sum, tokens = float(totals[0]) / tp, round(float(totals[1]) / tp)
     return loss_sum / max(tokens, 1), tokens
@@ -132,9 +131,7 @@ def _train(
         if resume is not None:
             state = checkpointing.load(args, resume, model, optimizer, scheduler)
             log_rank0(rank, f"resumed from {args.load} at iteration {state.iteration}")
-        cuda = torch.cuda.is_available()
-        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        iterations.bind(model, config, device)
+        iterations.bind(model, config, ps.device())
         log_rank0(rank, f"dataset {dataset.name}: {len(dataset)} samples; model {spec.to_dict()}")
         evaluators = iterations.evaluators()
         if args.eval_iters > 0 and splits.valid is None and args.eval_interval:
@@ -156,7 +153,7 @@ def _train(
             traced = args.log_peak_memory and state.iteration == args.train_iters - 1
             started = time.perf_counter()
             with liveness.step(iteration):
-                with traced_peak(device) if traced else contextlib.nullcontext() as peak:
+                with traced_peak(ps.device()) if traced else contextlib.nullcontext() as peak:
                     with probe(iteration, work.plan) if probe else contextlib.nullcontext():
                         result = work.run()
                     stepped, grad_norm, _ = optimizer.step()

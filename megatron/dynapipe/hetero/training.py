@@ -363,8 +363,7 @@ def _build(args, job: HeteroJob) -> tuple[DisaggregatedOptimizer, StrategyModels
         overlap=args.overlap_pull_push,
     )
     slowdown = parse_device_speed(args.device_speed, dist.get_world_size())[dist.get_rank()]
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    device = ps.device()
 
     def make_executor(k: int, config, model) -> PlanExecutor:
         config.finalize_model_grads_func = optimizer.finalize_func(k)
