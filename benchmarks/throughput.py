@@ -5,7 +5,8 @@ the same long-tailed data, dropout off. The two scripts differ only in their def
 
 Methods (seed `dynapipe.txt` §8 baselines):
 
-- DynaPipe: `--dynamic-micro-batching --pipeline-schedule adaptive`.
+- DynaPipe: `--dynamic-micro-batching --pipeline-schedule adaptive`, with Megatron's
+  `--dataloader-inter-document-masking` so that its plans may hold packed rows.
 - `packing-1f1b`: the same global batches packed first-fit-decreasing into rows of exactly
   `--seq-length` tokens, each micro-batch one THD sequence with per-sample attention, run by
   megatron-core's `get_forward_backward_func()`. Its first loss must equal DynaPipe's (same
@@ -181,6 +182,7 @@ def measure(args: argparse.Namespace) -> None:
             "--dynamic-micro-batching",
             "--pipeline-schedule",
             "adaptive",
+            "--dataloader-inter-document-masking",  # packed rows in DynaPipe's plans too
             *args.dynapipe_args.split(),
         ],
         **{

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import runpy
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Callable, Collection
@@ -111,3 +113,50 @@ def run_ranks(
     if failures:
         raise AssertionError("\n".join(failures))
     return [results[r] for r in range(world_size)]
+
+
+def program_exit_status(rank: int, world: int, program: str, argv: list[str]) -> int | str | None:
+    """Run the program file `program` as `__main__` with `argv` on a forked rank (a `run_ranks`
+    fn: torchrun's environment, the rank's process group already up); its exit status."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    return _exit_status_of(program, argv)
+
+
+def _exit_status_of(program: str, argv: list[str]) -> int | str | None:
+    sys.argv = [os.path.basename(program), *argv]
+    try:
+        runpy.run_path(program, run_name="__main__")
+    except SystemExit as stop:
+        return stop.code
+    return 0
+
+
+def _forked_program(program: str, argv: list[str], env: dict[str, str], conn) -> None:
+    try:
+        os.environ.update(env)
+        conn.send(_exit_status_of(program, argv))
+    finally:
+        conn.close()
+        os._exit(0)
+
+
+def exit_status_before_launch(
+    program: str, argv: list[str], world_size: int, timeout_s: float = 120.0
+) -> int | str | None:
+    """The exit status of `program` run as `__main__` in a forked process that sees torchrun's
+    environment for rank 0 of `world_size` but no process group: for inputs refused before
+    the program starts its ranks (the program's patches stay in the child)."""
+    ctx = mp.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    env = {"RANK": "0", "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0"}
+    proc = ctx.Process(target=_forked_program, args=(program, argv, env, send))
+    proc.start()
+    send.close()
+    try:
+        if not recv.poll(timeout_s):
+            raise AssertionError(f"{program} did not end within {timeout_s} s")
+        return recv.recv()
+    finally:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()

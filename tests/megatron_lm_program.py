@@ -2,9 +2,10 @@
 one line that enables DynaPipe, placed before the program's other imports. `main(argv, model)`
 trains a GPT from a classic `model_provider`, or a Llama from a `ModelConfig` in the config
 container (megatron.training 0.19's preferred form), with Megatron's own `pretrain` loop,
-optimiser, logging and checkpoints. `get_batch` is Megatron-LM's: tensor-parallel rank 0 reads
-the iterator and megatron-core's `get_batch_on_this_tp_rank` broadcasts the batch. Nothing here
-knows about DynaPipe but the import.
+optimiser, logging and checkpoints, on megatron-core's own datasets. `forward_step` is
+pretrain_gpt.py's, reused as Megatron-LM programs reuse Megatron-LM's: its `get_batch` reads the
+iterator on tensor-parallel rank 0 and megatron-core's `get_batch_on_this_tp_rank` broadcasts
+the batch. Nothing here knows about DynaPipe but the import.
 """
 
 # ruff: noqa: I001  (the DynaPipe line stays above the imports it patches)
@@ -14,18 +15,14 @@ import megatron.dynapipe.enable  # noqa: F401  (the one line a Megatron-LM progr
 
 import os
 import sys
-from functools import partial
+from pathlib import Path
 
-import torch
-from megatron.core import parallel_state as mpu
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 from megatron.core.datasets.utils import get_blend_from_list
 from megatron.core.enums import ModelType
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.packed_seq_params import PackedSeqParams
-from megatron.core.utils import flatten_batch_for_packed_sequences, get_batch_on_this_tp_rank
 from megatron.training import get_args, get_tokenizer, pretrain
 from megatron.training.argument_utils import (
     core_transformer_config_from_args,
@@ -33,6 +30,9 @@ from megatron.training.argument_utils import (
     pretrain_cfg_container_from_args,
 )
 from megatron.training.arguments import parse_and_validate_args
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's pretrain_gpt.py
+from pretrain_gpt import forward_step
 
 
 def model_provider(pre_process=True, post_process=True, vp_stage=None, config=None, **kwargs):
@@ -49,62 +49,6 @@ def model_provider(pre_process=True, post_process=True, vp_stage=None, config=No
         position_embedding_type=args.position_embedding_type,
         rotary_base=args.rotary_base,
     )
-
-
-def get_batch(data_iterator):
-    """Megatron's batch dict on the first and last stages, read on tensor-parallel rank 0 and
-    broadcast to the others; with --dataloader-inter-document-masking, packed sequences and
-    their PackedSeqParams, which the middle stages need too (they read nothing else)."""
-    args = get_args()
-    middle = not (mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage())
-    if middle and not args.dataloader_inter_document_masking:
-        return None, None, None, None, None, None
-    tp_rank = mpu.get_tensor_model_parallel_rank()
-    batch = next(data_iterator) if tp_rank == 0 else {}
-    batch = get_batch_on_this_tp_rank(
-        batch,
-        has_cu_seqlens=args.dataloader_inter_document_masking,
-        is_hybrid_cp=False,
-        create_attention_mask_in_dataloader=args.create_attention_mask_in_dataloader,
-        broadcast_src_rank=mpu.get_tensor_model_parallel_src_rank(),
-        broadcast_group=mpu.get_tensor_model_parallel_group(),
-        cp_size=args.context_parallel_size,
-        tp_rank=tp_rank,
-        micro_batch_size=args.micro_batch_size,
-        seq_length=args.seq_length,
-        mtp_on_this_rank=False,
-        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-        is_pipeline_first_stage=mpu.is_pipeline_first_stage(),
-        is_pipeline_last_stage=mpu.is_pipeline_last_stage(),
-    )
-    batch = flatten_batch_for_packed_sequences(batch)
-    packed = None
-    if batch.get("cu_seqlens") is not None:
-        bounds, longest = batch["cu_seqlens"][0], int(batch["max_seqlen"][0])
-        packed = PackedSeqParams(
-            qkv_format="thd",
-            cu_seqlens_q=bounds,
-            cu_seqlens_kv=bounds,
-            max_seqlen_q=longest,
-            max_seqlen_kv=longest,
-        )
-    keys = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
-    return [*(batch.get(key) for key in keys), packed]
-
-
-def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
-    losses = output_tensor.float().view(-1)
-    loss_mask = loss_mask.view(-1).float()
-    loss = torch.sum(losses * loss_mask)
-    num_tokens = loss_mask.sum().clone().detach().to(torch.int)
-    report = torch.cat([loss.clone().detach().view(1), num_tokens.view(1)])
-    return loss, num_tokens, {"lm loss": report}
-
-
-def forward_step(data_iterator, model, return_schedule_plan: bool = False):
-    tokens, labels, loss_mask, attention_mask, position_ids, packed = get_batch(data_iterator)
-    output = model(tokens, position_ids, attention_mask, labels=labels, packed_seq_params=packed)
-    return output, partial(loss_func, loss_mask)
 
 
 def datasets_provider(train_val_test_num_samples, vp_stage=None):

@@ -98,13 +98,25 @@ def test_train_samples_count_iterations_of_global_batches() -> None:
 
 
 def test_megatron_recompute_flags_fix_the_planner_mode(capsys) -> None:
-    args = parse_args([*MODEL, "--recompute-activations"])
+    planned = [*MODEL, "--dynamic-micro-batching"]
+    args = parse_args([*planned, "--recompute-activations"])
     assert args.dynapipe_recompute == "selective"
     assert args.recompute_granularity is None  # the executor switches modes per plan
     full = ["--recompute-granularity", "full", "--recompute-method", "uniform"]
-    assert parse_args([*MODEL, *full, "--recompute-num-layers", "1"]).dynapipe_recompute == "full"
-    line = _refused(capsys, "--recompute-activations", "--dynapipe-recompute", "none")
+    assert parse_args([*planned, *full, "--recompute-num-layers", "1"]).dynapipe_recompute == "full"
+    line = _refused(capsys, "--dynamic-micro-batching", "--recompute-activations",
+                    "--dynapipe-recompute", "none")  # fmt: skip
     assert "--recompute-granularity" in line and "--dynapipe-recompute" in line
+
+
+def test_without_dynapipe_batching_megatron_recomputes_as_its_flags_say() -> None:
+    """Megatron's loop without a DynaPipe batching flag is Megatron's: its recomputation flags
+    stay, block recomputation of some layers included."""
+    block = ["--recompute-granularity", "full", "--recompute-method", "block"]
+    args = parse_args([*MODEL, *block, "--recompute-num-layers", "2"])
+    assert not args.dynapipe_plans
+    assert (args.recompute_granularity, args.recompute_method) == ("full", "block")
+    assert args.recompute_num_layers == 2
 
 
 def test_gpu_only_defaults_are_switched_off_with_a_note() -> None:

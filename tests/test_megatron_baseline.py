@@ -5,9 +5,9 @@ sequence length and run by `get_forward_backward_func()` gives the loss and ever
 gradient of the single-process non-pipelined reference, with one row per micro-batch and with
 three (the last micro-batch then topped up with a padding row); megatron-core's 1F1B schedule
 is what ran. `megatron-1f1b`: its fixed-length samples are exactly what megatron-core's
-GPTDataset cuts from the same documents written as a Megatron indexed dataset, and each data-
-parallel rank takes Megatron's share of a global batch. `pretrain_gpt.py` trains with either
-(the loss falls on PP=2, with evaluation for megatron-1f1b).
+GPTDataset cuts from the same documents written as a Megatron indexed dataset.
+`pretrain_gpt.py` trains with either in Megatron's loop (the loss falls on PP=2, with
+Megatron's evaluation for megatron-1f1b).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
-from distributed import run_ranks  # noqa: E402
+from distributed import program_exit_status, run_ranks  # noqa: E402
 from gpt_reference import (  # noqa: E402
     DATA,
     MAX_SEQLEN,
@@ -30,6 +30,7 @@ from gpt_reference import (  # noqa: E402
     stage_model_like_reference,
 )
 from gpt_reference import reference as _reference  # noqa: E402
+from test_megatron_loop import PRETRAIN_GPT, iteration_rows  # noqa: E402
 
 from dynapipe_planner.plan import ExecutionPlan  # noqa: E402
 
@@ -80,13 +81,6 @@ def test_packing_1f1b_equals_reference(reference, mbs: int) -> None:
     assert not unknown, f"new CUDA call sites, add them to {CALL_SITES_FILE.name}: {unknown}"
 
 
-def _train(rank: int, world: int, argv: list[str]) -> list[float]:
-    from megatron.dynapipe.arguments import parse_args
-    from megatron.dynapipe.training import pretrain
-
-    return pretrain(parse_args(argv))
-
-
 @pytest.mark.parametrize(
     "baseline",
     [
@@ -95,7 +89,8 @@ def _train(rank: int, world: int, argv: list[str]) -> list[float]:
     ],
     ids=["packing-1f1b", "megatron-1f1b"],
 )
-def test_pretrain_with_megatron_baseline_learns(baseline: list[str]) -> None:
+def test_pretrain_with_megatron_baseline_learns(baseline: list[str], capfd) -> None:
+    """`pretrain_gpt.py` (Megatron's loop) trains either baseline; megatron-1f1b evaluates."""
     argv = [
         "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
         "--seq-length", "128", "--pipeline-model-parallel-size", "2", "--micro-batch-size", "2",
@@ -104,9 +99,12 @@ def test_pretrain_with_megatron_baseline_learns(baseline: list[str]) -> None:
         "--lr", "1e-2", "--lr-decay-style", "constant", "--train-iters", "4", "--log-interval", "1",
         *baseline,
     ]  # fmt: skip
-    losses = run_ranks(_train, 2, argv, timeout_s=120)
-    assert losses[0] == losses[1]
-    assert losses[0][-1] < losses[0][0] - 0.1, losses[0]
+    assert run_ranks(program_exit_status, 2, PRETRAIN_GPT, argv, timeout_s=240) == [0, 0]
+    out = capfd.readouterr().out
+    losses = [float(row["loss"]) for row in iteration_rows(out)]
+    assert len(losses) == 4 and losses[-1] < losses[0] - 0.1, out[-3000:]
+    if baseline[1] == "megatron-1f1b":
+        assert "validation loss at iteration 2" in out, out[-3000:]
 
 
 def _parse(*flags: str):
@@ -142,7 +140,7 @@ def test_fixed_length_samples_are_megatron_cores(tmp_path: Path) -> None:
     from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
     from megatron.core.datasets.utils import Split
 
-    from megatron.dynapipe.data.megatron_samples import fixed_length_samples, rank_microbatches
+    from megatron.dynapipe.data.megatron_samples import fixed_length_samples
 
     args = argparse.Namespace(
         seed=7, seq_length=16, reset_position_ids=True, reset_attention_mask=True,
@@ -160,8 +158,3 @@ def test_fixed_length_samples_are_megatron_cores(tmp_path: Path) -> None:
     for i in range(len(ours)):
         for key, value in theirs[i].items():
             torch.testing.assert_close(ours[i][key], value, msg=f"sample {i} {key}")
-    # Megatron's sampler: rank 1 of 2 takes rows 2-3, then 6-7, of global batch 1 (8 samples).
-    mbs = rank_microbatches(ours, 1, global_batch_size=8, micro_batch_size=2, dp_rank=1, dp_size=2)
-    expected = [[10, 11], [14, 15]]
-    for mb, rows in zip(mbs, expected, strict=True):
-        torch.testing.assert_close(mb.tokens, torch.stack([ours[r]["tokens"] for r in rows]))

@@ -2,9 +2,11 @@
 
 A Megatron-LM program (`megatron_lm_program.py`: its model provider, forward_step and dataset
 provider, Megatron's loop, optimiser and logging) trains on 2 CPU ranks with PP=2 and
-`--dynamic-micro-batching --pipeline-schedule adaptive`, and reports the losses our
-`pretrain_gpt.py` loop reports with the same seed and data: same weights (Megatron's seeding),
-same global batches, same plans. The CUDA call sites megatron.training reaches are known ones.
+`--dynamic-micro-batching --pipeline-schedule adaptive`, and reports the losses of our
+`pretrain_gpt.py` (Megatron's loop too, with its own providers and DynaPipe's data) and of
+DynaPipe's own loop (`training.pretrain`, which runs the jobs Megatron's loop cannot) with the
+same seed and data: same weights (Megatron's seeding), same global batches, same plans. The
+CUDA call sites megatron.training reaches are known ones.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
-from distributed import run_ranks  # noqa: E402
+from distributed import program_exit_status, run_ranks  # noqa: E402
 
 CALL_SITES_FILE = Path(__file__).parent / "data" / "cuda_call_sites.txt"
+PRETRAIN_GPT = str(Path(__file__).resolve().parents[1] / "pretrain_gpt.py")
 ITERATIONS = 3
 FLAGS = [
     "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
@@ -131,6 +134,13 @@ def test_megatron_pretrain_with_dynapipe_equals_our_loop(model, layout, capfd) -
     assert all(int(row["tps"].replace(",", "")) > 0 and row["predicted"] for row in dynapipe)
     ours = run_ranks(_our_loop, world, flags, timeout_s=240)[0]
     assert [float(row["loss"]) for row in dynapipe] == pytest.approx(ours, abs=1e-4)
+    if (model == "gpt" and not layout) or layout == [*TP2, *PACKED]:  # pretrain_gpt.py's providers
+        capfd.readouterr()  # our loop's lines
+        assert (
+            run_ranks(program_exit_status, world, PRETRAIN_GPT, flags, timeout_s=240) == [0] * world
+        )
+        rows = iteration_rows(capfd.readouterr().out)
+        assert [float(row["loss"]) for row in rows] == pytest.approx(ours, abs=1e-4)
     # Megatron logs the mean loss since its last reset, and does not reset after the first
     # iteration's line: with --log-interval 1 it prints L1, (L1 + L2) / 2, L3.
     logged = [ours[0], (ours[0] + ours[1]) / 2, ours[2]]
@@ -178,15 +188,17 @@ def test_megatron_program_whose_stages_hold_other_layer_counts_is_refused(capfd)
 def _middle_stage_drops_boundaries(rank: int, world: int, argv: list[str]) -> int | str | None:
     """The program's get_batch on the middle stage forgets the packed boundaries."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    import megatron_lm_program
+    import megatron_lm_program  # noqa: F401  (puts pretrain_gpt.py on the path)
 
-    get_batch = megatron_lm_program.get_batch
+    import pretrain_gpt  # the program's forward_step is pretrain_gpt.py's
+
+    get_batch = pretrain_gpt.get_batch
 
     def forgetful(data_iterator):
         batch = get_batch(data_iterator)
         return [*batch[:5], None] if rank == 1 else batch
 
-    megatron_lm_program.get_batch = forgetful
+    pretrain_gpt.get_batch = forgetful
     return _megatron_exit_status(rank, world, argv)
 
 

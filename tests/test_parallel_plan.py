@@ -17,7 +17,6 @@ line naming it.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
-from distributed import run_ranks  # noqa: E402
+from distributed import exit_status_before_launch, run_ranks  # noqa: E402
 from gpt_reference import (  # noqa: E402
     DATA,
     GPT,
@@ -482,19 +481,11 @@ def test_pretrain_gpt_runs_a_mixed_sdp_plan_under_torchrun(tmp_path) -> None:
     assert "validation loss at iteration 2 |" in out.stdout  # forward-only, SDP layers gathered
 
 
-def _main(monkeypatch, capsys, argv: list[str], world_size: int = 4) -> str:
-    """pretrain_gpt.py's main in this process: exit status 2, one line on stderr (returned)."""
-    spec = importlib.util.spec_from_file_location("pretrain_gpt", ROOT / "pretrain_gpt.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    monkeypatch.setenv("WORLD_SIZE", str(world_size))
-    monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *argv])
-    try:
-        code = script.main()
-    except SystemExit as exit:  # a flag refused while parsing (ArgumentError)
-        code = exit.code
-    assert code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
+def _main(capfd, argv: list[str], world_size: int = 4) -> str:
+    """pretrain_gpt.py started as rank 0 of `world_size`: exit status 2, one line on stderr
+    (returned), before any process group exists."""
+    assert exit_status_before_launch(str(ROOT / "pretrain_gpt.py"), argv, world_size) == 2
+    lines = capfd.readouterr().err.strip().splitlines()
     assert len(lines) == 1, lines
     return lines[0]
 
@@ -523,12 +514,12 @@ TP2 = LayerStrategy(2, ("tp",), (2,), False)
         "tp-in-stage", "no-file", "flag",
     ],
 )  # fmt: skip
-def test_bad_plan_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, plan, flags, world, named):
+def test_bad_plan_is_one_line_and_exit_2(tmp_path, capfd, plan, flags, world, named):
     path = tmp_path / "plan.json"
     if not plan.get("missing"):
         kwargs = {k: v for k, v in plan.items() if k not in ("missing", "partition")}
         write_searched_plan(path, plan.get("partition", [3, 1]), {0}, **kwargs)
     flags = [str(tmp_path / "ckpt") if f == "CKPT" else f for f in flags]
     argv = [*TINY, "--num-layers", "4", "--train-iters", "1", *flags]
-    line = _main(monkeypatch, capsys, [*argv, "--parallel-plan", str(path)], world)
+    line = _main(capfd, [*argv, "--parallel-plan", str(path)], world)
     assert line.startswith("pretrain_gpt.py: error: ") and named in line, line

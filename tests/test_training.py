@@ -21,9 +21,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
-from distributed import run_ranks  # noqa: E402
+from distributed import program_exit_status, run_ranks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+PRETRAIN_GPT = str(ROOT / "pretrain_gpt.py")
 TINY = [
     "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
     "--seq-length", "128", "--pipeline-model-parallel-size", "2",
@@ -113,47 +114,34 @@ def test_bpe_blend_with_split_trains_and_evaluates(gpt2_bpe, preprocess_tool, tm
         ),
     ],
 )
-def test_pretrain_gpt_bad_data_is_one_line_and_exit_2(flags, named, capsys, monkeypatch):
-    """pretrain_gpt.py's user errors end the run before any process group exists."""
+def test_pretrain_gpt_bad_data_is_one_line_and_exit_2(flags, named, capfd):
+    """pretrain_gpt.py's user errors end the run before Megatron builds anything."""
     model = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4"]
     model += ["--seq-length", "128", "--train-iters", "1", "--lr", "1e-3"]
-    monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *model, *flags])
-    monkeypatch.delenv("DYNAPIPE_DEBUG", raising=False)
-    assert _pretrain_gpt().main() == 2
-    lines = capsys.readouterr().err.strip().splitlines()
+    argv = [*model, "--dynamic-micro-batching", *flags]
+    os.environ.pop("DYNAPIPE_DEBUG", None)  # the forked rank inherits this environment
+    assert run_ranks(program_exit_status, 1, PRETRAIN_GPT, argv) == [2]
+    lines = capfd.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and named in lines[0], lines
-    monkeypatch.setattr(sys, "argv", [*sys.argv, "--debug"])  # the traceback too, still exit 2
-    assert _pretrain_gpt().main() == 2
-    debugged = capsys.readouterr().err.strip().splitlines()
+    # --debug: the traceback too, still exit status 2
+    assert run_ranks(program_exit_status, 1, PRETRAIN_GPT, [*argv, "--debug"]) == [2]
+    debugged = capfd.readouterr().err.strip().splitlines()
     assert debugged[0] == "Traceback (most recent call last):" and debugged[-1] == lines[0]
-
-
-def _pretrain_gpt():
-    """pretrain_gpt.py as a module (its `main` returns the exit status)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("pretrain_gpt", ROOT / "pretrain_gpt.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
 
 
 @pytest.mark.parametrize("debug", ["quiet", "--debug", "DYNAPIPE_DEBUG"])
 def test_a_job_fault_is_one_line_exit_1_with_traceback_on_request(debug, capsys, monkeypatch):
     """A fault of the running job (here a peer that died) is one line on the rank that saw it;
     the traceback only with --debug or DYNAPIPE_DEBUG=1."""
+    from megatron.dynapipe.exits import exit_status
     from megatron.dynapipe.pipeline.liveness import PeerFailure
 
-    script = _pretrain_gpt()
-
-    def peer_died(args):
+    def peer_died():
         raise PeerFailure("rank 1, iteration 4: rank 3 stopped answering\n(original error ...)")
 
-    monkeypatch.setattr(script, "pretrain", peer_died)
     flags = argparse.Namespace(debug=debug == "--debug")
-    monkeypatch.setattr(script, "parse_args", lambda: flags)
     monkeypatch.setenv("DYNAPIPE_DEBUG", "1" if debug == "DYNAPIPE_DEBUG" else "0")
-    assert script.main() == 1
+    assert exit_status("pretrain_gpt.py", peer_died, flags) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "pretrain_gpt.py: error: rank 1, iteration 4: rank 3 stopped answering"
     assert ("Traceback (most recent call last):" in err) == (debug != "quiet")
@@ -169,7 +157,8 @@ def test_pretrain_gpt_under_torchrun() -> None:
     ]  # fmt: skip
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    lines = [line for line in out.stdout.splitlines() if "| lm loss" in line]
+    # DynaPipe's line ("| lm loss 5.7280 |"), beside Megatron's own ("| lm loss: 5.728E+00 |")
+    lines = [line for line in out.stdout.splitlines() if "| lm loss " in line]
     assert len(lines) == 2 and "iteration 2/2" in lines[-1], out.stdout
     assert "tokens/s" in lines[0] and "padding eff" in lines[0] and "planning" in lines[0]
 

@@ -12,7 +12,7 @@ traceback, a hang (still running after `--timeout` seconds), a silent acceptance
 0: it trained), or other (printed: wrong status, several lines, the item not named, a file
 written).
 
-Each input is first given to `pretrain_gpt.py`'s own `main()` in this process, stopped where
+Each input is first given to `pretrain_gpt.py` run in a forked process, stopped where
 torch.distributed would start (`until_process_group`): the program refuses bad flags, data and
 checkpoints before that, and this is fast. An input that gets there is then run for real, as
 one process of a one-rank job (`WORLD_SIZE=1`, no torchrun), to see what the program does.
@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import io
+import multiprocessing
 import os
+import runpy
 import shutil
 import socket
 import subprocess
@@ -35,7 +36,6 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "pretrain_gpt.py"
@@ -199,14 +199,6 @@ def path_cases(scratch: Path) -> list[Case]:
     return cases
 
 
-def load_script() -> ModuleType:
-    """`pretrain_gpt.py` as a module, its `main()` returning the exit status."""
-    spec = importlib.util.spec_from_file_location("pretrain_gpt", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
-
-
 class Started(Exception):
     """The input got as far as torch.distributed's start."""
 
@@ -214,40 +206,61 @@ class Started(Exception):
 ONE_RANK = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
 
 
-def until_process_group(script: ModuleType, case: Case, workdir: Path) -> Outcome | None:
-    """`main()` in this process (a one-rank job's environment, `workdir` as the current
-    directory) until torch.distributed would start; None when the input gets that far."""
+def until_process_group(case: Case, workdir: Path, timeout_s: float = 120.0) -> Outcome | None:
+    """The program run as `__main__` in a forked process (a one-rank job's environment,
+    `workdir` as the current directory) until torch.distributed would start; None when the
+    input gets that far. Forked, because the program patches megatron.training (DynaPipe's
+    `enable`) and sets Megatron's global state, which must not outlive one input."""
+    ctx = multiprocessing.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_run_until_process_group, args=(case.argv, workdir, send))
+    child.start()
+    send.close()
+    try:
+        if not recv.poll(timeout_s):
+            return Outcome(case, "hang", f"still running after {timeout_s:g} s")
+        kind, status, stderr = recv.recv()
+    finally:
+        child.join(timeout=5)
+        if child.is_alive():
+            child.kill()
+    if kind == "started":
+        return None
+    if kind == "traceback":
+        return Outcome(case, "traceback", stderr)
+    return judge(case, status, stderr, workdir)
+
+
+def _run_until_process_group(argv: tuple[str, ...], workdir: Path, conn) -> None:
     import torch.distributed as dist
 
     def stop(*args, **kwargs) -> None:
         raise Started
 
-    out, err = io.StringIO(), io.StringIO()
-    saved = sys.argv, os.getcwd(), dist.init_process_group, dict(os.environ)
-    sys.argv, dist.init_process_group = [str(SCRIPT), *case.argv], stop
+    err = io.StringIO()
+    sys.argv, dist.init_process_group = [str(SCRIPT), *argv], stop
     os.environ.update(ONE_RANK)
     os.environ.pop("DYNAPIPE_DEBUG", None)
     os.chdir(workdir)
     try:
         with (
-            contextlib.redirect_stdout(out),
+            contextlib.redirect_stdout(io.StringIO()),
             contextlib.redirect_stderr(err),
             warnings.catch_warnings(),
         ):
             warnings.simplefilter("ignore")
-            status = script.main()
+            try:
+                runpy.run_path(str(SCRIPT), run_name="__main__")
+                result = ("ended", 0, err.getvalue())
+            except SystemExit as e:
+                result = ("ended", e.code if isinstance(e.code, int) else 1, err.getvalue())
     except Started:
-        return None
-    except SystemExit as e:
-        status = e.code if isinstance(e.code, int) else 1
+        result = ("started", 0, "")
     except Exception as e:
-        return Outcome(case, "traceback", f"{type(e).__name__}: {e}")
-    finally:
-        sys.argv, cwd, dist.init_process_group, environ = saved
-        os.chdir(cwd)
-        os.environ.clear()
-        os.environ.update(environ)
-    return judge(case, status, err.getvalue(), workdir)
+        result = ("traceback", 1, f"{type(e).__name__}: {e}")
+    conn.send(result)
+    conn.close()
+    os._exit(0)
 
 
 def real_run(case: Case, workdir: Path, timeout_s: float) -> Outcome:
@@ -292,10 +305,9 @@ def judge(case: Case, status: int, stderr: str, workdir: Path) -> Outcome:
 
 
 def sweep(timeout_s: float, scratch: Path) -> Iterator[Outcome]:
-    script = load_script()
     for case in [*numeric_cases(), *path_cases(scratch)]:
         workdir = Path(tempfile.mkdtemp(dir=scratch, prefix="run-"))
-        outcome = until_process_group(script, case, workdir) or real_run(case, workdir, timeout_s)
+        outcome = until_process_group(case, workdir) or real_run(case, workdir, timeout_s)
         shutil.rmtree(workdir)
         yield outcome
 

@@ -32,7 +32,8 @@ base_flags
 run_methods() {
     local point=(--tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP"
         --seq-length "$4" --tokens-per-global-batch "$5")
-    launch "$1" "$2" "$3" dynapipe "${point[@]}" --dynamic-micro-batching --pipeline-schedule adaptive
+    launch "$1" "$2" "$3" dynapipe "${point[@]}" --dynamic-micro-batching --pipeline-schedule adaptive \
+        --dataloader-inter-document-masking
     launch "$1" "$2" "$3" packing-1f1b "${point[@]}" --baseline packing-1f1b \
         --micro-batch-size "$MICRO_BATCH_SIZE"
     launch "$1" "$2" "$3" megatron-1f1b "${point[@]}" --baseline megatron-1f1b \

@@ -108,9 +108,9 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         choices=("on", "off"),
         default=None,
         help="let DynaPipe's plans run micro-batches as packed rows (THD sequences with "
-        "cu_seqlens) where the cost model prices them faster (default: on in pretrain_gpt.py; "
-        "under `import megatron.dynapipe.enable` on with --dataloader-inter-document-masking, "
-        "whose get_batch reads `cu_seqlens`, off otherwise)",
+        "cu_seqlens) where the cost model prices them faster (default: in Megatron's loop on "
+        "with --dataloader-inter-document-masking, whose get_batch reads `cu_seqlens`, off "
+        "otherwise; on in DynaPipe's own loop)",
     )
     g.add_argument(
         "--dynapipe-gpu",
@@ -300,7 +300,8 @@ def hook_megatron_parser() -> None:
         return args
 
     def validate_args(args: argparse.Namespace, defaults: dict | None = None) -> None:
-        _validate(megatron_validate, args, dict(defaults or {}))
+        # megatron.training's loop needs an evaluation interval; 1000 was Megatron-LM's default.
+        _validate(megatron_validate, args, {"eval_interval": 1000, **(defaults or {})})
         _check_dynapipe(args, given)
 
     parse_args._dynapipe = True  # type: ignore[attr-defined]
@@ -569,6 +570,14 @@ def _switch_off(args: argparse.Namespace, fusions: tuple[str, ...], why: str) ->
     return [f"{why}: fused kernels off ({', '.join(on)})"] if on else []
 
 
+def check_training_flags(args: argparse.Namespace) -> None:
+    """What training needs beyond what parsing checks (tools that only build a model parse the
+    same flags): a learning rate, which Megatron has no default for either; without one its
+    optimiser fails deep inside."""
+    if args.lr is None:
+        raise ArgumentError("--lr: give the learning rate (it has no default)")
+
+
 def _check_dynapipe(args: argparse.Namespace, given: dict[str, str]) -> None:
     """DynaPipe's own flags against each other and against Megatron's."""
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
@@ -614,6 +623,15 @@ def _check_dynapipe(args: argparse.Namespace, given: dict[str, str]) -> None:
     elif args.overlap_pull_push:
         raise ArgumentError("--overlap-pull-push needs --dynamic-strategies or --hetero-plan")
     _check_checkpoint_dirs(args)
+    # In Megatron's loop DynaPipe plans the iterations only when asked to (a batching flag, or
+    # a job only DynaPipe's loop runs); otherwise Megatron trains as it would without DynaPipe.
+    args.dynapipe_plans = bool(
+        args.dynamic_micro_batching
+        or args.batching is not None
+        or args.dynamic_strategies
+        or args.hetero_plan
+        or args.parallel_plan
+    )
     if args.batching is None:
         args.batching = "dynamic" if args.dynamic_micro_batching else "padding"
     if args.seq_length is None:
@@ -726,8 +744,13 @@ def _check_batch(args: argparse.Namespace, given: dict[str, str]) -> None:
 
 def _check_recompute(args: argparse.Namespace, given: dict[str, str]) -> None:
     """One recomputation mode: Megatron's --recompute-granularity fixes it (full recomputation
-    of every layer, or selective), --dynapipe-recompute also offers auto (the default)."""
+    of every layer, or selective), --dynapipe-recompute also offers auto (the default).
+    Where DynaPipe does not plan (Megatron's loop without a batching flag), Megatron recomputes
+    as its flags say."""
     megatron_mode = args.recompute_granularity
+    if not args.dynapipe_plans and args.dynapipe_recompute is None:
+        args.dynapipe_recompute = megatron_mode or "auto"
+        return
     if megatron_mode is not None:
         if args.dynapipe_recompute not in (None, megatron_mode):
             raise ArgumentError(

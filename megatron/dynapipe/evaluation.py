@@ -6,8 +6,7 @@ next as Megatron's validation iterator does. The batches are planned like traini
 the planning rank, and each rank runs its plan forward only (`PlanExecutor.run(...,
 forward_only=True)`: no autograd, no backward passes or gradient transfers), with dropout off.
 The loss is the per-token loss over all evaluated tokens, printed in Megatron's validation
-line with its perplexity. `--baseline megatron-1f1b` evaluates Megatron's fixed-length samples
-of the split instead (`FixedLengthEvaluator`), through megatron-core's schedule, forward only.
+line with its perplexity. (In Megatron's loop, evaluation is Megatron's own.)
 """
 
 from __future__ import annotations
@@ -18,16 +17,13 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 import torch.distributed as dist
-from megatron.core.datasets.gpt_dataset import GPTDataset
 
 from dynapipe_planner.service import PlannerRecipe
 
 from . import parallel_state as ps
-from .data.megatron_samples import rank_microbatches as fixed_length_microbatches
 from .data.microbatches import rank_microbatches
 from .data.variable_length import VariableLengthDataset
 from .pipeline.executor import IterationResult, PlanExecutor
-from .pipeline.megatron_baseline import MegatronFixedLengthBaseline
 from .pipeline.plan_distribution import PlanChannel
 from .pipeline.plan_source import PLANNING_RANK
 
@@ -86,43 +82,6 @@ class Evaluator:
             lengths = self.dataset.lengths()[batch]
             self._channel.publish(key, self._planner.plan(lengths, batch))
         return self._channel.fetch(key)
-
-
-class FixedLengthEvaluator:
-    """Evaluates one held-out split of Megatron's fixed-length samples (a GPTDataset),
-    continuing through them from one evaluation to the next."""
-
-    def __init__(
-        self,
-        name: str,
-        samples: GPTDataset,
-        runner: MegatronFixedLengthBaseline,
-        *,
-        global_batch_size: int,
-        micro_batch_size: int,
-        iterations: int,
-    ) -> None:
-        self.name, self.samples, self.runner, self.iterations = name, samples, runner, iterations
-        self.global_batch_size, self.micro_batch_size = global_batch_size, micro_batch_size
-        self._next_batch = 0
-
-    def evaluate(self, model: torch.nn.Module) -> float:
-        """The per-token loss of the next `iterations` global batches of the split."""
-
-        def batches() -> Iterator[IterationResult]:
-            for _ in range(self.iterations):
-                rows = fixed_length_microbatches(
-                    self.samples,
-                    self._next_batch,
-                    global_batch_size=self.global_batch_size,
-                    micro_batch_size=self.micro_batch_size,
-                    dp_rank=ps.replica(),
-                    dp_size=ps.num_replicas(),
-                )
-                self._next_batch += 1
-                yield self.runner.run(rows, forward_only=True)
-
-        return _loss(model, batches())
 
 
 def _loss(model: torch.nn.Module, results: Iterator[IterationResult]) -> float:

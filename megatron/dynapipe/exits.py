@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from dynapipe_planner.cli_args import report_error
 from dynapipe_planner.errors import PlanningError, PlanningServiceError
@@ -51,18 +53,31 @@ def exit_status(
         run()
     except USER_ERRORS as error:
         if os.environ.get("RANK", "0") == "0":
-            report_error(program, error, args or _megatron_args())
+            report_error(program, error, args or megatron_args())
         return 2
     except JOB_FAULTS as error:
-        report_error(program, error, args or _megatron_args())
+        report_error(program, error, args or megatron_args())
         return 1
     except PROGRAM_ERRORS as error:
-        report_error(program, error, args or _megatron_args())
+        report_error(program, error, args or megatron_args())
         return 2
     return 0
 
 
-def _megatron_args() -> argparse.Namespace | None:
+def run_or_exit[T](run: Callable[[], T], args: argparse.Namespace | None = None) -> T:
+    """`run()`'s value, or the program's end as `exit_status` says (for a Megatron-LM program,
+    named by its file, where an error would otherwise escape as a traceback)."""
+    value: list[T] = []
+    status = exit_status(
+        Path(sys.argv[0]).name or "megatron.training", lambda: value.append(run()), args
+    )
+    if status:
+        sys.exit(status)
+    return value[0]
+
+
+def megatron_args() -> argparse.Namespace | None:
+    """megatron.training's parsed arguments, None before the program parses them."""
     from megatron.training.global_vars import get_args
 
     try:

@@ -1,17 +1,12 @@
-"""Where each training iteration's forward and backward passes come from.
+"""Where each planned training iteration's forward and backward passes come from, in
+Megatron's loop (`megatron_loop.DynaPipeSchedule`) and in DynaPipe's own (`training.pretrain`).
 
-`training.pretrain` runs one loop for every method (optimiser step, log line, checkpoints,
-evaluation, early exits); the methods differ in how an iteration's work is made:
-
-- `PlannedIterations`: the sampler's next global batch (variable-length samples), its plan
-  from the planning rank (`pipeline.plan_source`), this rank's micro-batch tensors, run by
-  `PlanExecutor`, or with `--baseline packing-1f1b` by megatron-core's schedule
-  (`MegatronPackingBaseline`);
-- `MegatronIterations` (`--baseline megatron-1f1b`): global batch k of Megatron's fixed-length
-  samples (`data.megatron_samples`) run by megatron-core's schedule; no planner runs.
-
-Both offer the same: `bind` (the runner, once the model exists), `next(iteration)`, the data
-position a checkpoint keeps (`data_position`) and the held-out evaluators.
+`PlannedIterations`: the sampler's next global batch (variable-length samples), its plan from
+the planning rank (`pipeline.plan_source`), this rank's micro-batch tensors, run by
+`PlanExecutor`, or with `--baseline packing-1f1b` by megatron-core's schedule
+(`MegatronPackingBaseline`). It offers `bind` (the runner, once the model exists),
+`next(iteration)`, the data position a checkpoint keeps (`data_position`) and the held-out
+evaluators. (`--baseline megatron-1f1b` is Megatron's loop without DynaPipe: no planner runs.)
 """
 
 from __future__ import annotations
@@ -29,22 +24,20 @@ from dynapipe_planner.model_spec import ModelSpec
 from dynapipe_planner.plan import ExecutionPlan
 
 from . import parallel_state as ps
-from .checkpointing import CheckpointError, ResumePoint
+from .checkpointing import ResumePoint
 from .data.datasets import DataSplits
-from .data.megatron_samples import fixed_length_samples
-from .data.megatron_samples import rank_microbatches as fixed_length_microbatches
 from .data.microbatches import MicroBatchTensors, rank_microbatches
 from .data.sampler import GlobalBatchSampler
 from .device_speed import parse_device_speed
-from .evaluation import Evaluator, FixedLengthEvaluator
+from .evaluation import Evaluator
 from .pipeline.executor import (
     ForwardStepFunc,
     IterationResult,
     PlanExecutor,
     gpt_forward_step,
 )
-from .pipeline.megatron_baseline import MegatronFixedLengthBaseline, MegatronPackingBaseline
-from .pipeline.plan_source import PLANNING_RANK, open_plan_source, open_store, planner_recipe
+from .pipeline.megatron_baseline import MegatronPackingBaseline
+from .pipeline.plan_source import PLANNING_RANK, open_plan_source, planner_recipe
 
 
 @dataclass
@@ -209,93 +202,3 @@ class _MegatronBatches(Mapping[int, dict]):
 
     def __len__(self) -> int:
         return len(self._batches)
-
-
-class MegatronIterations:
-    """`--baseline megatron-1f1b`: Megatron's fixed-length samples, global batch k = samples
-    [k B, (k + 1) B) of megatron-core's GPTDataset, B = --global-batch-size."""
-
-    def __init__(
-        self, args: argparse.Namespace, splits: DataSplits, resume: ResumePoint | None = None
-    ) -> None:
-        self.args, self.splits = args, splits
-        self.batch_size = args.global_batch_size
-        self.samples = fixed_length_samples(
-            splits.train, args, args.train_iters * self.batch_size, "train"
-        )
-        if resume is not None and resume.data_position is not None:
-            raise CheckpointError(
-                f"--baseline megatron-1f1b: {resume.directory} holds DynaPipe's variable-length "
-                "data order, not Megatron's fixed-length samples"
-            )
-        self.store, _ = open_store(dist.get_rank(), dist.get_world_size(), args.dynapipe_timeout)
-        self.runner: MegatronFixedLengthBaseline | None = None
-
-    def __enter__(self) -> MegatronIterations:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def bind(self, model: torch.nn.Module, config, device: torch.device) -> None:
-        recompute = self.args.dynapipe_recompute
-        self.runner = MegatronFixedLengthBaseline(
-            model,
-            config,
-            seq_length=self.args.seq_length,
-            micro_batch_size=self.args.micro_batch_size,
-            recompute="none" if recompute in (None, "auto") else recompute,
-        )
-
-    def next(self, iteration: int) -> Iteration:
-        microbatches = fixed_length_microbatches(
-            self.samples,
-            iteration,
-            global_batch_size=self.batch_size,
-            micro_batch_size=self.args.micro_batch_size,
-            dp_rank=ps.replica(),
-            dp_size=ps.num_replicas(),
-        )
-        stats = {
-            "padding_efficiency": 1.0,  # every position of a window is a real token
-            "num_microbatches": self.batch_size // self.args.micro_batch_size,
-            "recompute": self.runner.recompute,
-        }
-        return Iteration(lambda: self.runner.run(microbatches), stats, self.batch_size)
-
-    def data_position(self) -> None:
-        """Megatron's data position is its consumed sample count (global batch k is samples
-        [k B, (k + 1) B)): nothing beyond Megatron's own checkpoint fields."""
-        return None
-
-    def evaluators(self) -> dict[str, FixedLengthEvaluator]:
-        """An evaluator per held-out split with data, over its own fixed-length samples: every
-        evaluation (each --eval-interval and the final one) takes the next --eval-iters
-        global batches of them, as Megatron's validation iterator does."""
-        args = self.args
-        if args.eval_iters <= 0:
-            return {}
-        evaluations = 1 + (args.train_iters // args.eval_interval if args.eval_interval else 0)
-        num_samples = evaluations * args.eval_iters * self.batch_size
-        held_out = {"validation": (self.splits.valid, "valid"), "test": (self.splits.test, "test")}
-        return {
-            name: FixedLengthEvaluator(
-                name,
-                fixed_length_samples(data, args, num_samples, split),
-                self.runner,
-                global_batch_size=self.batch_size,
-                micro_batch_size=args.micro_batch_size,
-                iterations=args.eval_iters,
-            )
-            for name, (data, split) in held_out.items()
-            if data is not None
-        }
-
-
-def iterations_for(
-    args: argparse.Namespace, splits: DataSplits, spec: ModelSpec, resume: ResumePoint | None
-) -> PlannedIterations | MegatronIterations:
-    """The iterations the flags ask for."""
-    if args.baseline == "megatron-1f1b":
-        return MegatronIterations(args, splits, resume)
-    return PlannedIterations(args, splits, spec, resume)

@@ -58,3 +58,12 @@ def iteration_line(
         if stats.get("budget_exhausted"):
             line += " | planner budget exhausted"
     return line
+
+
+def peak_memory_field(peaks: list[int]) -> str:
+    """The line's field for `--log-peak-memory`: every rank's traced peak (bytes, rank order)."""
+    return (
+        f" | peak memory {max(peaks) / 2**20:,.2f} MiB (per rank "
+        f"{', '.join(f'{p / 2**20:.2f}' for p in peaks)}; traced tensors, "
+        "this iteration slowed by the trace)"
+    )

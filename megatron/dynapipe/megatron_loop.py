@@ -1,33 +1,42 @@
 """DynaPipe inside megatron.training's own training loop: `import megatron.dynapipe.enable`.
 
 A Megatron-LM program keeps `megatron.training.pretrain(...)` with its model provider,
-`forward_step` and dataset provider. `install()` changes six seams of megatron.training and
-megatron-core:
+`forward_step` and dataset provider (`pretrain_gpt.py` is one). `install()` changes these seams
+of megatron.training and megatron-core:
 
 - its parser (`arguments.hook_megatron_parser`): DynaPipe's flags join the program's, its
-  refusals, CPU defaults and checks apply, and the loss is per token over the global batch;
+  refusals, CPU defaults and checks apply, the loss is per token over the global batch, and
+  `--eval-interval` has a default (the loop needs one);
+- its global tokenizer (`_tokenizer_from_flags`): built as DynaPipe's datasets build theirs,
+  the byte tokenizer without `--tokenizer-type`, files checked and nothing downloaded;
 - on CPU ranks, its initialisation (`cpu_compat.install_training`): gloo, megatron-core's groups
   and seeds as on a GPU; and its dataset-helper build, which the megatron-core wheel ships
   prebuilt (without the Makefile `compile_helpers` runs);
-- the schedule `train()` takes from `get_forward_backward_func()`: with
-  `--dynamic-micro-batching`, `DynaPipeSchedule`. Each call takes the next global batch of
-  variable-length samples of the flags' data (`--data-path`, `--split`, the tokenizer), gets
-  its plan (planned ahead by rank 0's workers, seed `dynapipe.txt` §3, §6), and runs this
-  rank's instruction list with the program's `forward_step` (`PlanExecutor`); each planned
-  micro-batch reaches `forward_step` as the dict Megatron's data iterator yields: padded
-  micro-batches, and packed rows in Megatron's `--dataloader-inter-document-masking` form
-  when the program runs with that flag (its `get_batch` then turns `cu_seqlens`/`max_seqlen`
-  into `PackedSeqParams`), or `--dynapipe-packed-rows on` says it does. The reports
-  `forward_step`'s loss function returns go back to Megatron's `train_step`, which reduces,
-  logs and checkpoints as always. Parallel state is Megatron's (`adopt_megatron_groups`).
-  Evaluation (`forward_only`) keeps Megatron's schedule on the program's validation data;
-- its `pretrain` (`_reporting`): errors end the job as `pretrain_gpt.py`'s do (`exits`);
+- its data-loader build (`_no_validation_without_data`): no validation when the provider gives
+  no validation data (megatron.training 0.19 would read a missing iterator);
+- the schedule `train()` takes from `get_forward_backward_func()`: when DynaPipe plans (a
+  batching flag, `arguments.dynapipe_plans`), `DynaPipeSchedule`. Each call takes the next
+  global batch of variable-length samples of the flags' data (`--data-path`, `--split`, the
+  tokenizer), gets its plan (planned ahead by rank 0's workers, seed `dynapipe.txt` §3, §6),
+  and runs this rank's instruction list with the program's `forward_step` (`PlanExecutor`);
+  each planned micro-batch reaches `forward_step` as the dict Megatron's data iterator yields:
+  padded micro-batches, and packed rows in Megatron's `--dataloader-inter-document-masking`
+  form when the program runs with that flag (its `get_batch` then turns
+  `cu_seqlens`/`max_seqlen` into `PackedSeqParams`), or `--dynapipe-packed-rows on` says it
+  does. The reports `forward_step`'s loss function returns go back to Megatron's `train_step`,
+  which reduces, logs and checkpoints as always. Parallel state is Megatron's
+  (`adopt_megatron_groups`). Evaluation (`forward_only`) keeps Megatron's schedule on the
+  program's validation data;
+- its `pretrain` (`_reporting`): the flags, the data and `--load` are checked before anything
+  is built, errors end the job as DynaPipe's do (`exits`), and the jobs only DynaPipe's own
+  loop runs (`own_loop_reason`) go there;
 - its `train_step` (`_logged_train_step`), guarded by DynaPipe's heartbeats (a failed step
-  names the ranks that stopped answering, `pipeline.liveness`), timed whole and followed, on
-  the last rank where Megatron prints, by the iteration line of `pretrain_gpt.py`'s loop
-  (`log.iteration_line`: per-iteration loss, real tokens/s, padding efficiency, predicted and
-  measured time), which Megatron's own line lacks and the benchmarks parse; Megatron's
-  consumed-samples count then moves by the planned batch's samples;
+  names the ranks that stopped answering, `pipeline.liveness`), timed whole (its memory traced
+  on the last iteration with `--log-peak-memory`) and followed, on the last rank where Megatron
+  prints, by DynaPipe's iteration line (`log.iteration_line`: per-iteration loss, real
+  tokens/s, padding efficiency, predicted and measured time), which Megatron's own line lacks
+  and the benchmarks parse, also for `--baseline megatron-1f1b` (Megatron's own schedule);
+  Megatron's consumed-samples count then moves by the planned batch's samples;
 - megatron-core's `get_batch_on_this_tp_rank` (`_planned_shape_broadcast`): Megatron-LM's
   `get_batch` reads the iterator on tensor-parallel rank 0 and broadcasts to the others into
   buffers of `--micro-batch-size` x `--seq-length`. DynaPipe's micro-batches have their own
@@ -57,11 +66,12 @@ from dynapipe_planner.megatron_model import spec_from_args
 
 from . import arguments, cpu_compat
 from . import parallel_state as ps
-from .checkpointing import ResumePoint, TrainState
-from .data.datasets import datasets
-from .exits import exit_status
+from .checkpointing import ResumePoint, TrainState, resume_point
+from .data.datasets import job_datasets
+from .exits import megatron_args, run_or_exit
 from .iterations import Iteration, PlannedIterations
-from .log import iteration_line
+from .log import iteration_line, peak_memory_field
+from .memory import every_rank, traced_peak
 from .packed_attention import use_packed_attention
 from .pipeline.liveness import Liveness
 from .pipeline.plan_source import PLANNING_RANK
@@ -125,30 +135,6 @@ class DynaPipeSchedule:
         )
         args.consumed_train_samples += self.last.samples - megatron_counts
 
-    def log_step(self, args: Any, losses: dict[str, Any], measured_s: float) -> None:
-        """DynaPipe's iteration line for the step Megatron's `train_step` just ran (taking
-        `measured_s`), printed where Megatron prints its own: by the last rank, which holds the
-        step's loss per token (`losses`, Megatron's reduced reports). Tokens are the plan's
-        real tokens of the whole global batch."""
-        iteration = args.curr_iteration + 1
-        due = iteration % args.log_interval == 0 or iteration == args.train_iters
-        if self.last is None or not due or dist.get_rank() != dist.get_world_size() - 1:
-            return
-        loss = losses.get("lm loss", next(iter(losses.values()), None))
-        if loss is None:  # a step Megatron's rerun machinery cut short reports no loss
-            return
-        tokens = int(self.last.stats["tokens"])
-        line = iteration_line(
-            iteration,
-            args.train_iters,
-            self.last,
-            float(loss),
-            tokens,
-            measured_s,
-            args.dynapipe_gpu,
-        )
-        print(line, file=sys.stdout, flush=True)
-
     def _start(
         self, args: Any, model: list[torch.nn.Module], forward_step_func: Any
     ) -> PlannedIterations:
@@ -161,7 +147,7 @@ class DynaPipeSchedule:
         use_packed_attention(model[0])
         if args.dynapipe_packed_rows is None:  # only a program that reads cu_seqlens
             args.dynapipe_packed_rows = "on" if args.dataloader_inter_document_masking else "off"
-        splits = datasets(args)
+        splits = job_datasets(args)
         spec = spec_from_args(args, args.padded_vocab_size)
         _check_layer_split(model[0], args)
         resume = None
@@ -177,6 +163,47 @@ class DynaPipeSchedule:
         atexit.register(self.liveness.stop)
         iterations.bind(model[0], get_model_config(model[0]), ps.device(), forward_step_func)
         return iterations
+
+
+def _log_step(
+    args: Any,
+    work: Iteration,
+    losses: dict[str, Any],
+    measured_s: float,
+    peaks: list[int] | None = None,
+) -> None:
+    """DynaPipe's iteration line for the step Megatron's `train_step` just ran (`work`, taking
+    `measured_s`), printed where Megatron prints its own: by the last rank, which holds the
+    step's loss per token (`losses`, Megatron's reduced reports). Tokens are the real tokens of
+    the whole global batch; `peaks`: every rank's traced peak memory (`--log-peak-memory`)."""
+    iteration = args.curr_iteration + 1
+    due = iteration % args.log_interval == 0 or iteration == args.train_iters
+    if not due or dist.get_rank() != dist.get_world_size() - 1:
+        return
+    loss = losses.get("lm loss", next(iter(losses.values()), None))
+    if loss is None:  # a step Megatron's rerun machinery cut short reports no loss
+        return
+    tokens = int(work.stats["tokens"])
+    line = iteration_line(
+        iteration, args.train_iters, work, float(loss), tokens, measured_s, args.dynapipe_gpu
+    )
+    if peaks is not None:
+        line += peak_memory_field(peaks)
+    print(line, file=sys.stdout, flush=True)
+
+
+def _megatron_step(args: Any) -> Iteration:
+    """The step megatron-core's own schedule ran (`--baseline megatron-1f1b`), as the line
+    describes it: `--global-batch-size` windows of `--seq-length` tokens, every one real."""
+    from megatron.core.num_microbatches_calculator import get_num_microbatches
+
+    stats = {
+        "tokens": args.global_batch_size * args.seq_length,
+        "padding_efficiency": 1.0,
+        "num_microbatches": get_num_microbatches() * args.data_parallel_size,
+        "recompute": args.recompute_granularity or "none",
+    }
+    return Iteration(lambda: None, stats, args.global_batch_size)  # already run by Megatron
 
 
 def _check_layer_split(model: torch.nn.Module, args: Any) -> None:
@@ -228,7 +255,7 @@ def _planned_shape_broadcast(broadcast_batch: Callable[..., Any]) -> Callable[..
     def get_batch_on_this_tp_rank(*args: Any, **kwargs: Any) -> Any:
         from megatron.training import get_args
 
-        if get_args().batching != "dynamic":
+        if not get_args().dynapipe_plans:
             return broadcast_batch(*args, **kwargs)
         call = signature.bind(*args, **kwargs)
         given = call.arguments
@@ -245,6 +272,46 @@ def _planned_shape_broadcast(broadcast_batch: Callable[..., Any]) -> Callable[..
     return get_batch_on_this_tp_rank
 
 
+def _tokenizer_from_flags(args: Any) -> Any:
+    """megatron.training's global tokenizer, built as DynaPipe's datasets build theirs
+    (`data.tokenizer`): the byte tokenizer of the built-in corpus when no `--tokenizer-type` is
+    given (Megatron would stop), files checked first and nothing downloaded, a bad flag named
+    in one line. Megatron's padded vocabulary is set from it as Megatron sets it. Types
+    DynaPipe's datasets do not read are Megatron's to build."""
+    from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer as megatron_build
+
+    from .data.tokenizer import SUPPORTED_TOKENIZER_TYPES, build_tokenizer
+    from .model import padded_vocab_size
+
+    if args.tokenizer_type is not None and args.tokenizer_type not in SUPPORTED_TOKENIZER_TYPES:
+        return megatron_build(args)
+    tokenizer = run_or_exit(lambda: build_tokenizer(args), args)  # before pretrain is called
+    if args.padded_vocab_size is None:
+        tp = args.tensor_model_parallel_size
+        args.padded_vocab_size = padded_vocab_size(args, tokenizer.vocab_size, tp)
+    return getattr(tokenizer, "megatron", tokenizer)
+
+
+def _no_validation_without_data(build_loaders: Callable[..., Any]) -> Callable[..., Any]:
+    """megatron.training's data-loader build, not validating when the program's dataset
+    provider gives no validation data: megatron.training 0.19 wraps the validation loader in a
+    list, finds the list not None, and its evaluation then reads a None iterator."""
+
+    @functools.wraps(build_loaders)
+    def build_train_valid_test_data_loaders(*args: Any, **kwargs: Any) -> Any:
+        from megatron.training import get_args
+
+        train, valid, test = build_loaders(*args, **kwargs)
+        missing = isinstance(valid, list) and all(loader is None for loader in valid)
+        flag = torch.tensor([int(missing)], dtype=torch.int64, device=ps.device())
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # ranks that built no loaders agree
+        if int(flag):
+            get_args().do_valid = False
+        return train, valid, test
+
+    return build_train_valid_test_data_loaders
+
+
 def _broadcast_planned_shapes() -> None:
     from megatron.core import utils
 
@@ -255,9 +322,10 @@ def _broadcast_planned_shapes() -> None:
 def install() -> None:
     """Enable DynaPipe in megatron.training (idempotent); see the module docstring."""
     import megatron.training
-    from megatron.training import training
+    from megatron.training import global_vars, training
 
     arguments.hook_megatron_parser()
+    global_vars.build_tokenizer = _tokenizer_from_flags
     cpu_compat.install_training()
     _use_prebuilt_dataset_helpers()
     _broadcast_planned_shapes()
@@ -270,7 +338,7 @@ def install() -> None:
         from megatron.training import get_args
 
         megatron_schedule = megatron_schedule_for(*args, **kwargs)
-        if get_args().batching != "dynamic":
+        if not get_args().dynapipe_plans:
             return megatron_schedule
         if "dynapipe" not in schedule:
             schedule["dynapipe"] = DynaPipeSchedule(megatron_schedule)
@@ -279,41 +347,89 @@ def install() -> None:
     get_forward_backward_func._dynapipe = True  # type: ignore[attr-defined]
     training.get_forward_backward_func = get_forward_backward_func
     training.train_step = _logged_train_step(training.train_step, schedule)
+    training.build_train_valid_test_data_loaders = _no_validation_without_data(
+        training.build_train_valid_test_data_loaders
+    )
     megatron.training.pretrain = training.pretrain = _reporting(training.pretrain)
+
+
+def own_loop_reason(args: Any) -> str | None:
+    """Why the job needs DynaPipe's own loop (`training.pretrain`), or None when Megatron's
+    loop runs it. Megatron's loop trains one model layout with one optimiser over one set of
+    parallel groups; these jobs change the layout per iteration (`--dynamic-strategies`), run
+    pipelines of different shapes side by side (`--hetero-plan`), or shard some layers and
+    not others (`--parallel-plan`)."""
+    for flag in ("dynamic_strategies", "hetero_plan", "parallel_plan"):
+        if getattr(args, flag, None):
+            return "--" + flag.replace("_", "-")
+    return None
 
 
 def _reporting(megatron_pretrain: Callable[..., Any]) -> Callable[..., Any]:
     """megatron.training's `pretrain`, ending as DynaPipe jobs end on errors (`exits`): the
     input's fault in one line on rank 0 and exit status 2, a fault of the running job in one
-    line per rank and exit status 1."""
+    line per rank and exit status 1. A job `own_loop_reason` names runs in DynaPipe's loop
+    with the program's flags instead (its model and data come from those flags)."""
 
     @functools.wraps(megatron_pretrain)
     def pretrain(*args: Any, **kwargs: Any) -> None:
-        program = Path(sys.argv[0]).name or "megatron.training"
-        status = exit_status(program, lambda: megatron_pretrain(*args, **kwargs))
-        if status:
-            sys.exit(status)
+        parsed = megatron_args()  # a 0.19 program parses before it calls pretrain
+        if parsed is not None and own_loop_reason(parsed):
+            from .training import pretrain as dynapipe_pretrain
+
+            run_or_exit(lambda: dynapipe_pretrain(parsed))
+            return
+
+        def run() -> None:
+            if parsed is not None:
+                _before_megatron(parsed)
+            megatron_pretrain(*args, **kwargs)
+
+        run_or_exit(run)
 
     return pretrain
+
+
+def _before_megatron(args: Any) -> None:
+    """What DynaPipe checks and says before megatron.training builds anything: the training
+    flags, its notes on them (rank 0), the data (when it plans) and the checkpoint `--load`
+    names, so that bad ones stop the job before any process group or model exists."""
+    arguments.check_training_flags(args)
+    if args.rank == 0:
+        for note in args.dynapipe_notes:
+            print(note, file=sys.stdout, flush=True)
+    if args.dynapipe_plans:
+        job_datasets(args)
+    resume_point(args)
 
 
 def _logged_train_step(
     megatron_train_step: Callable[..., Any], schedule: dict[str, DynaPipeSchedule]
 ) -> Callable[..., Any]:
     """megatron.training's `train_step`, timed whole (zeroing, the planned passes, gradient
-    sync, optimiser step) and followed by DynaPipe's iteration line when DynaPipe ran it."""
+    sync, optimiser step) and followed by DynaPipe's iteration line when DynaPipe ran it, or
+    when the job is `--baseline megatron-1f1b` (measured against DynaPipe's line by line)."""
 
     @functools.wraps(megatron_train_step)
     def train_step(*args: Any, **kwargs: Any) -> Any:
         from megatron.training import get_args
 
+        job = get_args()
         dynapipe = schedule.get("dynapipe")
+        traced = job.log_peak_memory and job.curr_iteration == job.train_iters - 1
         started = time.perf_counter()
-        with dynapipe.guarded(get_args().curr_iteration) if dynapipe else contextlib.nullcontext():
+        with (
+            dynapipe.guarded(job.curr_iteration) if dynapipe else contextlib.nullcontext(),
+            traced_peak(ps.device()) if traced else contextlib.nullcontext() as peak,
+        ):
             result = megatron_train_step(*args, **kwargs)
-        if dynapipe is not None:
-            dynapipe.log_step(get_args(), result[0], time.perf_counter() - started)
-            dynapipe.count_samples(get_args())
+        measured_s = time.perf_counter() - started
+        peaks = every_rank(peak.peak) if traced else None
+        if dynapipe is not None and dynapipe.last is not None:
+            _log_step(job, dynapipe.last, result[0], measured_s, peaks)
+            dynapipe.count_samples(job)
+        elif job.baseline == "megatron-1f1b":
+            _log_step(job, _megatron_step(job), result[0], measured_s, peaks)
         return result
 
     return train_step

@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from megatron.core import parallel_state as mpu
 from torch._C._autograd import DeviceType
 
@@ -89,6 +90,13 @@ class PeakMemory:
 
     static: int = 0
     peak: int = 0
+
+
+def every_rank(peak: int) -> list[int]:
+    """This rank's traced `peak` and every other rank's, in rank order (for the log line)."""
+    peaks: list[int] = [0] * dist.get_world_size()
+    dist.all_gather_object(peaks, peak)
+    return peaks
 
 
 @contextlib.contextmanager

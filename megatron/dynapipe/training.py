@@ -1,10 +1,13 @@
-"""The training loop of `pretrain_gpt.py`: one plan per iteration, run by every rank's executor.
+"""DynaPipe's own training loop: one plan per iteration, run by every rank's executor, for the
+jobs megatron.training's loop cannot express (`megatron_loop.own_loop_reason`: a searched
+`--parallel-plan` with per-layer SDP here; `--dynamic-strategies` and `--hetero-plan` in
+`hetero.training`). `pretrain_gpt.py` reaches it through `megatron.training.pretrain`, whose
+`enable` wrapper hands such jobs here with the parsed flags.
 
 Each iteration takes the next global batch (a token budget or a sample count), gets its plan
 (micro-batches, schedule and communication of every pipeline; seed `dynapipe.txt` §3), planned
 ahead of time on rank 0 and fetched by the others (`pipeline.plan_source`), builds this rank's
-micro-batch tensors from it (`iterations`; `--baseline megatron-1f1b` takes Megatron's
-fixed-length samples instead, with no planner), runs it, steps the optimiser and logs what a
+micro-batch tensors from it (`iterations`), runs it, steps the optimiser and logs what a
 Megatron user watches plus what DynaPipe changes: real tokens/s, padding efficiency, the
 planner's predicted iteration time next to the measured one, the planner's time for the plan
 and how long training waited for it. A step that fails because a peer died names that rank and
@@ -30,13 +33,13 @@ from dynapipe_planner.search.plan_file import SearchedPlan
 
 from . import checkpointing, cpu_compat
 from . import parallel_state as ps
-from .arguments import ArgumentError
+from .arguments import ArgumentError, check_training_flags
 from .checkpointing import TrainState
 from .data.datasets import DataSplits, datasets
 from .evaluation import validation_line
-from .iterations import iterations_for
-from .log import iteration_line, log_rank0
-from .memory import traced_peak
+from .iterations import PlannedIterations
+from .log import iteration_line, log_rank0, peak_memory_field
+from .memory import every_rank, traced_peak
 from .model import padded_vocab_size
 from .parallel_plan import apply_parallel_plan
 from .pipeline.liveness import Liveness
@@ -54,13 +57,6 @@ def _global_loss(loss_sum: float, tokens: int, tp: int) -> tuple[float, int]:
     return loss_sum / max(tokens, 1), tokens
 
 
-def _gathered(value: int) -> list[int]:
-    """`value` of every rank, in rank order."""
-    values: list[int] = [0] * dist.get_world_size()
-    dist.all_gather_object(values, value)
-    return values
-
-
 IterationProbe = Callable[[int, ExecutionPlan], contextlib.AbstractContextManager[object]]
 
 
@@ -71,8 +67,9 @@ def pretrain(args: argparse.Namespace, probe: IterationProbe | None = None) -> l
     pipeline run (the plan's instructions, up to finalised gradients; not the optimiser step),
     the part the plan predicts: the cost-model accuracy benchmark measures it there.
     """
-    if args.lr is None:  # Megatron has no default either; its optimiser would fail deep inside
-        raise ArgumentError("--lr: give the learning rate (it has no default)")
+    check_training_flags(args)
+    if args.baseline == "megatron-1f1b":
+        raise ArgumentError("--baseline megatron-1f1b is Megatron's own loop (pretrain_gpt.py)")
     if getattr(args, "dynamic_strategies", False) or getattr(args, "hetero_plan", None):
         from .hetero.training import pretrain_hetero
 
@@ -121,7 +118,7 @@ def _train(
     spec = spec_from_args(args, padded_vocab_size(args, dataset.vocab_size, tp))
     if args.load and resume is None:
         log_rank0(rank, f"no checkpoint in {args.load}: starting from scratch")
-    iterations = iterations_for(args, splits, spec, resume)
+    iterations = PlannedIterations(args, splits, spec, resume)
     liveness = Liveness(iterations.store, rank, dist.get_world_size(), server_rank=PLANNING_RANK)
     with iterations, liveness:
         config, model, optimizer, scheduler = stage_in_ddp(
@@ -161,7 +158,7 @@ def _train(
                     scheduler.step(increment=args.global_batch_size)
                 measured_s = time.perf_counter() - started
                 loss, tokens = _global_loss(result.loss_sum, result.num_tokens, tp)
-                peaks = _gathered(peak.peak) if traced else None
+                peaks = every_rank(peak.peak) if traced else None
             losses.append(loss)
             state.iteration += 1
             state.consumed_samples += work.samples
@@ -182,11 +179,7 @@ def _train(
                 if grad_norm is not None:
                     line += f" | grad norm {grad_norm:.3f}"
                 if peaks is not None:
-                    line += (
-                        f" | peak memory {max(peaks) / 2**20:,.2f} MiB (per rank "
-                        f"{', '.join(f'{p / 2**20:.2f}' for p in peaks)}; traced tensors, "
-                        "this iteration slowed by the trace)"
-                    )
+                    line += peak_memory_field(peaks)
                 if args.fp16:  # Megatron's dynamic loss scaling skips steps that overflow
                     line += f" | loss scale {optimizer.get_loss_scale().item():.1f}"
                     line += "" if stepped else " | skipped (overflow)"

@@ -162,6 +162,21 @@ def datasets(args: argparse.Namespace) -> DataSplits:
     return build_datasets(args, build_tokenizer(args))
 
 
+_job_data: list[tuple[argparse.Namespace, DataSplits]] = []
+
+
+def job_datasets(args: argparse.Namespace) -> DataSplits:
+    """`datasets(args)` read once per job (per `args` object): in Megatron's loop the flags
+    are checked against the data before any process group exists, and the program's dataset
+    provider and DynaPipe's planner then read the same splits."""
+    for held, splits in _job_data:
+        if held is args:
+            return splits
+    splits = datasets(args)
+    _job_data[:] = [(args, splits)]
+    return splits
+
+
 def build_datasets(args: argparse.Namespace, tokenizer: Tokenizer) -> DataSplits:
     """The train/valid/test datasets Megatron's data flags in `args` select (see the module
     docstring), every token id from `tokenizer`."""

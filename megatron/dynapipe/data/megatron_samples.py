@@ -1,4 +1,5 @@
-"""Megatron's fixed-length samples, what `--baseline megatron-1f1b` trains on.
+"""Megatron's fixed-length samples of DynaPipe's datasets, what Megatron's loop reads where
+DynaPipe does not plan (`--baseline megatron-1f1b`, and evaluation).
 
 Megatron-LM pretrains on megatron-core's `GPTDataset`: the documents of a split are shuffled
 (per epoch, seeded), concatenated, and cut into windows of `--seq-length` + 1 tokens that
@@ -9,11 +10,8 @@ split's samples (a document, or a `--seq-length` chunk of a longer one, `variabl
 the GPTDataset's documents, read through the low-level interface megatron-core's own mock
 data offers (`sequence_lengths`, `get`). The indices are built in memory on every rank from the
 seed, as megatron-core does for mock data, so no rank waits for another's cache files.
-
-Global batch k holds GPTDataset samples [k B, (k + 1) B); data-parallel rank r takes, of
-each run of `micro_batch_size` x DP samples, the r-th `micro_batch_size` (Megatron's
-pretraining sampler), so micro-batch j of rank r is samples
-k B + j (m DP) + r m ... + m - 1.
+`pretrain_gpt.py`'s dataset provider hands these to Megatron's loop, whose pretraining sampler
+deals them out as it deals any GPTDataset's samples.
 """
 
 from __future__ import annotations
@@ -22,12 +20,10 @@ import argparse
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.utils import Split
 
 from .base import SampleDataset
-from .microbatches import MicroBatchTensors
 
 
 class _SamplesAsDocuments:
@@ -76,34 +72,3 @@ def fixed_length_samples(
     documents = _SamplesAsDocuments(dataset)
     indices = np.arange(len(documents), dtype=np.int32)
     return GPTDataset(documents, None, indices, num_samples, Split[split], config)
-
-
-def microbatch(samples: list[dict[str, torch.Tensor]]) -> MicroBatchTensors:
-    """GPTDataset samples as one micro-batch of `megatron.dynapipe.data.microbatches` tensors."""
-    loss_mask = torch.stack([s["loss_mask"] for s in samples]).float()
-    return MicroBatchTensors(
-        tokens=torch.stack([s["tokens"] for s in samples]),
-        labels=torch.stack([s["labels"] for s in samples]),
-        loss_mask=loss_mask,
-        position_ids=torch.stack([s["position_ids"] for s in samples]),
-        attention_mask=torch.stack([s["attention_mask"] for s in samples]),
-        num_tokens=int(loss_mask.sum()),
-    )
-
-
-def rank_microbatches(
-    samples: GPTDataset,
-    batch: int,
-    *,
-    global_batch_size: int,
-    micro_batch_size: int,
-    dp_rank: int,
-    dp_size: int,
-) -> list[MicroBatchTensors]:
-    """Data-parallel rank `dp_rank`'s micro-batches of global batch `batch` (module docstring)."""
-    start = batch * global_batch_size
-    stride = micro_batch_size * dp_size
-    return [
-        microbatch([samples[first + i] for i in range(micro_batch_size)])
-        for first in range(start + dp_rank * micro_batch_size, start + global_batch_size, stride)
-    ]
