@@ -3,6 +3,10 @@ comes to a lower bound on its own iteration time.
 
 Workload: the SYNTHETIC FLAN-like preset truncated at 512..8192 tokens, global batches of
 65,536 tokens, GPT-6.7B with the analytic cost model on 2 pipelines x 4 stages of A100-80GB.
+"dp packing" is DynaPipe that also runs the DP with packed rows in its search
+(`PlannerConfig.dp_packing`, issue 21: each group priced and run as packed rows while it
+partitions) and keeps the faster plan; "dynapipe" (the default) partitions padded groups and
+packs them afterwards.
 Each method plans the same global batches; baselines get their grid search (micro-batch size or
 token budget), and every method may pick its recomputation. Times are the planner's predictions
 (schedule timeline under the cost model), checked by the event-driven simulator for DynaPipe.
@@ -56,12 +60,14 @@ from dynapipe_planner.planner import IterationPlanner, PlannerConfig, split_for_
 from dynapipe_planner.schedule import makespan_lower_bound, search_schedule
 from dynapipe_planner.simulate import simulate
 
+# name: (batching, schedule, whether the DP packs rows while it partitions: `dp_packing`)
 METHODS = {
-    "dynapipe": ("dynamic", "adaptive"),
-    "dynamic+1f1b": ("dynamic", "1f1b"),
-    "packing": ("packing", "1f1b"),
-    "token-budget": ("token-budget", "1f1b"),
-    "padding": ("padding", "1f1b"),
+    "dynapipe": ("dynamic", "adaptive", False),
+    "dp packing": ("dynamic", "adaptive", True),
+    "dynamic+1f1b": ("dynamic", "1f1b", False),
+    "packing": ("packing", "1f1b", False),
+    "token-budget": ("token-budget", "1f1b", False),
+    "padding": ("padding", "1f1b", False),
 }
 
 
@@ -196,14 +202,19 @@ def main() -> None:
         f"{'max len':>8}{'method':>14}{'tokens/s':>11}{'vs packing':>11}{'pad eff':>9}"
         f"{'iter/LB mean':>13}{'iter/LB max':>12}{'sim/pred':>9}"
     )
+    gains = []  # per max length: DynaPipe over packing, and over the best baseline
     for max_len in args.max_seqlens:
         lengths = np.minimum(data, max_len)
         batches = global_batches(lengths, args.global_batch_tokens, seed=1)
         chosen = [next(batches) for _ in range(args.iterations)]
         rows = {}
-        for name, (batching, schedule) in METHODS.items():
+        for name, (batching, schedule, dp_packing) in METHODS.items():
             config = PlannerConfig(
-                num_replicas=2, batching=batching, schedule=schedule, max_seqlen=max_len
+                num_replicas=2,
+                batching=batching,
+                schedule=schedule,
+                max_seqlen=max_len,
+                dp_packing=dp_packing,
             )
             planner = IterationPlanner(cost_model, 4, config)
             tokens = seconds = 0.0
@@ -220,7 +231,7 @@ def main() -> None:
                 ratios.append(
                     plan.stats["predicted_iteration_s"] / lower_bound(plan, planner, batch)
                 )
-                if name == "dynapipe":
+                if name in ("dynapipe", "dp packing"):
                     costs = planner.costs_of(plan, batch)
                     sim.append(simulate(plan, costs).makespan / plan.stats["predicted_iteration_s"])
             if len(ratios) == len(chosen):
@@ -237,6 +248,18 @@ def main() -> None:
                 f"{max_len:>8}{name:>14}{tps:>11.0f}{vs}{pad:>9.3f}"
                 f"{mean_r:>13.3f}{max_r:>12.3f}{sim_s}"
             )
+        baselines = [rows[m][0] for m in ("packing", "padding", "token-budget") if m in rows]
+        if baselines:
+            ours = {m: rows[m][0] for m in ("dynapipe", "dp packing") if m in rows}
+            gains.append({m: tps / max(baselines) for m, tps in ours.items()})
+            gains[-1].update(max_len=max_len, vs_packing=ours.get("dynapipe", np.nan) / base)
+    for name in ("dynapipe", "dp packing") if gains else ():
+        print(
+            f"{name} / best of packing, padding and token-budget: "
+            + ", ".join(f"{g['max_len']}: {g.get(name, np.nan):.3f}x" for g in gains)
+        )
+    if gains:
+        print(f"dynapipe: mean gain over packing {np.mean([g['vs_packing'] for g in gains]):.3f}x")
     near_the_bound(cost_model, args.sizes)
 
 

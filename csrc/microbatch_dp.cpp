@@ -10,6 +10,22 @@
 // per-sample share at its own length) stops the enumeration once (c-1) * T alone cannot win. Range
 // costs are computed lazily, only as far as the thresholds reach. The Python reference
 // (dynapipe_planner/microbatch/reference_dp.py) mirrors this file operation for operation.
+//
+// Packed rows (issue 21; the packed micro-batches of Hydraulis seed hydraulis.txt §6.1): with
+// `pack`, each range may run padded (b samples padded to its longest, s) or as its samples
+// packed first-fit-decreasing into rows of L tokens, L either s or the batch's longest sample,
+// attention only within each sample (varlen). Packed into r rows of L it costs
+//   max_j ( T_j(r, L) - (r L^2 - sum_i l_i^2) * coef_j )
+// with T_j stage j's monotone forward + backward table, and needs the memory of r rows of L.
+// Padding never beats rows of s: interpolation weights are >= 0 and T_j is monotone, so
+// T_j(r, s) <= T_j(b, s) <= T(b, s) (the max-over-stages table padding is priced with) for
+// r <= b rows, the attention saved is >= 0 and coef_j >= 0, and r rows need no more memory than
+// b. So with `pack` a range is priced at the cheaper of its two packings (rows of s win ties).
+// Samples must come sorted by length: growing a range leftwards then adds a sample no longer
+// than any before, so its first-fit-decreasing rows (for either L, fixed per band) are the
+// shorter range's plus one first-fit step, kept per band. A new row can cost less than the
+// attention it saves, so a range's price is raised to the shorter range's where it would fall
+// below it: band costs stay monotone.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -82,6 +98,10 @@ struct Problem {
   std::vector<int64_t> src, tgt;  // per ordered sample; tgt all zero for decoder-only models
   std::vector<double> bg, sg, tg;
   Table time, mem;
+  bool pack = false;              // ranges may run as packed rows
+  int64_t longest = 0;            // packing: the batch's longest sample (the longer row length)
+  std::vector<Table> stage_time;  // per stage: monotone forward + backward (packing only)
+  std::vector<double> coef;       // per stage: seconds per token^2 of attention
 };
 
 // Time of micro-batch [i..j] (inclusive), or +inf when it does not fit in memory or the grid.
@@ -94,6 +114,16 @@ double range_cost(const Problem& p, int64_t b, int64_t s, int64_t t) {
   return p.time.interp(cb, cs, ct);
 }
 
+// Packed rows of one range at one row length, grown with the range (first-fit-decreasing).
+struct Rows {
+  int64_t length = 0;            // tokens per row
+  std::vector<int64_t> room;     // free tokens per row
+  int64_t most_room = 0;         // max of room: a sample longer than it opens a new row
+  Cell cr{0, 0.0}, cs{0, 0.0};   // cells of the row count and the row length
+  std::vector<double> row_time;  // per stage, the table's time at the current row count
+  bool open = true;              // the rows still fit the grid and the memory
+};
+
 // Costs of the ranges ending at one sample, grown leftwards on demand. Growing a range adds one
 // sample and can only raise its padded lengths, so each grid cell moves forward from the last
 // one instead of being searched again (the cells equal what `locate` returns).
@@ -102,6 +132,10 @@ struct Band {
   int64_t smax = 0, tmax = 0;
   Cell cb{0, 0.0}, cs{0, 0.0}, ct{0, 0.0};
   bool closed = false;  // the next range is infeasible (memory, grid or start of the batch)
+  // Packed: rows of the range's longest sample, and rows of the batch's longest sample.
+  Rows own, full;
+  int64_t squares = 0;                // sum of the samples' squared lengths
+  std::vector<uint8_t> on_full_rows;  // on_full_rows[k]: range [j-k .. j] packs to `full`
 };
 
 // Moves `cell` forward to x (never backward); false beyond the grid. Same result as locate().
@@ -115,6 +149,55 @@ bool advance(const std::vector<double>& g, double x, Cell* cell) {
   return true;
 }
 
+// First-fit step: a sample of `len` tokens into the first row with room, else a new row.
+void place(int64_t len, Rows* rows) {
+  if (len > rows->most_room) {
+    rows->room.push_back(rows->length - len);
+    rows->most_room = std::max(rows->most_room, rows->length - len);
+    return;
+  }
+  auto row = std::find_if(rows->room.begin(), rows->room.end(),
+                          [len](int64_t free) { return free >= len; });
+  const bool was_most = *row == rows->most_room;
+  *row -= len;
+  if (was_most) rows->most_room = *std::max_element(rows->room.begin(), rows->room.end());
+}
+
+// Cost of the range as `rows` once sample `len` joins them (`squares` already counts it); inf,
+// and closed for good, when the rows leave the grid or the memory. Stage times change only
+// when a row is added.
+double packed_cost(const Problem& p, int64_t len, int64_t squares, const Cell& ct, Rows* rows) {
+  if (!rows->open) return kInf;
+  const size_t before = rows->room.size();
+  place(len, rows);
+  const int64_t r = static_cast<int64_t>(rows->room.size());
+  if (rows->room.size() != before) {
+    if (!advance(p.bg, static_cast<double>(r), &rows->cr) ||
+        p.mem.interp(rows->cr, rows->cs, ct) > 1.0) {
+      rows->open = false;
+      return kInf;
+    }
+    rows->row_time.resize(p.stage_time.size());
+    for (size_t j = 0; j < p.stage_time.size(); ++j)
+      rows->row_time[j] = p.stage_time[j].interp(rows->cr, rows->cs, ct);
+  }
+  const double saved = static_cast<double>(r * rows->length * rows->length - squares);
+  double worst = -kInf;
+  for (size_t j = 0; j < p.stage_time.size(); ++j)
+    worst = std::max(worst, rows->row_time[j] - saved * p.coef[j]);
+  return worst;
+}
+
+// First extension of a packed band: rows of sample j's length, and of the batch's longest when
+// that is longer (else the two would be the same rows).
+void start_rows(const Problem& p, int64_t j, Band* band) {
+  band->own.length = p.src[j];
+  band->full.length = p.longest;
+  band->full.open = p.longest > p.src[j];
+  if (!advance(p.sg, static_cast<double>(p.src[j]), &band->own.cs)) band->own.open = false;
+  if (!advance(p.sg, static_cast<double>(p.longest), &band->full.cs)) band->full.open = false;
+}
+
 void extend(const Problem& p, int64_t j, Band* band) {
   const int64_t k = static_cast<int64_t>(band->cost.size());
   const int64_t i = j - k;
@@ -124,9 +207,28 @@ void extend(const Problem& p, int64_t j, Band* band) {
   }
   band->smax = std::max(band->smax, p.src[i]);
   band->tmax = std::max(band->tmax, p.tgt[i]);
+  if (!advance(p.sg, static_cast<double>(band->smax), &band->cs) ||
+      !advance(p.tg, static_cast<double>(band->tmax), &band->ct)) {
+    band->closed = true;
+    return;
+  }
+  if (p.pack) {
+    if (k == 0) start_rows(p, j, band);
+    band->squares += p.src[i] * p.src[i];
+    const double own = packed_cost(p, p.src[i], band->squares, band->ct, &band->own);
+    const double full = packed_cost(p, p.src[i], band->squares, band->ct, &band->full);
+    if (!band->own.open && !band->full.open) {
+      band->closed = true;
+      return;
+    }
+    const bool on_full = full < own;
+    double cost = on_full ? full : own;
+    if (k > 0) cost = std::max(cost, band->cost.back());
+    band->cost.push_back(cost);
+    band->on_full_rows.push_back(on_full ? 1 : 0);
+    return;
+  }
   if (!advance(p.bg, static_cast<double>(k + 1), &band->cb) ||
-      !advance(p.sg, static_cast<double>(band->smax), &band->cs) ||
-      !advance(p.tg, static_cast<double>(band->tmax), &band->ct) ||
       p.mem.interp(band->cb, band->cs, band->ct) > 1.0) {
     band->closed = true;
     return;
@@ -172,11 +274,48 @@ double lower_bound_total(const Problem& p) {
   return total;
 }
 
+// Lower bound on f(N; T) for every T when ranges are packed. A feasible range of r rows of L
+// tokens (L its own longest sample or the batch's) interpolates stage j's table between the
+// corners of a grid cell whose lower corner fits in memory (the memory table is monotone); at
+// each such corner T_j >= phi_j * b * s + coef_j * b * s^2 (phi_j: the least per-token time
+// beyond the attention over those corners), and interpolation keeps that (it reproduces b * s
+// and over-estimates s^2). So the range costs at least sum_i (phi_j * l_i + coef_j * l_i^2), as
+// r * L covers its tokens and the attention saved is r * L^2 - sum_i l_i^2; padding it costs no
+// less. A stage with phi_j < 0 bounds nothing; the largest total is kept.
+double packed_lower_bound_total(const Problem& p) {
+  const int nb = static_cast<int>(p.bg.size()), ns = static_cast<int>(p.sg.size());
+  auto fits = [&](int ib, int is) { return ib >= 0 && is >= 0 && p.mem.at(ib, is, 0) <= 1.0; };
+  double best = 0.0;
+  for (size_t j = 0; j < p.stage_time.size(); ++j) {
+    const double c = p.coef[j];
+    double phi = kInf;
+    for (int ib = 0; ib < nb; ++ib) {
+      for (int is = 0; is < ns; ++is) {
+        const double v = p.stage_time[j].at(ib, is, 0);
+        const bool used =
+            fits(ib, is) || fits(ib - 1, is) || fits(ib, is - 1) || fits(ib - 1, is - 1);
+        if (!used || std::isinf(v)) continue;
+        const double b = p.bg[ib], s = p.sg[is];
+        phi = std::min(phi, (v - b * s * s * c) / (b * s));
+      }
+    }
+    if (!(phi >= 0.0) || std::isinf(phi)) continue;
+    double total = 0.0;
+    for (int64_t len : p.src) {
+      const double l = static_cast<double>(len);
+      total += phi * l + c * (l * l);
+    }
+    best = std::max(best, total);
+  }
+  return best;
+}
+
 struct Pass {
   double total = kInf;        // f(N; T)
   double max_cost = 0.0;      // longest micro-batch of the partition found
   double next = kInf;         // smallest range cost above T (the next threshold worth trying)
   std::vector<int64_t> ends;  // exclusive end of each micro-batch
+  std::vector<int64_t> row_lengths;  // packed: each micro-batch's row length
 };
 
 Pass run_pass(const Problem& p, std::vector<Band>* bands, double threshold, std::vector<double>* f,
@@ -194,12 +333,12 @@ Pass run_pass(const Problem& p, std::vector<Band>* bands, double threshold, std:
     const double* cost = band.cost.data();
     const double* fj = f->data() + j;  // fj[-k] == f[j - k]
     double best = kInf;
-    for (int64_t k = 0; k < cut; ++k) best = std::min(best, fj[-k] + cost[k]);
-    int64_t best_k = -1;
-    for (int64_t k = 0; k < cut && best < kInf; ++k) {
-      if (fj[-k] + cost[k] == best) {
+    int64_t best_k = -1;  // the shortest range attaining the minimum
+    for (int64_t k = 0; k < cut; ++k) {
+      const double v = fj[-k] + cost[k];
+      if (v < best) {
+        best = v;
         best_k = k;
-        break;
       }
     }
     (*f)[j + 1] = best;
@@ -209,9 +348,14 @@ Pass run_pass(const Problem& p, std::vector<Band>* bands, double threshold, std:
   if (std::isinf(out.total)) return out;
   for (int64_t end = n; end > 0; end -= (*take)[end] + 1) {
     out.ends.push_back(end);
-    out.max_cost = std::max(out.max_cost, (*bands)[end - 1].cost[(*take)[end]]);
+    const Band& band = (*bands)[end - 1];
+    out.max_cost = std::max(out.max_cost, band.cost[(*take)[end]]);
+    if (p.pack)
+      out.row_lengths.push_back(band.on_full_rows[(*take)[end]] ? band.full.length
+                                                                : band.own.length);
   }
   std::reverse(out.ends.begin(), out.ends.end());
+  std::reverse(out.row_lengths.begin(), out.row_lengths.end());
   return out;
 }
 
@@ -228,7 +372,9 @@ py::dict microbatch_dp(py::array_t<int64_t, py::array::c_style | py::array::forc
                        py::array_t<double, py::array::c_style | py::array::forcecast> time_table,
                        py::array_t<double, py::array::c_style | py::array::forcecast> mem_table,
                        int num_stages, int num_replicas, double bucket_abs, double bucket_rel,
-                       double time_budget_s) {
+                       double time_budget_s,
+                       py::array_t<double, py::array::c_style | py::array::forcecast> stage_time,
+                       py::array_t<double, py::array::c_style | py::array::forcecast> coef) {
   Problem p;
   const int64_t n = src.size();
   p.src.assign(src.data(), src.data() + n);
@@ -243,6 +389,23 @@ py::dict microbatch_dp(py::array_t<int64_t, py::array::c_style | py::array::forc
     throw std::invalid_argument("microbatch_dp: table sizes do not match the grids, or no samples");
   p.time = {time_table.data(), ns, nt};
   p.mem = {mem_table.data(), ns, nt};
+  // Packing: monotone time tables of the stages that can be slowest, with their attention
+  // coefficients (`dp.packing_inputs`).
+  p.pack = coef.size() > 0;
+  if (p.pack) {
+    if (stage_time.size() != cells * coef.size() || nt != 1)
+      throw std::invalid_argument(
+          "microbatch_dp: packing needs one table per coefficient and decoder-only grids");
+    if (!std::is_sorted(p.src.begin(), p.src.end()))
+      throw std::invalid_argument("microbatch_dp: packing needs samples sorted by length");
+    for (int64_t j = 0; j < coef.size(); ++j) {
+      if (!(coef.data()[j] >= 0.0))
+        throw std::invalid_argument("microbatch_dp: attention coefficients must be >= 0");
+      p.stage_time.push_back({stage_time.data() + j * cells, ns, nt});
+      p.coef.push_back(coef.data()[j]);
+    }
+    p.longest = p.src.back();
+  }
 
   py::dict result;
   int64_t infeasible = -1;
@@ -264,7 +427,7 @@ py::dict microbatch_dp(py::array_t<int64_t, py::array::c_style | py::array::forc
         threshold = std::max(threshold, bands[j].cost[0]);
     }
     if (infeasible < 0) {
-      const double bound = lower_bound_total(p) / replicas;
+      const double bound = (p.pack ? packed_lower_bound_total(p) : lower_bound_total(p)) / replicas;
       // (c-1) * (slowest single sample) + bound is at most the optimum, so spacing thresholds
       // by bucket_rel of it keeps the answer within bucket_rel of the optimum.
       const double width =
@@ -293,6 +456,7 @@ py::dict microbatch_dp(py::array_t<int64_t, py::array::c_style | py::array::forc
   }
   result["infeasible_position"] = infeasible;
   result["ends"] = best.ends;
+  result["row_lengths"] = best.row_lengths;
   result["objective"] = objective;
   result["max_time"] = best.max_cost;
   result["sum_time"] = best.total;
@@ -307,6 +471,7 @@ void register_microbatch_dp(py::module_& m) {
   m.def("microbatch_dp", &microbatch_dp, py::arg("src"), py::arg("tgt"), py::arg("b_grid"),
         py::arg("s_grid"), py::arg("t_grid"), py::arg("time_table"), py::arg("mem_table"),
         py::arg("num_stages"), py::arg("num_replicas"), py::arg("bucket_abs"),
-        py::arg("bucket_rel"), py::arg("time_budget_s"),
-        "DynaPipe Eq. 2 DP over ordered samples; see csrc/microbatch_dp.cpp.");
+        py::arg("bucket_rel"), py::arg("time_budget_s"), py::arg("stage_time"), py::arg("coef"),
+        "DynaPipe Eq. 2 DP over ordered samples, ranges padded or packed rows; see "
+        "csrc/microbatch_dp.cpp.");
 }

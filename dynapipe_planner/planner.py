@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache, partial
 from typing import Any, Protocol
 
@@ -90,6 +90,12 @@ class PlannerConfig:
     # DynaPipe's micro-batches may be packed rows (THD on the runtime; issue 21); off for a
     # program whose forward step cannot take sample boundaries (`cu_seqlens`).
     packed_rows: bool = True
+    # Also run the DP with packed rows in its search (issue 21: each group priced and run as
+    # packed rows while it partitions) and keep the faster plan. Off by default: it costs a
+    # second, slower DP per recomputation mode, and wins rarely and little, because on
+    # DynaPipe's objective cheaper packed groups merge into fewer micro-batches, which
+    # pipeline worse (benchmarks/plan_quality.py measures both).
+    dp_packing: bool = False
     # Extra caps on micro-batches in flight for the adaptive schedule's search (None: memory
     # alone controls injection, Alg. 1). Caps rarely win and each multiplies the search.
     injection_caps: tuple[int | None, ...] = (None,)
@@ -335,10 +341,13 @@ class IterationPlanner:
         of its time budget) or raises. `alone`: the DP's micro-batches need only fit alone."""
         cfg = self.config
         if cfg.batching == "dynamic":
-            dp = cache(partial(self._dynamic_groups, lengths, ids, order, costs, alone))
+            dp = cache(partial(self._dynamic_groups, lengths, ids, order, costs, alone, False))
             yield "dp", dp
             if self._packs_dynamic(lengths):
                 yield "dp, packed rows", lambda: _pack_where_cheaper(*dp(), lengths, costs)
+                if cfg.dp_packing:
+                    packing_dp = partial(self._dynamic_groups, lengths, ids, order, costs, alone)
+                    yield "dp over packed rows", partial(packing_dp, True)
         elif cfg.batching == "padding":
             for size in [cfg.micro_batch_size] if cfg.micro_batch_size else _pow2_range(1, 256):
                 yield f"padding(mbs={size})", partial(_without_dp, padding_groups, lengths, size)
@@ -393,10 +402,13 @@ class IterationPlanner:
         order: np.ndarray,
         costs: PipelineCosts,
         alone: bool,
+        packed: bool,
     ) -> tuple[list[Group], int, bool]:
         """DP micro-batches under the schedule's memory rule (§4 "Limit memory consumption"),
         the DP's passes, and whether its wall-clock budget ran out (its partition is then the
-        best found so far, not the optimum).
+        best found so far, not the optimum). `packed`: packed rows in the DP's search, each
+        micro-batch run packed exactly as the DP priced it (`packed_group` at the DP's row
+        length, see `microbatch.dp`).
 
         1F1B keeps up to C - j micro-batches on stage j. The adaptive schedule needs only each
         micro-batch to fit alone (`alone`), but micro-batches that fill memory alone cannot
@@ -414,9 +426,18 @@ class IterationPlanner:
             bucket_rel=cfg.bucket_rel,
             time_budget_s=cfg.dp_time_budget_s,
             sample_ids=ids,
+            packed_rows=packed,
         )
         index_lists = split_for_replicas(list(mb.microbatches), cfg.num_replicas)
-        return groups_from_indices(lengths, index_lists), mb.passes, mb.budget_exhausted
+        groups = groups_from_indices(lengths, index_lists)
+        if mb.row_lengths:
+            # Halves from `split_for_replicas` pack into rows of their own longest sample.
+            rows = mb.row_lengths if len(index_lists) == len(mb.microbatches) else [0] * len(groups)
+            groups = [
+                packed_group(replace(g, seqlen=max(g.seqlen, r)), lengths)
+                for g, r in zip(groups, rows, strict=True)
+            ]
+        return groups, mb.passes, mb.budget_exhausted
 
     def _schedule(
         self, groups: list[Group], costs: PipelineCosts, rebalanced_from: Candidate | None = None

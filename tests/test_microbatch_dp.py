@@ -361,14 +361,32 @@ def test_core_rejects_mismatched_tables_and_empty_input():
     grid = np.array([1.0, 2.0])
     table = np.zeros((2, 1, 1))
     args = (grid, np.array([8.0]), np.array([0.0]))
+    no_packing = (np.zeros(0), np.zeros(0))
     with pytest.raises(ValueError, match="table sizes"):
         _core.microbatch_dp(
-            np.array([4]), np.zeros(0, np.int64), *args, table[:1], table, 1, 1, 0.0, 0.0, 1.0
-        )
+            np.array([4]), np.zeros(0, np.int64), *args, table[:1], table, 1, 1, 0.0, 0.0, 1.0,
+            *no_packing,
+        )  # fmt: skip
     with pytest.raises(ValueError, match="no samples"):
         _core.microbatch_dp(
-            np.zeros(0, np.int64), np.zeros(0, np.int64), *args, table, table, 1, 1, 0.0, 0.0, 1.0
-        )
+            np.zeros(0, np.int64), np.zeros(0, np.int64), *args, table, table, 1, 1, 0.0, 0.0, 1.0,
+            *no_packing,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="one table per coefficient"):
+        _core.microbatch_dp(
+            np.array([4]), np.zeros(0, np.int64), *args, table, table, 1, 1, 0.0, 0.0, 1.0,
+            table, np.zeros(2),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="sorted by length"):
+        _core.microbatch_dp(
+            np.array([5, 4]), np.zeros(0, np.int64), *args, table, table, 1, 1, 0.0, 0.0, 1.0,
+            table, np.zeros(1),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="coefficients must be >= 0"):
+        _core.microbatch_dp(
+            np.array([4]), np.zeros(0, np.int64), *args, table, table, 1, 1, 0.0, 0.0, 1.0,
+            table, np.array([-1.0]),
+        )  # fmt: skip
 
 
 # ---- bucketing -----------------------------------------------------------------------------

@@ -289,7 +289,8 @@ def test_tsp_order_is_a_permutation_and_plans_cleanly():
 )
 def test_dynapipe_is_never_predicted_slower_than_packing(lengths, stages, replicas, memory_gib):
     """Packed rows are in DynaPipe's space (issue 21): per DP micro-batch, and the packing
-    baseline's whole-batch rows in every recomputation mode."""
+    baseline's whole-batch rows in every recomputation mode (with the DP packing while it
+    partitions: tests/test_packed_dp.py)."""
     times = {}
     for batching in ("dynamic", "packing"):
         planner = make_planner(

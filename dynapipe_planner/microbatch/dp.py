@@ -4,12 +4,26 @@ dynapipe.txt §4, Eq. 2 with t_max enumeration and the |D| replica term).
 The DP's memory test depends on the pipeline schedule: `inflight[j]` is how many micro-batches'
 activations stage j may hold at once (1F1B: C - j; the memory-aware adaptive schedule needs only
 each micro-batch alone to fit, §4 "Limit memory consumption").
+
+Packed rows (issue 21): with `packed_rows` each contiguous group of the sorted samples may run
+padded (one sample per row, padded to its longest) or packed: its samples first-fit-decreasing
+into rows of L tokens, L its own longest sample or the batch's longest, attention only within
+each sample (varlen; the packed micro-batch of Hydraulis seed hydraulis.txt §6.1, whose Eq. 1
+prices a micro-batch as the sum of its sequences' latencies under a row-length bound).
+`baselines.packed_group` builds exactly these rows for a group and a row length. A group packed
+into r rows of L is priced on each stage as the planner prices packed rows, its table time at
+(r, L) less the attention skipped (`attention_coef`), and needs the memory of r rows of L. Per
+group the DP takes the cheapest of the three while it partitions; padding never wins on its
+monotone tables (the argument is in `csrc/microbatch_dp.cpp`), so every micro-batch it returns
+runs packed, at the row length in `MicroBatching.row_lengths`. A group's price is raised to that
+of the group one sample shorter at its left where it would fall below it (a new row may cost
+less than the attention it saves): the DP's scan needs monotone prices.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -29,6 +43,7 @@ class MicroBatching:
     sum_time: float
     passes: int = 0
     budget_exhausted: bool = False
+    row_lengths: list[int] = field(default_factory=list)  # packed: each micro-batch's rows
 
 
 def validate_lengths(lengths: np.ndarray, sample_ids: np.ndarray | None = None) -> np.ndarray:
@@ -62,6 +77,29 @@ def dp_inputs(costs: PipelineCosts, inflight: np.ndarray) -> tuple[np.ndarray, n
     return np.ascontiguousarray(time), np.ascontiguousarray(mem)
 
 
+def packing_inputs(costs: PipelineCosts) -> tuple[np.ndarray, np.ndarray]:
+    """Per-stage forward + backward tables made monotone like `dp_inputs`' (their maximum over
+    stages is its time table) and attention coefficients, for packed groups. A stage whose table
+    never exceeds another's and whose coefficient is no smaller can never be the slowest on
+    packed rows (it saves at least as much attention), so it is left out: the DP then
+    interpolates fewer tables for the same maximum (one for GPT stages of equal layers)."""
+    time = costs.forward + costs.backward
+    for axis in range(1, 4):
+        time = np.maximum.accumulate(time, axis=axis)
+    coef = np.asarray(costs.attention_coef, dtype=np.float64)
+
+    def covers(k: int, j: int) -> bool:
+        return bool(np.all(time[k] >= time[j]) and coef[k] <= coef[j])
+
+    stages = range(len(coef))
+    keep = [
+        j
+        for j in stages
+        if not any(covers(k, j) and (k < j or not covers(j, k)) for k in stages if k != j)
+    ]
+    return np.ascontiguousarray(time[keep]), np.ascontiguousarray(coef[keep])
+
+
 def dynamic_microbatches(
     lengths: np.ndarray,
     costs: PipelineCosts,
@@ -74,6 +112,7 @@ def dynamic_microbatches(
     time_budget_s: float = 2.0,
     backend: str = "cpp",
     sample_ids: np.ndarray | None = None,
+    packed_rows: bool = False,
 ) -> MicroBatching:
     """Split one global batch into micro-batches minimising (C-1) max t + sum t / |D|.
 
@@ -81,7 +120,8 @@ def dynamic_microbatches(
     `sample_ids` (dataset ids of the samples) only serve error messages.
     `bucket_rel` spaces the t_max thresholds so the objective is within that fraction of the
     optimum over contiguous partitions (0 with bucket_abs 0: exact); `time_budget_s` stops the
-    enumeration early and keeps the best partition found.
+    enumeration early and keeps the best partition found. `packed_rows`: each group may run as
+    packed rows (module docstring); decoder-only lengths ordered by length only.
     """
     lengths = validate_lengths(lengths, sample_ids)
     perm = order if isinstance(order, np.ndarray) else order_samples(lengths, order)
@@ -90,7 +130,12 @@ def dynamic_microbatches(
     tgt = np.ascontiguousarray(ordered[:, 1] if ordered.ndim == 2 else np.zeros(0, np.int64))
     if ordered.ndim == 2 and not costs.encoder_decoder:
         raise PlanningError("target lengths given but the cost model is decoder-only")
+    if packed_rows and (ordered.ndim == 2 or np.any(np.diff(src) < 0)):
+        raise PlanningError("packed rows need decoder-only lengths sorted by length")
+    if packed_rows and np.any(np.asarray(costs.attention_coef) < 0):
+        raise PlanningError("packed rows need attention coefficients >= 0")
     time, mem = dp_inputs(costs, inflight)
+    stage_time, coef = packing_inputs(costs) if packed_rows else (np.zeros(0), np.zeros(0))
     args = (
         src,
         tgt,
@@ -104,6 +149,8 @@ def dynamic_microbatches(
         bucket_abs,
         bucket_rel,
         time_budget_s,
+        stage_time,
+        coef,
     )
     if backend == "cpp":
         from .. import _core
@@ -125,6 +172,7 @@ def dynamic_microbatches(
         out["sum_time"],
         int(out["passes"]),
         bool(out["budget_exhausted"]),
+        [int(x) for x in out["row_lengths"]],
     )
 
 

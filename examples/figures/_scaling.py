@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from matplotlib.figure import Figure
 
 from examples.figures._common import Run, subplots
@@ -51,8 +52,10 @@ def oom_points(rows: Sequence[dict[str, Any]], x: str) -> str:
 
 
 def summary(rows: Sequence[dict[str, Any]], x: str) -> str:
-    """DynaPipe over the baseline per point ("both OOM" where neither fits)."""
-    lines = []
+    """DynaPipe over the baseline per point ("both OOM" where neither fits), and per family the
+    mean and least gain where both fit."""
+    lines: list[str] = []
+    gains: dict[str, list[float]] = {"gpt": [], "t5": []}
     for family in ("gpt", "t5"):
         for g in sorted({r["gpus"] for r in rows}):
             mine = [r for r in rows if r["family"] == family and r["gpus"] == g]
@@ -67,9 +70,17 @@ def summary(rows: Sequence[dict[str, Any]], x: str) -> str:
                 elif base["oom"]:
                     ratios.append(f"{value}: baseline OOM")
                 else:
-                    ratios.append(f"{value}: {dyn['tokens_per_s'] / base['tokens_per_s']:.2f}x")
+                    gain = dyn["tokens_per_s"] / base["tokens_per_s"]
+                    gains[family].append(gain)
+                    ratios.append(f"{value}: {gain:.2f}x")
             lines.append(
                 f"- {family.upper()} {mine[0]['model']} on {g} GPUs, DynaPipe / baseline by "
                 f"{x}: " + ", ".join(ratios) + "."
+            )
+    for family, baseline in (("gpt", "packing"), ("t5", "padding")):
+        if gains[family]:
+            lines.append(
+                f"- {family.upper()}: mean gain over {baseline} {np.mean(gains[family]):.3f}x, "
+                f"least {min(gains[family]):.3f}x over {len(gains[family])} points."
             )
     return "\n".join(lines)
