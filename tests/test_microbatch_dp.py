@@ -337,12 +337,19 @@ def test_cpp_and_python_backends_are_bit_identical(problem, bucket_rel, bucket_a
     kw = {"bucket_rel": bucket_rel, "bucket_abs": bucket_abs}
     cpp = run(lengths, costs, inflight, replicas, backend="cpp", **kw)
     py = run(lengths, costs, inflight, replicas, backend="python", **kw)
-    assert [m.tolist() for m in cpp.microbatches] == [m.tolist() for m in py.microbatches]
-    assert cpp.objective == py.objective
-    assert cpp.max_time == py.max_time
-    assert cpp.sum_time == py.sum_time
-    assert cpp.passes == py.passes
+    assert_backends_agree(cpp, py)
     assert_valid(cpp, lengths, costs, inflight, replicas)
+
+
+def assert_backends_agree(cpp, py) -> None:
+    """The C++ and Python DP results are bit-identical: partition, objective, times, passes."""
+    assert [m.tolist() for m in cpp.microbatches] == [m.tolist() for m in py.microbatches]
+    assert (cpp.objective, cpp.max_time, cpp.sum_time, cpp.passes) == (
+        py.objective,
+        py.max_time,
+        py.sum_time,
+        py.passes,
+    )
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
