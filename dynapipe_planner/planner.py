@@ -585,7 +585,11 @@ def _priced(groups: list[Group], costs: PipelineCosts) -> tuple[np.ndarray, ...]
     rows = np.array([g.num_rows for g in groups])
     seq = np.array([g.seqlen for g in groups])
     tgt = np.array([g.tgt_seqlen for g in groups])
-    fwd, bwd, act, tra = costs.stage_costs_many(rows, seq, tgt)
+    # Micro-batches share few shapes (the packing baseline's all but one): each is priced once.
+    key = (rows * (int(seq.max(initial=0)) + 1) + seq) * (int(tgt.max(initial=0)) + 1) + tgt
+    _, first, which = np.unique(key, return_index=True, return_inverse=True)
+    priced = costs.stage_costs_many(rows[first], seq[first], tgt[first])
+    fwd, bwd, act, tra = (table[which] for table in priced)
     saved = np.array([g.attention_saved for g in groups])
     if saved.any():
         cut = saved[:, None] * costs.attention_coef[None, :]
