@@ -42,13 +42,17 @@ def plan_communication(
     """
     num_stages = len(orders)
     last = num_stages - 1
-    # Every finished op that produces a tensor for a neighbour, in global time order.
-    produced = sorted(
-        (float(end[code >> 1, j, code & 1]), j, code)
-        for j in range(num_stages)
-        for code in orders[j]
-        if (code & 1 == FORWARD and j < last) or (code & 1 == BACKWARD and j > 0)
-    )
+    # Every finished op that produces a tensor for a neighbour, in global time order (ties by
+    # stage, then op code).
+    codes = [np.asarray(order, dtype=np.int64) for order in orders]
+    stage = np.concatenate([np.full(len(c), j) for j, c in enumerate(codes)])
+    op = np.concatenate(codes)
+    kind = op & 1
+    sends = ((kind == FORWARD) & (stage < last)) | ((kind == BACKWARD) & (stage > 0))
+    stage, op, kind = stage[sends], op[sends], kind[sends]
+    time = end[op >> 1, stage, kind]
+    ranked = np.lexsort((op, stage, time))
+    produced = zip(*(x[ranked].tolist() for x in (time, stage, op)), strict=True)
     posts: list[list[tuple[float, Instruction]]] = [[] for _ in range(num_stages)]
     for t, j, code in produced:
         m, kind = code >> 1, code & 1
