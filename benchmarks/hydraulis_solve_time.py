@@ -7,9 +7,9 @@ like lengths (`commoncrawl` preset), A800 GPUs; 64 GPUs with 200K tokens per ite
 
 Part 1, the paper's methods (same algorithm, our implementation against the paper's):
 - proposal: the DP of §7 (Eq. 4) over the relaxation in steps of 0.1 GPU / pipeline and 128
-  tokens, then rounding (`propose_strategies(method="paper_dp")`), after profiling every
-  scheme. Its cost grows with (N / 0.1) x schemes x intervals^2: at 1,024 GPUs it is not run
-  unless `--dp-gpus` names 1024;
+  tokens, then rounding (`propose_strategies(method="paper_dp")`; the DP in the C++ core),
+  after profiling every scheme. Its cost grows with (N / 0.1) x schemes x intervals^2: about
+  a second at 64 GPUs, a minute at 1,024 (`--dp-gpus` names the settings that run it);
 - greedy dispatch (App. D.2, Alg. 1), 100 trials, of each iteration's global batch to every
   candidate strategy proposed around the batch's maximum length (4 lengths above it, the
   paper's candidate set);
@@ -20,19 +20,23 @@ The paper's dispatch and packing times are 10 iterations combined on 10 processe
 are shown per iteration (the paper's total / 10). Not timed: the ideal (ILP) dispatch, which
 Hydraulis itself rejects for its time.
 
-Part 2, our defaults, which are heuristics (timed on the same inputs as part 1):
-- proposal: the closed form of the relaxation, rounded and hill-climbed (`method=
-  "closed_form"`). Gap: for every maximum length, the estimated latency (`estimate_latency`)
-  of its best candidate over that of the paper's DP's best candidate (> 1: ours worse);
+Part 2, our defaults and heuristics (timed on the same inputs as part 1):
+- proposal, our heuristic: the closed form of the relaxation, rounded and hill-climbed
+  (`method="closed_form"`). Gap: for every maximum length, the estimated latency
+  (`estimate_latency`) of its best candidate over that of the paper's DP's best candidate
+  (> 1: ours worse);
+- proposal, the default (`method="auto"`): where the paper's DP is tractable
+  (`paper_dp_tractable`: 64 GPUs here, not 1,024) the candidates of the DP and of the closed
+  form merged and ranked by estimate, beyond it the closed form alone. Same gap;
 - packing: longest processing time first per V (`method="lpt"`). Gap: its Eq. 1 objective
   over the CP-SAT objective, pipeline by pipeline (counted apart: how many CP-SAT proved
   optimal in its time limit), and per candidate strategy: its slowest pipeline's Eq. 1
   objective, the estimate the selection compares strategies by.
 Each heuristic is held to `GAP_BOUND` at its worst (per maximum length; per candidate), and
 the output says whether it is within. LPT packing is the default on that ground. The
-closed-form proposal is not within it at every maximum length (its worst is printed); it
-stays the default because the paper's DP costs minutes at 64 GPUs and is not run at 1,024,
-and `propose_strategies(method="paper_dp")` is there where that time is affordable.
+closed-form proposal alone is not within it at every maximum length (its worst is printed), so
+the default proposal adds the paper's DP wherever its work is tractable, and is the closed
+form alone only beyond (1,024 GPUs, where the DP takes about a minute).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from dynapipe_planner.strategy.proposal import (
     IntervalWork,
     Proposal,
     interval_work,
+    paper_dp_tractable,
     propose_strategies,
 )
 from dynapipe_planner.strategy.schemes import (
@@ -86,6 +91,8 @@ class Measured:
     profiling_s: float = 0.0
     paper_dp_s: float | None = None  # None: not run at this size
     closed_form_s: float = 0.0
+    default_s: float = 0.0  # method="auto"
+    default_runs_dp: bool = False
     dispatch_s: float = 0.0
     ilp_s: float | None = None
     lpt_s: float = 0.0
@@ -94,6 +101,7 @@ class Measured:
     candidates: float = 0.0
     schemes: int = 0
     proposal_gaps: list[float] = field(default_factory=list)  # ours / paper DP, per max length
+    default_gaps: list[float] = field(default_factory=list)  # the default's, the same way
     packing_gaps: list[float] = field(default_factory=list)  # LPT / ILP objective, per pipeline
     # The same per candidate: its slowest pipeline's Eq. 1 objective, what selection compares.
     candidate_gaps: list[float] = field(default_factory=list)
@@ -135,12 +143,15 @@ def measure(
     iw: IntervalWork = interval_work(lengths, profiles, step=128, tokens_per_iteration=tokens)
     m.profiling_s = time.process_time() - started
     m.schemes = len(profiles)
-    proposals, m.closed_form_s = timed(propose_strategies, iw, num_gpus)
+    closed, m.closed_form_s = timed(propose_strategies, iw, num_gpus, method="closed_form")
+    proposals, m.default_s = timed(propose_strategies, iw, num_gpus)
+    m.default_runs_dp = paper_dp_tractable(iw, num_gpus)
     if paper_dp:
         paper, m.paper_dp_s = timed(
             propose_strategies, iw, num_gpus, method="paper_dp", dp_step=0.1
         )
-        m.proposal_gaps = proposal_gaps(proposals, paper)
+        m.proposal_gaps = proposal_gaps(closed, paper)
+        m.default_gaps = proposal_gaps(proposals, paper)
     selector = StrategySelector(
         profiles, proposals, models, num_gpus, SelectionConfig(trials=trials, **PAPER_CANDIDATES)
     )
@@ -198,7 +209,11 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--ilp-time-limit", type=float, default=1.0, help="seconds per V")
     parser.add_argument(
-        "--dp-gpus", type=int, nargs="*", default=[64], help="settings that run the paper's DP"
+        "--dp-gpus",
+        type=int,
+        nargs="*",
+        default=[64, 1024],
+        help="settings that run the paper's DP",
     )
     parser.add_argument(
         "--ilp-iterations",
@@ -241,15 +256,24 @@ def main() -> None:
             print(
                 f"{label:<22}{part:<12}{mine:>9.3f}{theirs:>9.3f}{theirs / mine:>10.2f}x   {method}"
             )
-    print("\nPart 2: our heuristics (the defaults), their time on the same inputs and their gap")
-    print(f"{'setting':<22}{'part':<12}{'ours s':>9}{'exact s':>9}   heuristic")
+    print("\nPart 2: our defaults and heuristics, their time on the same inputs and their gap")
+    print(f"{'setting':<22}{'part':<12}{'ours s':>9}{'exact s':>9}   method")
     for num_gpus, tokens, m in results:
         label = f"{num_gpus} GPUs, {tokens // 1000}K tok"
         exact_dp = "not run" if m.paper_dp_s is None else f"{m.profiling_s + m.paper_dp_s:.3f}"
         exact_ilp = "not run" if m.ilp_s is None else f"{m.ilp_s / m.ilp_iterations:.3f}"
+        default = (
+            "the default: paper's DP + closed form, merged"
+            if m.default_runs_dp
+            else "the default: closed form alone (DP beyond its work limit)"
+        )
+        print(
+            f"{label:<22}{'proposal':<12}{m.profiling_s + m.default_s:>9.3f}{exact_dp:>9}   "
+            + default
+        )
         print(
             f"{label:<22}{'proposal':<12}{m.profiling_s + m.closed_form_s:>9.3f}{exact_dp:>9}   "
-            "closed form of the relaxation + rounding + hill climb"
+            "heuristic: closed form of the relaxation + rounding + hill climb"
         )
         print(
             f"{label:<22}{'packing':<12}{m.lpt_s / m.iterations:>9.3f}{exact_ilp:>9}   "
@@ -262,7 +286,12 @@ def main() -> None:
             f"priced per iteration, {m.iterations} iterations (the ILP and its gaps: the "
             f"first {m.ilp_iterations})"
         )
-        print(gap_line("proposal, ours / paper's DP estimate", m.proposal_gaps, " max lengths"))
+        print(gap_line("proposal, default / paper's DP estimate", m.default_gaps, " max lengths"))
+        print(
+            gap_line(
+                "proposal, closed form alone / paper's DP estimate", m.proposal_gaps, " max lengths"
+            )
+        )
         print(
             "  packing, LPT / ILP Eq. 1 objective per pipeline: "
             + (

@@ -242,6 +242,90 @@ void simulate_timeline(const Orders& orders, View fwd, View bwd, View act_comm, 
   }
 }
 
+// Most bytes each stage uses at once running its orders: stored activations plus the running
+// op's working memory, with peak_activation_reference's arithmetic (memory.py).
+std::vector<double> peak_memory(const Orders& orders, View act, View transient, int64_t num_mb,
+                                int64_t num_stages) {
+  check_orders(orders, num_mb, num_stages);
+  std::vector<double> peak(num_stages, 0.0);
+  for (int64_t stage = 0; stage < num_stages; ++stage) {
+    double memory = 0.0;
+    int64_t held = 0;
+    for (const int64_t code : orders[stage]) {
+      const int64_t m = code / 2;
+      if (code % 2) {
+        peak[stage] = std::max(peak[stage], memory + transient(m, stage));
+        held -= 1;
+        memory = held ? memory - act(m, stage) : 0.0;
+      } else {
+        held += 1;
+        memory += act(m, stage);
+        peak[stage] = std::max(peak[stage], memory + transient(m, stage));
+      }
+    }
+  }
+  return peak;
+}
+
+// Rows of a (M, cols) view taken in `order`, so the schedule sees micro-batches in injection
+// order.
+std::vector<double> permuted(View source, const Order& order) {
+  std::vector<double> rows(order.size() * source.cols);
+  for (size_t i = 0; i < order.size(); ++i) {
+    std::copy_n(source.data + order[i] * source.cols, source.cols, rows.data() + i * source.cols);
+  }
+  return rows;
+}
+
+// The adaptive candidates of the schedule search (search.py, `adaptive_candidates_reference`):
+// every injection order times every max_inflight option, in that nesting; the first with the
+// least makespan wins. A candidate that cannot fit is skipped, the first such error kept.
+struct SearchResult {
+  int64_t order = -1, option = -1;
+  Orders local;
+  std::vector<double> start, end;
+  double makespan = 0.0;
+  std::string first_error;
+};
+
+SearchResult adaptive_search(const Orders& injection,
+                             const std::vector<std::optional<int64_t>>& options, View act,
+                             View transient, const double* limit, View fwd, View bwd, View act_comm,
+                             View grad_comm, int64_t num_mb, int64_t num_stages) {
+  SearchResult best;
+  const size_t size = num_mb * num_stages * 2;
+  std::vector<double> start(size), end(size);
+  for (size_t k = 0; k < injection.size(); ++k) {
+    const Order& order = injection[k];
+    const std::vector<double> a = permuted(act, order), t = permuted(transient, order);
+    const std::vector<double> f = permuted(fwd, order), b = permuted(bwd, order);
+    const std::vector<double> ac = permuted(act_comm, order), gc = permuted(grad_comm, order);
+    const View pa{a.data(), num_stages}, pt{t.data(), num_stages};
+    const View pf{f.data(), num_stages}, pb{b.data(), num_stages};
+    const View pac{ac.data(), num_stages - 1}, pgc{gc.data(), num_stages - 1};
+    for (size_t i = 0; i < options.size(); ++i) {
+      Orders local;
+      try {
+        local = adaptive_schedule(pa, pt, limit, num_mb, num_stages, options[i]);
+      } catch (const std::invalid_argument& err) {
+        if (best.first_error.empty()) best.first_error = err.what();
+        continue;
+      }
+      simulate_timeline(local, pf, pb, pac, pgc, num_mb, num_stages, start.data(), end.data());
+      const double makespan = size ? *std::max_element(end.begin(), end.end()) : 0.0;
+      if (best.order < 0 || makespan < best.makespan) {
+        best.order = static_cast<int64_t>(k);
+        best.option = static_cast<int64_t>(i);
+        best.local = std::move(local);
+        best.start = start;
+        best.end = end;
+        best.makespan = makespan;
+      }
+    }
+  }
+  return best;
+}
+
 }  // namespace
 
 void register_schedule(py::module_& m) {
@@ -310,4 +394,80 @@ void register_schedule(py::module_& m) {
       },
       py::arg("orders"), py::arg("forward"), py::arg("backward"), py::arg("act_comm"),
       py::arg("grad_comm"), "Start and end times (M, C, 2) of every op of per-stage orders.");
+
+  m.def(
+      "peak_activation",
+      [](const Orders& orders, const Matrix& activation, const Matrix& transient) {
+        if (activation.ndim() != 2) throw std::invalid_argument("activation must be (M, C)");
+        const int64_t num_mb = activation.shape(0), num_stages = activation.shape(1);
+        const View act = view(activation, num_mb, num_stages, "activation");
+        const View tra = view(transient, num_mb, num_stages, "transient");
+        std::vector<double> peak;
+        {
+          py::gil_scoped_release release;
+          peak = peak_memory(orders, act, tra, num_mb, num_stages);
+        }
+        return py::array_t<double>(static_cast<py::ssize_t>(peak.size()), peak.data());
+      },
+      py::arg("orders"), py::arg("activation"), py::arg("transient"),
+      "Most bytes per stage of stored activations plus the running op's working memory.");
+
+  m.def(
+      "adaptive_search",
+      [](const Orders& injection, const std::vector<std::optional<int64_t>>& options,
+         const Matrix& activation, const Matrix& transient, const Matrix& limit,
+         const Matrix& forward, const Matrix& backward, const Matrix& act_comm,
+         const Matrix& grad_comm) {
+        if (activation.ndim() != 2) throw std::invalid_argument("activation must be (M, C)");
+        const int64_t num_mb = activation.shape(0), num_stages = activation.shape(1);
+        if (num_stages < 1) throw std::invalid_argument("activation must have at least one stage");
+        const View act = view(activation, num_mb, num_stages, "activation");
+        const View tra = view(transient, num_mb, num_stages, "transient");
+        const View fwd = view(forward, num_mb, num_stages, "forward");
+        const View bwd = view(backward, num_mb, num_stages, "backward");
+        const View ac = view(act_comm, num_mb, num_stages - 1, "act_comm");
+        const View gc = view(grad_comm, num_mb, num_stages - 1, "grad_comm");
+        if (limit.ndim() != 1 || limit.shape(0) != num_stages) {
+          throw std::invalid_argument("limit: shape does not match the pipeline");
+        }
+        for (const Order& order : injection) {
+          std::vector<bool> seen(num_mb, false);
+          if (static_cast<int64_t>(order.size()) != num_mb) {
+            throw std::invalid_argument(
+                "injection order is not a permutation of the micro-batches");
+          }
+          for (const int64_t m : order) {
+            if (m < 0 || m >= num_mb || seen[m]) {
+              throw std::invalid_argument(
+                  "injection order is not a permutation of the micro-batches");
+            }
+            seen[m] = true;
+          }
+        }
+        for (const auto& option : options) {
+          if (option && *option < 1) {
+            throw std::invalid_argument("max_inflight must be None or at least 1");
+          }
+        }
+        SearchResult best;
+        {
+          py::gil_scoped_release release;
+          best = adaptive_search(injection, options, act, tra, limit.data(), fwd, bwd, ac, gc,
+                                 num_mb, num_stages);
+        }
+        if (best.order < 0) {
+          return py::tuple(
+              py::make_tuple(-1, -1, py::none(), py::none(), py::none(), best.first_error));
+        }
+        const std::vector<py::ssize_t> shape{num_mb, num_stages, 2};
+        return py::tuple(py::make_tuple(
+            best.order, best.option, best.local, py::array_t<double>(shape, best.start.data()),
+            py::array_t<double>(shape, best.end.data()), best.first_error));
+      },
+      py::arg("injection"), py::arg("options"), py::arg("activation"), py::arg("transient"),
+      py::arg("limit"), py::arg("forward"), py::arg("backward"), py::arg("act_comm"),
+      py::arg("grad_comm"),
+      "The schedule search's adaptive candidates (injection orders x max_inflight options): "
+      "(order index, option index, op codes, start, end, first error), or -1 indices when "
+      "none fits.");
 }

@@ -17,6 +17,8 @@ everything the neighbour waits on before posting that receive.
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 
 from .plan import Instruction
@@ -40,13 +42,17 @@ def plan_communication(
     """
     num_stages = len(orders)
     last = num_stages - 1
-    # Every finished op that produces a tensor for a neighbour, in global time order.
-    produced = sorted(
-        (float(end[code >> 1, j, code & 1]), j, code)
-        for j in range(num_stages)
-        for code in orders[j]
-        if (code & 1 == FORWARD and j < last) or (code & 1 == BACKWARD and j > 0)
-    )
+    # Every finished op that produces a tensor for a neighbour, in global time order (ties by
+    # stage, then op code).
+    codes = [np.asarray(order, dtype=np.int64) for order in orders]
+    stage = np.concatenate([np.full(len(c), j) for j, c in enumerate(codes)])
+    op = np.concatenate(codes)
+    kind = op & 1
+    sends = ((kind == FORWARD) & (stage < last)) | ((kind == BACKWARD) & (stage > 0))
+    stage, op, kind = stage[sends], op[sends], kind[sends]
+    time = end[op >> 1, stage, kind]
+    ranked = np.lexsort((op, stage, time))
+    produced = zip(*(x[ranked].tolist() for x in (time, stage, op)), strict=True)
     posts: list[list[tuple[float, Instruction]]] = [[] for _ in range(num_stages)]
     for t, j, code in produced:
         m, kind = code >> 1, code & 1
@@ -72,12 +78,6 @@ def _begin_times(order: list[int], start: np.ndarray, j: int) -> np.ndarray:
     return np.sort(start[codes >> 1, j, codes & 1]) if len(codes) else np.empty(0)
 
 
-def _first_begin_from(begins: np.ndarray, t: float) -> float:
-    """The first of the sorted `begins` at or after t (inf if none)."""
-    k = int(np.searchsorted(begins, t, side="left"))
-    return float(begins[k]) if k < len(begins) else np.inf
-
-
 def _stage_program(
     j: int,
     num_stages: int,
@@ -89,36 +89,47 @@ def _stage_program(
 ) -> list[Instruction]:
     last = num_stages - 1
     program: list[Instruction] = []
-    # (time the neighbour posts the receive, wait instruction), for sent gradients
-    pending_grad_sends: list[tuple[float, Instruction]] = []
+    append = program.append
+    codes = np.asarray(orders[j], dtype=np.int64)
+    begin_of = start[codes >> 1, j, codes & 1].tolist() if len(codes) else []
+    # When the upstream neighbour posts the receive of each gradient this stage sends: the
+    # first of its op begin times at or after the backward's end (inf if none).
     upstream = _begin_times(orders[j - 1], start, j - 1) if j > 0 else np.empty(0)
-    p = 0
-    for code in orders[j]:
+    backward = codes[codes & 1 == BACKWARD]
+    sent = end[backward >> 1, j, BACKWARD]
+    found = np.searchsorted(upstream, sent, side="left")
+    bounded = np.append(upstream, np.inf)
+    posted_at = dict(zip(backward.tolist(), bounded[found].tolist(), strict=True))
+    # Gradient-send waits not yet due, as a heap of (post time, arrival, instruction); due
+    # ones are emitted in arrival order.
+    pending: list[tuple[float, int, Instruction]] = []
+    p, num_posts = 0, len(posts)
+    for code, begins in zip(orders[j], begin_of, strict=True):
         m, kind = code >> 1, code & 1
         mb = mb_ids[m]
-        begins = float(start[m, j, kind])
-        while p < len(posts) and posts[p][0] <= begins:
-            program.append(posts[p][1])
+        while p < num_posts and posts[p][0] <= begins:
+            append(posts[p][1])
             p += 1
-        due = [w for w in pending_grad_sends if w[0] <= begins]
-        program.extend(ins for _, ins in due)
-        pending_grad_sends = [w for w in pending_grad_sends if w[0] > begins]
+        if pending and pending[0][0] <= begins:
+            due = []
+            while pending and pending[0][0] <= begins:
+                due.append(heapq.heappop(pending))
+            program.extend(ins for _, _, ins in sorted(due, key=lambda w: w[1]))
         if kind == FORWARD:
             if j == 0 or j == last:
-                program.append(Instruction("LoadBatch", mb))
+                append(Instruction("LoadBatch", mb))
             if j > 0:
-                program.append(Instruction("WaitRecvAct", mb, j - 1))
-            program.append(Instruction("ForwardPass", mb))
+                append(Instruction("WaitRecvAct", mb, j - 1))
+            append(Instruction("ForwardPass", mb))
         else:
             if j < last:
-                program.append(Instruction("WaitSendAct", mb, j + 1))
-                program.append(Instruction("WaitRecvGrad", mb, j + 1))
-            program.append(Instruction("BackwardPass", mb))
-            program.append(Instruction("FreeBuffer", mb))
+                append(Instruction("WaitSendAct", mb, j + 1))
+                append(Instruction("WaitRecvGrad", mb, j + 1))
+            append(Instruction("BackwardPass", mb))
+            append(Instruction("FreeBuffer", mb))
             if j > 0:
-                sent = float(end[m, j, BACKWARD])
-                posted = _first_begin_from(upstream, sent)
-                pending_grad_sends.append((posted, Instruction("WaitSendGrad", mb, j - 1)))
+                wait = Instruction("WaitSendGrad", mb, j - 1)
+                heapq.heappush(pending, (posted_at[code], len(program), wait))
     program.extend(ins for _, ins in posts[p:])
-    program.extend(ins for _, ins in pending_grad_sends)
+    program.extend(ins for _, _, ins in sorted(pending, key=lambda w: w[1]))
     return program

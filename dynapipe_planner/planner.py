@@ -582,10 +582,13 @@ def _priced(groups: list[Group], costs: PipelineCosts) -> tuple[np.ndarray, ...]
     """Each micro-batch's rows, seqlen and target seqlen, and its [micro-batch, stage]
     forward, backward, stored-activation and transient costs; packed rows' attention saving
     is taken off the times (a third from the forward, two thirds from the backward)."""
-    rows = np.array([g.num_rows for g in groups])
-    seq = np.array([g.seqlen for g in groups])
-    tgt = np.array([g.tgt_seqlen for g in groups])
-    fwd, bwd, act, tra = costs.stage_costs_many(rows, seq, tgt)
+    shape = np.array([(g.num_rows, g.seqlen, g.tgt_seqlen) for g in groups], dtype=np.int64)
+    rows, seq, tgt = shape.reshape(-1, 3).T
+    # Micro-batches share few shapes (the packing baseline's all but one): each is priced once.
+    key = (rows * (int(seq.max(initial=0)) + 1) + seq) * (int(tgt.max(initial=0)) + 1) + tgt
+    _, first, which = np.unique(key, return_index=True, return_inverse=True)
+    priced = costs.stage_costs_many(rows[first], seq[first], tgt[first])
+    fwd, bwd, act, tra = (table[which] for table in priced)
     saved = np.array([g.attention_saved for g in groups])
     if saved.any():
         cut = saved[:, None] * costs.attention_coef[None, :]

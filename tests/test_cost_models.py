@@ -622,3 +622,21 @@ def test_available_memory_names_the_stage_that_does_not_fit():
     tiny = small_costs(static=np.array([2e-3, 2e-3]) * GiB, memory_limit=1e-6 * GiB)
     with pytest.raises(PlanningError, match=r"stage 0: .* need 0\.002 GiB, more than .* 1e-06 GiB"):
         tiny.available_memory()  # not "0.00 GiB, more than 0.00 GiB"
+
+
+@pytest.mark.parametrize("name", ["gpt-6.7b", "t5-5.5b"])
+def test_vectorised_costs_equal_the_scalar_path_bit_for_bit(name):
+    """`stage_costs_many` (all four tables gathered at once, axes without a weight skipped) gives
+    the scalar `stage_costs` exactly: on grid points, between them, below the grid and beyond
+    it (inf)."""
+    pc = analytic(name, "selective")
+    rng = np.random.default_rng(0)
+    b = np.concatenate([rng.integers(1, 80, 40), pc.b_grid[:5].astype(np.int64)])
+    s = np.concatenate([rng.integers(1, 4500, 40), pc.s_grid[:5].astype(np.int64)])
+    t = rng.integers(0, 600, len(b)) if pc.encoder_decoder else np.zeros(len(b), np.int64)
+    many = pc.stage_costs_many(b, s, t)
+    for m in range(len(b)):
+        one = pc.stage_costs(int(b[m]), int(s[m]), int(t[m]))
+        scalar = (one.forward, one.backward, one.activation, one.transient)
+        for got, want in zip(many, scalar, strict=True):
+            assert got[m].tolist() == want.tolist()

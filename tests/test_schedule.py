@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dynapipe_planner import _core
 from dynapipe_planner.errors import PlanningError
 from dynapipe_planner.schedule import (
     adaptive_schedule,
@@ -22,10 +23,12 @@ from dynapipe_planner.schedule import (
     one_f_one_b,
     one_f_one_b_reference,
     peak_activation,
+    peak_activation_reference,
     search_schedule,
     timeline,
     timeline_reference,
 )
+from dynapipe_planner.schedule.search import adaptive_candidates_reference
 
 FAST = settings(max_examples=150, deadline=None)
 
@@ -127,6 +130,56 @@ def test_timeline_matches_reference(pipeline, which, seed):
     np.testing.assert_allclose(fast.end, slow.end, rtol=0, atol=1e-12)
     np.testing.assert_allclose(fast.busy, slow.busy, rtol=0, atol=1e-12)
     assert fast.makespan == pytest.approx(slow.makespan, abs=1e-12)
+
+
+@FAST
+@given(pipelines, st.sampled_from(["1f1b", "adaptive", "random"]), st.integers(0, 2**32 - 1))
+def test_peak_activation_matches_reference(pipeline, which, seed):
+    costs, num_mb, num_stages = pipeline
+    act = costs["activation"]
+    transient = act * np.random.default_rng(seed).uniform(0.0, 2.0, act.shape)
+    if which == "1f1b":
+        orders = one_f_one_b(num_stages, num_mb)
+    elif which == "adaptive":
+        orders = adaptive_schedule(act, np.full(num_stages, np.inf), 2)
+    else:
+        orders = [random_stage_order(num_mb, seed + stage) for stage in range(num_stages)]
+    fast = peak_activation(orders, act, transient)
+    assert fast.tolist() == peak_activation_reference(orders, act, transient).tolist()
+
+
+@FAST
+@given(
+    pipelines,
+    st.floats(0.3, 4.0),
+    st.sampled_from([(None,), (None, 1), (2, None, 3), ()]),
+    st.integers(1, 4),
+    st.integers(0, 2**32 - 1),
+)
+def test_adaptive_search_matches_reference(pipeline, limit_scale, options, clusters, seed):
+    """The fused C++ candidate loop picks the same candidate, op codes and times as the Python
+    loop, and keeps the same first error when candidates cannot fit."""
+    costs, _, num_stages = pipeline
+    fwd, bwd, act_comm, grad_comm = times_of(costs)
+    act = costs["activation"]
+    transient = act * np.random.default_rng(seed).uniform(0.0, 1.0, act.shape)
+    limit = np.full(num_stages, limit_scale * 1e6)
+    injection = cluster_permutations(fwd.sum(axis=1) + bwd.sum(axis=1), clusters)
+    args = (injection, list(options), act, transient, limit, fwd, bwd, act_comm, grad_comm)
+    fast = _core.adaptive_search(*args)
+    slow = adaptive_candidates_reference(*args)
+    assert fast[:3] == slow[:3]
+    assert fast[5] == slow[5]
+    if slow[0] >= 0:
+        assert fast[3].tolist() == slow[3].tolist()
+        assert fast[4].tolist() == slow[4].tolist()
+
+
+def test_peak_activation_rejects_bad_orders_with_same_message():
+    act = random_pipeline(0, 2, 2)["activation"]
+    for fn in (peak_activation, peak_activation_reference):
+        with pytest.raises(PlanningError, match="stage 1: backward of micro-batch 0 appears twice"):
+            fn([[0, 1, 2, 3], [0, 1, 1, 2]], act)
 
 
 @pytest.mark.parametrize(

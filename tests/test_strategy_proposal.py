@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dynapipe_planner import _core
 from dynapipe_planner.cluster import get_gpu
 from dynapipe_planner.data import sample_lengths
 from dynapipe_planner.errors import PlanningError
@@ -27,7 +28,9 @@ from dynapipe_planner.strategy.proposal import (
     estimate_latency,
     integer_proposal_dp,
     interval_work,
+    paper_dp_tractable,
     proposal_dp,
+    proposal_dp_tables_reference,
     propose_strategies,
     refine_strategies,
     relaxed_proposal,
@@ -374,3 +377,60 @@ def test_cli_plan_writes_heterogeneous_plans_the_simulator_accepts(tmp_path, cap
         plan = load_plan(tmp_path / f"iter_{k:05d}.json")
         verify_plan(plan)
         assert len(plan.meta["cost_models"]) == plan.num_replicas
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(0, 10_000),
+    st.integers(1, 10),
+    st.integers(1, 4),
+    st.sampled_from([1.0, 0.5, 0.25, 0.1]),
+    st.integers(1, 8),
+    st.booleans(),
+)
+def test_cpp_proposal_dp_equals_the_python_reference(
+    seed, num_intervals, num_schemes, step, num_gpus, empty
+):
+    """Same t and choices (scheme, pipelines, block start) in every state, bit for bit,
+    including blocks of zero work (empty intervals) and schemes too large for some n."""
+    schemes = [*SMALL_SCHEMES, ParallelScheme(2, 2)][:num_schemes]
+    iw = synthetic_work(seed, num_intervals, schemes)
+    if empty:
+        iw.work[np.random.default_rng(seed).random(iw.work.shape) < 0.3] = 0.0
+    fast = proposal_dp(iw, num_gpus, step=step)
+    slow = proposal_dp(iw, num_gpus, step=step, backend="python")
+    assert fast.latency.tolist() == slow.latency.tolist()
+    assert fast.pipelines.tolist() == slow.pipelines.tolist()
+    assert fast.scheme_of_interval.tolist() == slow.scheme_of_interval.tolist()
+    units = round(num_gpus / step)
+    gpus = np.array([p.scheme.num_gpus for p in iw.profiles], dtype=np.int64)
+    t, choice = _core.proposal_dp(iw.work, gpus, units, step)
+    t_ref, choice_ref = proposal_dp_tables_reference(iw, units, step)
+    assert t.tolist() == t_ref.tolist() and choice.tolist() == choice_ref.tolist()
+
+
+def test_default_proposal_is_never_worse_than_the_paper_dp_nor_the_closed_form():
+    """The default (`method="auto"`) merges both methods' candidates: at every maximum length
+    its best estimate is at most each method's, on random instances where the closed form
+    alone is worse than the paper's DP at some lengths and better at others."""
+    schemes = [*SMALL_SCHEMES, ParallelScheme(2, 2), ParallelScheme(4, 1), ParallelScheme(1, 5)]
+    ours_worse = ours_better = 0
+    for seed in range(30):
+        rng = np.random.default_rng(seed)
+        iw = synthetic_work(seed, int(rng.integers(2, 9)), schemes[: int(rng.integers(3, 7))])
+        num_gpus = int(rng.integers(5, 17))
+        assert paper_dp_tractable(iw, num_gpus)
+        auto = propose_strategies(iw, num_gpus)
+        closed = propose_strategies(iw, num_gpus, method="closed_form")
+        paper = propose_strategies(iw, num_gpus, method="paper_dp")
+        for intervals, (a, c, p) in enumerate(zip(auto, closed, paper, strict=True), start=1):
+            assert a.estimates[0] <= min(c.estimates[0], p.estimates[0])
+            assert a.estimates == tuple(sorted(a.estimates)) and len(set(a.strategies)) == len(
+                a.strategies
+            )
+            for strategy, estimate in zip(a.strategies, a.estimates, strict=True):
+                assert strategy.num_gpus <= num_gpus
+                assert estimate == pytest.approx(estimate_latency(strategy, iw, intervals))
+            ours_worse += c.estimates[0] > p.estimates[0] * (1 + 1e-9)
+            ours_better += c.estimates[0] < p.estimates[0] * (1 - 1e-9)
+    assert ours_worse and ours_better

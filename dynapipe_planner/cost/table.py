@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -49,7 +50,9 @@ def _locate_many(grid: np.ndarray, x: np.ndarray):
 
 
 def _lerp_many(a: np.ndarray, b: np.ndarray, w: np.ndarray) -> np.ndarray:
-    w = w[:, None]
+    """`lerp` along the last axis of `a` and `b` (one weight per column): a where w == 0."""
+    if not w.any():
+        return a
     with np.errstate(invalid="ignore"):
         mixed = np.where(np.isinf(a) | np.isinf(b), np.inf, a + w * (b - a))
     return np.where(w == 0.0, a, mixed)
@@ -198,7 +201,8 @@ class PipelineCosts:
 
     def stage_costs_many(self, b: np.ndarray, s: np.ndarray, t: np.ndarray | None = None):
         """Vectorised `stage_costs` for many micro-batches: four arrays shaped (M, num_stages),
-        bit-identical to the scalar path (same cells, same lerp)."""
+        bit-identical to the scalar path (same cells, same lerp; the four tables are gathered
+        together, and an axis no shape lies between grid points of is not interpolated)."""
         b = np.asarray(b, dtype=np.float64)
         s = np.asarray(s, dtype=np.float64)
         t = np.zeros_like(b) if t is None else np.asarray(t, dtype=np.float64)
@@ -206,25 +210,26 @@ class PipelineCosts:
             _locate_many(g, x) for g, x in ((self.b_grid, b), (self.s_grid, s), (self.t_grid, t))
         )
         ok = okb & oks & okt
-        out = []
-        for name in ("forward", "backward", "activation", "transient"):
-            table = getattr(self, name)  # (C, nb, ns, nt)
+        tables = self._stacked  # (4, C, nb, ns, nt)
 
-            def at(ib, js, it, table=table):
-                return table[:, ib, js, it].T  # (M, C)
+        def along_t(ib: np.ndarray, js: np.ndarray) -> np.ndarray:  # (4, C, M)
+            upper = np.minimum(kt + 1, len(self.t_grid) - 1)
+            return _lerp_many(tables[:, :, ib, js, kt], tables[:, :, ib, js, upper], wt)
 
-            def along_t(ib, js, at=at):
-                return _lerp_many(
-                    at(ib, js, kt), at(ib, js, np.minimum(kt + 1, len(self.t_grid) - 1)), wt
-                )
+        def along_s(ib: np.ndarray) -> np.ndarray:
+            upper = np.minimum(ks + 1, len(self.s_grid) - 1)
+            return _lerp_many(along_t(ib, ks), along_t(ib, upper), ws)
 
-            def along_s(ib, along_t=along_t):
-                upper = np.minimum(ks + 1, len(self.s_grid) - 1)
-                return _lerp_many(along_t(ib, ks), along_t(ib, upper), ws)
+        upper = np.minimum(kb + 1, len(self.b_grid) - 1)
+        value = _lerp_many(along_s(kb), along_s(upper), wb)
+        value = np.where(ok[None, None, :], value, np.inf).transpose(0, 2, 1)
+        return tuple(np.ascontiguousarray(v) for v in value)
 
-            value = _lerp_many(along_s(kb), along_s(np.minimum(kb + 1, len(self.b_grid) - 1)), wb)
-            out.append(np.where(ok[:, None], value, np.inf))
-        return tuple(out)
+    @cached_property
+    def _stacked(self) -> np.ndarray:
+        """The forward, backward, activation and transient tables in one array, so one index
+        gathers all four."""
+        return np.stack([self.forward, self.backward, self.activation, self.transient])
 
     def dp_tables(self, inflight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Tables the micro-batching DP reads: bottleneck time and memory-use ratio per shape.

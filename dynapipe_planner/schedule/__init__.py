@@ -7,7 +7,7 @@ pure-Python versions the tests hold the core to.
 
 from .adaptive import adaptive_schedule, adaptive_schedule_reference
 from .bound import makespan_lower_bound, memory_time_lower_bound
-from .memory import peak_activation
+from .memory import peak_activation, peak_activation_reference
 from .one_f_one_b import one_f_one_b, one_f_one_b_reference
 from .ordering import cluster_permutations
 from .search import ScheduleChoice, search_schedule
@@ -24,6 +24,7 @@ __all__ = [
     "one_f_one_b",
     "one_f_one_b_reference",
     "peak_activation",
+    "peak_activation_reference",
     "search_schedule",
     "timeline",
     "timeline_reference",

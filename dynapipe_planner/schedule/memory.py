@@ -11,10 +11,20 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .ops import check_orders, cost_matrix, working_memory
+from .. import _core
+from .ops import check_orders, core_errors, cost_matrix, working_memory
 
 
 def peak_activation(
+    orders: Sequence[Sequence[int]], activation: np.ndarray, transient: np.ndarray | None = None
+) -> np.ndarray:
+    """`peak_activation_reference` computed by the C++ core (same arithmetic, same errors)."""
+    act = cost_matrix("activation", activation)
+    with core_errors():  # the core checks the orders as `check_orders` does
+        return _core.peak_activation(orders, act, working_memory(transient, act.shape))
+
+
+def peak_activation_reference(
     orders: Sequence[Sequence[int]], activation: np.ndarray, transient: np.ndarray | None = None
 ) -> np.ndarray:
     """Most bytes each stage uses at once when running its order, shape (C,): the activations

@@ -12,8 +12,8 @@ MaxLen(P_k) >= l, at latency sum_{x in block} T(x, P_k) / d; the slowest block d
 `propose_strategies(method="paper_dp")` rounds as the paper does; step 1, whole GPUs and
 pipelines (`integer_proposal_dp`, exact; tests hold both to exhaustive enumeration).
 
-Our default (`method="closed_form"`) replaces the DP: the continuous relaxation lets n and d
-be fractional, and then its optimum has a closed form, which `relaxed_proposal` computes in
+Our heuristic (`method="closed_form"`) replaces the DP: the continuous relaxation lets n and
+d be fractional, and then its optimum has a closed form, which `relaxed_proposal` computes in
 O(L K) instead of the DP's O(K N^2 L^2): with fractional d every
 block runs at the same latency T (a faster block could give GPUs to the slowest), so a block of
 work W on P_k takes W * N(P_k) / T GPUs, and sum over blocks of N(P_k) * W_block(P_k) = N * T.
@@ -22,8 +22,10 @@ so each interval goes to the feasible scheme with the fewest GPU-seconds, T = (s
 GPU-seconds) / N, and scheme k gets d_k = W_k / T pipelines. Rounding each d_k down or up (the
 "nearby integer solutions"), keeping a pipeline that holds the longest sequence and filling
 the GPUs left over, gives the candidates, which a hill climb then refines (our addition). The
-DP's step-0.1 grid only approximates that optimum from above; `hydraulis_solve_time.py`
-measures the two methods' candidates against each other.
+DP's step-0.1 grid only approximates that optimum from above, yet its roundings are better at
+a few maximum lengths (by up to 10%), so the default (`method="auto"`) runs both wherever the
+DP is tractable and keeps the best candidates of either; `hydraulis_solve_time.py` measures
+the methods' candidates against each other.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from functools import cached_property
 
 import numpy as np
 
+from .. import _core
 from ..errors import PlanningError
 from .schemes import ParallelScheme, SchemeProfile
 
@@ -187,7 +190,17 @@ class Proposal:
     estimates: tuple[float, ...]
 
 
-PROPOSAL_METHODS = ("closed_form", "paper_dp")
+PROPOSAL_METHODS = ("auto", "closed_form", "paper_dp")
+# `method="auto"` also runs the paper's DP while K (N / step) L^2 (schemes x grid points x
+# intervals squared) stays within this: about a second of one core in the C++ core (64 GPUs,
+# 39 schemes, 256 intervals of 128 tokens: 1.6e9; `benchmarks/hydraulis_solve_time.py`).
+PAPER_DP_WORK_LIMIT = 2e9
+
+
+def paper_dp_tractable(iw: IntervalWork, num_gpus: int, step: float = 0.1) -> bool:
+    """Whether `method="auto"` runs the paper's DP on this histogram (`PAPER_DP_WORK_LIMIT`)."""
+    num_intervals, num_schemes = iw.work.shape
+    return num_schemes * (num_gpus / step) * num_intervals**2 <= PAPER_DP_WORK_LIMIT
 
 
 def propose_strategies(
@@ -195,16 +208,25 @@ def propose_strategies(
     num_gpus: int,
     *,
     keep: int = 3,
-    method: str = "closed_form",
+    method: str = "auto",
     dp_step: float = 0.1,
 ) -> list[Proposal]:
     """For every maximum length the histogram holds, the `keep` best rounded strategies (§7).
 
-    `method="closed_form"` (our default): the relaxation's closed form, rounded, then
-    hill-climbed (`refine_strategies`). `method="paper_dp"`: the paper's own steps, the DP
-    (Eq. 4) over the relaxation in steps of `dp_step` GPUs and pipelines (`proposal_dp`),
-    its S[N][l] rounded to the nearby integer strategies (`round_strategy`), no climb; both
-    rank their candidates by `estimate_latency`."""
+    `method="closed_form"` (ours): the relaxation's closed form, rounded, then hill-climbed
+    (`refine_strategies`). `method="paper_dp"`: the paper's own steps, the DP (Eq. 4) over the
+    relaxation in steps of `dp_step` GPUs and pipelines (`proposal_dp`), its S[N][l] rounded to
+    the nearby integer strategies (`round_strategy`), no climb. Both rank their candidates by
+    `estimate_latency`. `method="auto"` (the default): both where the DP is tractable
+    (`paper_dp_tractable`), their candidates merged and ranked, so the best estimate is never
+    worse than either method's (the closed form wins at most maximum lengths, the DP at a few,
+    by up to 10%: `hydraulis_solve_time.py`); the closed form alone beyond."""
+    if method == "auto":
+        closed = propose_strategies(iw, num_gpus, keep=keep, method="closed_form")
+        if not paper_dp_tractable(iw, num_gpus, dp_step):
+            return closed
+        paper = propose_strategies(iw, num_gpus, keep=keep, method="paper_dp", dp_step=dp_step)
+        return [_merged(a, b, keep) for a, b in zip(closed, paper, strict=True)]
     if method not in PROPOSAL_METHODS:
         raise PlanningError(f"proposal method must be one of {PROPOSAL_METHODS}, got {method!r}")
     dp = proposal_dp(iw, num_gpus, step=dp_step) if method == "paper_dp" else None
@@ -240,6 +262,26 @@ def propose_strategies(
             Proposal(longest, relaxed, tuple(s for _, s in ranked), tuple(e for e, _ in ranked))
         )
     return proposals
+
+
+def _merged(closed: Proposal, paper: Proposal, keep: int) -> Proposal:
+    """One maximum length's candidates of both methods, the `keep` best by estimate (the
+    closed form's first on ties), with the closed form's relaxation (the exact optimum of the
+    fractional problem, which the DP's grid approaches from above)."""
+    ranked = sorted(
+        zip(
+            [*closed.estimates, *paper.estimates],
+            [*closed.strategies, *paper.strategies],
+            strict=True,
+        ),
+        key=lambda pair: pair[0],
+    )
+    best: dict[Strategy, float] = {}
+    for estimate, strategy in ranked:
+        if len(best) == keep:
+            break
+        best.setdefault(strategy, estimate)
+    return Proposal(closed.max_len, closed.relaxed, tuple(best), tuple(best.values()))
 
 
 def batch_proposals(
@@ -479,7 +521,9 @@ class DpSolution:
     scheme_of_interval: np.ndarray
 
 
-def proposal_dp(iw: IntervalWork, num_gpus: int, *, step: float = 0.1) -> DpSolution:
+def proposal_dp(
+    iw: IntervalWork, num_gpus: int, *, step: float = 0.1, backend: str = "cpp"
+) -> DpSolution:
     """The paper's DP (§7, Eq. 4) with n (GPUs) and d (pipelines) on a grid of `step`.
 
     step = 0.1 is the paper's continuous relaxation (its footnote 4); step = 1 is the DP over
@@ -488,14 +532,32 @@ def proposal_dp(iw: IntervalWork, num_gpus: int, *, step: float = 0.1) -> DpSolu
     d of max(t[n - d N(P_k)][s], W_k(s, l] / d)), t[n][0] = 0, t[0][l > 0] = inf.
 
     Exact, but faster than the recurrence read literally: t[m][s] never increases with m, so
-    over d the first term rises while W / d falls, and the best d is where they cross, found
-    by bisection for every (s, l) at once: O(K (N / step) L^2 log(N / step)) array work
-    instead of O(K (N / step)^2 L^2). Memory is O(L^2) per scheme; tractable for L up to a
-    few hundred intervals and N / step up to a few thousand grid points
-    (`benchmarks/hydraulis_solve_time.py` times it)."""
+    over d the first term rises while W / d falls, and the best d is where they cross.
+    `backend="cpp"` (the C++ core) keeps each crossing from one n to the next, where it only
+    moves up: O(K (N / step) L^2) in all; `backend="python"`
+    (`proposal_dp_tables_reference`) bisects for it with array operations, a log factor more
+    and about two orders of magnitude slower. Both give the same t and choices
+    (`benchmarks/hydraulis_solve_time.py` times them)."""
     units = round(num_gpus / step)
     if units < 1 or abs(units * step - num_gpus) > 1e-9 * max(1, num_gpus):
         raise PlanningError(f"DP step {step} must divide the {num_gpus} GPUs into whole steps")
+    if backend == "cpp":
+        gpus = np.array([p.scheme.num_gpus for p in iw.profiles], dtype=np.int64)
+        t, choice = _core.proposal_dp(iw.work, gpus, units, step)
+    elif backend == "python":
+        t, choice = proposal_dp_tables_reference(iw, units, step)
+    else:
+        raise PlanningError(f"unknown proposal DP backend {backend!r}; use 'cpp' or 'python'")
+    return _dp_solution(t, choice, iw, units, step)
+
+
+def proposal_dp_tables_reference(
+    iw: IntervalWork, units: int, step: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """`proposal_dp`'s tables by array operations: t, shaped (units + 1, L + 1), and per state
+    the choice (scheme, pipelines in steps, block start; -1 where t[n][l] = t[n - 1][l]). The
+    best d of each block is found by bisection for every (start, l) at once: O(K (N / step)
+    L^2 log(N / step)) array work; memory O(L^2) per scheme."""
     num_intervals, num_schemes = iw.work.shape
     feasible = np.isfinite(iw.work)
     prefix = np.vstack([np.zeros(num_schemes), np.cumsum(np.where(feasible, iw.work, 0.0), axis=0)])
@@ -548,7 +610,7 @@ def proposal_dp(iw: IntervalWork, num_gpus: int, *, step: float = 0.1) -> DpSolu
             np.stack([best_k[start, ells - 1], best_d[start, ells - 1], start], axis=1),
             -1,
         )
-    return _dp_solution(t, choice, iw, units, step)
+    return t, choice
 
 
 def _dp_solution(
