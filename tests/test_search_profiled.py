@@ -1,8 +1,9 @@
 """`dynapipe-search --cost-table`: the Galvatron-BMW search priced from profiled cost tables.
 
 A hand-written TP-1 and TP-2 table of a small GPT: the estimator's per-layer time and memory
-equal the tables' entries scaled as `profiled_inputs` documents (value at the largest measured
-micro-batch / that size, per sample), the plan the CLI writes predicts what `price_plan` gives
+equal the tables' entries scaled as `profiled_inputs` documents (times: the least-squares line
+over the measured micro-batch sizes; memory: the value at the largest measured micro-batch / that
+size, per sample), the plan the CLI writes predicts what `price_plan` gives
 for those inputs, and bad tables (another model, a missing TP degree, negative or NaN values,
 an unprofiled sequence length, a missing bandwidth) end the CLI with exit 2 and one line naming
 the entry.
@@ -21,7 +22,11 @@ from dynapipe_planner.search import LayerStrategy, price_plan
 from dynapipe_planner.search.cli import search_main
 from dynapipe_planner.search.estimator import Estimator
 from dynapipe_planner.search.plan_file import load_plan
-from dynapipe_planner.search.profiled_inputs import profiled_cost_inputs, read_cost_tables
+from dynapipe_planner.search.profiled_inputs import (
+    affine_time,
+    profiled_cost_inputs,
+    read_cost_tables,
+)
 
 MODEL = ModelSpec("tiny", "gpt", 4, 64, 4, 256, 512, max_position_embeddings=128)
 SEQ = 128
@@ -88,7 +93,7 @@ def _inputs(paths, **kw):
     return profiled_cost_inputs(MODEL, read_cost_tables(paths), 2, seq_length=SEQ, **kw)
 
 
-def test_layer_costs_are_the_tables_entries_per_sample(tables):
+def test_layer_costs_are_the_tables_entries_scaled(tables):
     inputs = _inputs(tables)
     dp2 = LayerStrategy(1, ("dp",), (2,), False)
     tp2 = LayerStrategy(1, ("tp",), (2,), False)
@@ -110,9 +115,16 @@ def test_layer_costs_are_the_tables_entries_per_sample(tables):
     assert t.sync[0, 0] == pytest.approx(
         2 * fwd1 + 1.3 * min(2 * bwd1, allreduce) + abs(2 * bwd1 - allreduce), rel=1e-12
     )
-    # TP 2: b_ref = 4, the whole micro-batch on both ranks, TP's all-reduce inside the times
-    fwd2, bwd2 = 0.039 * 0.6 / 4, 0.09 * 0.6 / 4
-    assert t.nosync[0, 1] == pytest.approx(4 * (fwd2 + bwd2), rel=1e-12)
+    # TP 2: the whole micro-batch of 4 on both ranks, TP's all-reduce inside the times. The
+    # least-squares lines through b = 1, 2, 4 (mean b 7/3, sum of squared deviations 14/3):
+    # forward 0.6 (0.0015 + 0.131 / 14 b), backward 0.6 (0.003 + 0.304 / 14 b) -- a fixed time
+    # per micro-batch that the per-sample value at b_ref (0.6 x 0.039 / 4 per sample) leaves out
+    fwd2 = 0.6 * (0.0015 + 0.131 / 14 * 4)
+    bwd2 = 0.6 * (0.003 + 0.304 / 14 * 4)
+    assert inputs.layer_types[0].forward_s_per_microbatch[2] == pytest.approx(0.6 * 0.0015)
+    assert t.nosync[0, 1] == pytest.approx(fwd2 + bwd2, rel=1e-12)
+    # TP 1: two measured sizes, the line through both: forward 0.002 + 0.009 b, which at the
+    # 2 samples a DP2 rank holds is the b_ref = 2 value, as above
     assert t.fwd_bytes[0, 1] == pytest.approx(4 * 12e6 * 0.6 / 4, rel=1e-12)
     assert t.state_bytes[0, 1] == pytest.approx(LAYER_STATIC / 2, rel=1e-12)
     # CKPT keeps the layer's input (fp32, s x h per sample) and recomputes the forward
@@ -122,9 +134,19 @@ def test_layer_costs_are_the_tables_entries_per_sample(tables):
     # the ends: embedding and output states split over the stage's 2 ranks, head time measured
     factor = LAYER_STATIC / (4.0 * MODEL.layer_params("decoder"))
     assert inputs.model_state_factor == pytest.approx(factor)
-    head = (0.02 * 0.5 + 0.046 * 0.5) / 2  # lm_head forward + backward per sample, b_ref 2
-    assert 3 * inputs.output_forward_s_per_sample == pytest.approx(head)
+    # lm_head forward + backward: 0.5 x (0.036, 0.066) at b = 1, 2: the line 0.003 + 0.015 b
+    assert 3 * inputs.output_forward_s_per_sample == pytest.approx(0.015)
+    assert 3 * inputs.output_forward_s_per_microbatch == pytest.approx(0.003)
     assert t.extra_bytes == pytest.approx((800_000 + 600_000) / 2 + 6e6 * 0.5 / 2 * 4 / 2)
+
+
+def test_affine_time_is_the_least_squares_line_kept_non_negative():
+    assert affine_time([(1, 3.0), (2, 5.0), (4, 9.0)]) == pytest.approx((1.0, 2.0))
+    assert affine_time([(2, 4.0)]) == pytest.approx((0.0, 2.0))  # one size: per sample (§V)
+    # a negative intercept: the line through the origin, sum(b t) / sum(b^2)
+    assert affine_time([(1, 0.5), (2, 3.0)]) == pytest.approx((0.0, 6.5 / 5))
+    # a negative slope (noise): the mean, per micro-batch
+    assert affine_time([(1, 4.0), (2, 3.0)]) == pytest.approx((3.5, 0.0))
 
 
 def test_cli_searches_with_tables_and_predicts_what_they_imply(tables, model_file, tmp_path):

@@ -28,6 +28,8 @@ _PER_TP_FIELDS = (
     "activation_bytes_per_sample",
     "workspace_bytes_per_sample",
     "backward_s_per_sample",
+    "forward_s_per_microbatch",
+    "backward_s_per_microbatch",
 )
 
 
@@ -39,7 +41,11 @@ class LayerTypeCosts:
     batch size and the per-sample computation time"); keys of the per-TP dicts are TP degrees,
     and a TP degree missing from them cannot split this layer (heads or FFN not divisible).
     The backward pass takes twice the forward (§V) unless `backward_s_per_sample` holds a
-    measured time for the TP degree (a profiled cost table does).
+    measured time for the TP degree (a profiled cost table does). A profiled table also gives
+    a time per micro-batch, whatever its size (`forward_s_per_microbatch`,
+    `backward_s_per_microbatch`: the intercept of the measured times over the micro-batch
+    sizes; on a CPU the operators' dispatch takes milliseconds per layer, 1-4x the per-sample
+    time at one sample); missing degrees are 0 (§V's model).
     """
 
     name: str
@@ -50,6 +56,8 @@ class LayerTypeCosts:
     boundary_bytes_per_sample: float  # the layer's input: kept under CKPT, sent between stages
     tp_allreduce_bytes_per_sample: float  # bytes TP all-reduces per sample in one forward pass
     backward_s_per_sample: dict[int, float] = field(default_factory=dict)  # TP -> measured
+    forward_s_per_microbatch: dict[int, float] = field(default_factory=dict)  # TP -> measured
+    backward_s_per_microbatch: dict[int, float] = field(default_factory=dict)  # TP -> measured
 
     def backward_s(self, tp: int) -> float:
         """Backward compute per sample at TP `tp`: measured, else twice the forward (§V)."""
@@ -76,6 +84,7 @@ class CostInputs:
     embedding_param_bytes: float = 0.0  # first stage; states sharded over the stage's GPUs
     output_param_bytes: float = 0.0  # last stage (untied output layer)
     output_forward_s_per_sample: float = 0.0
+    output_forward_s_per_microbatch: float = 0.0  # profiled: see LayerTypeCosts
     output_activation_bytes_per_sample: float = 0.0
     seq_length: int = 0
     description: dict = field(default_factory=dict)
@@ -129,7 +138,7 @@ class CostInputs:
                         **{
                             k: {int(tp): v for tp, v in t[k].items()}
                             for k in _PER_TP_FIELDS
-                            if k in t  # backward_s_per_sample is optional
+                            if k in t  # the measured ones are optional
                         },
                     }
                 )

@@ -5,7 +5,9 @@ Prices every layer of a pipeline stage under every candidate strategy, for one m
 
 * compute: forward from `CostInputs`, backward twice the forward (§V) or as measured when the
   inputs hold it (a profiled cost table), plus one more forward under CKPT (recomputation)
-  with its TP all-reduce;
+  with its TP all-reduce; each pass is §V's per-sample time times the samples on the GPU,
+  plus the measured time per micro-batch where the inputs hold one (a profiled table: the
+  operators' fixed cost, which dominates small micro-batches on a CPU);
 * communication from bandwidths: TP all-reduces (not overlapped), SDP all-gathers before
   forward and backward and a reduce-scatter after backward (3 (N-1)/N of the weights,
   Takeaway #3), DP gradient all-reduce (2 (N-1)/N) on the last micro-batch only (App. C);
@@ -93,6 +95,8 @@ class Estimator:
         # Per layer type x strategy: per-sample-on-this-GPU pieces and per-micro-batch constants.
         self.fwd_per_sample = np.zeros((t_count, s_count))
         self.bwd_per_sample = np.zeros((t_count, s_count))
+        self.fwd_per_micro = np.zeros((t_count, s_count))
+        self.bwd_per_micro = np.zeros((t_count, s_count))
         self.tp_per_sample = np.zeros((t_count, s_count))
         self.tp_latency = np.zeros((t_count, s_count))
         self.act_per_sample = np.zeros((t_count, s_count))
@@ -108,6 +112,8 @@ class Estimator:
                 t = s.tp
                 self.fwd_per_sample[k, j] = lt.forward_s_per_sample[t]
                 self.bwd_per_sample[k, j] = lt.backward_s(t)
+                self.fwd_per_micro[k, j] = lt.forward_s_per_microbatch.get(t, 0.0)
+                self.bwd_per_micro[k, j] = lt.backward_s_per_microbatch.get(t, 0.0)
                 if t > 1 and lt.tp_allreduce_bytes_per_sample > 0:  # profiled: in the times
                     ring = 2.0 * (t - 1) / t / tp_bw[j]
                     self.tp_per_sample[k, j] = lt.tp_allreduce_bytes_per_sample * ring
@@ -147,11 +153,12 @@ class Estimator:
         kinds = np.array([inputs.layer_kinds[i] for i in layers], dtype=np.int64)
         n_local = b / self.data  # samples per GPU
         ok = self.supported & (microbatch % self.data.astype(np.int64) == 0)
-        fwd_compute = self.fwd_per_sample[kinds] * n_local
+        fwd_compute = self.fwd_per_micro[kinds] + self.fwd_per_sample[kinds] * n_local
         tp_pass = self.tp_per_sample[kinds] * n_local + self.tp_latency[kinds]
         gather = self.sdp_gather[kinds]
         forward = overlapped(fwd_compute, gather, inputs.overlap_slowdown) + tp_pass
-        bwd_compute = self.bwd_per_sample[kinds] * n_local + np.where(self.ckpt, fwd_compute, 0.0)
+        bwd_compute = self.bwd_per_micro[kinds] + self.bwd_per_sample[kinds] * n_local
+        bwd_compute = bwd_compute + np.where(self.ckpt, fwd_compute, 0.0)
         bwd_tp = tp_pass * np.where(self.ckpt, 2.0, 1.0)
         slow = inputs.overlap_slowdown
         nosync = forward + overlapped(bwd_compute, 2.0 * gather, slow) + bwd_tp
@@ -212,7 +219,8 @@ class Estimator:
         if stage == self.pp - 1:
             nbytes += inputs.output_param_bytes * inputs.model_state_factor / n
             nbytes += inputs.output_activation_bytes_per_sample * b / n
-            time += 3.0 * inputs.output_forward_s_per_sample * b / n
+            per_sample = inputs.output_forward_s_per_sample * b / n
+            time += 3.0 * (inputs.output_forward_s_per_microbatch + per_sample)
         return time, nbytes
 
 
