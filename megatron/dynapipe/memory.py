@@ -19,11 +19,11 @@ table and the run are measured with the same instrument:
   release is the free. Replayed as reported, those blocks would stay live to the trace's end
   (measured: 6-14 MiB of TP4 partial sums per rank, a different amount on each rank of one TP
   group, by the race between the caller and the worker). `_replay` restores the missing frees
-  from what is certain: a block whose address is allocated again was freed before that
-  allocation, and a block a collective took that is not alive when the trace ends was freed
-  when the last collective that took it ended (the worker releases it right after the
+  from what is certain: a block never seen freed was freed before its address was allocated
+  again, and a block a collective took was freed when the last collective that took it ended
+  (unless it is still alive when the trace ends): the worker releases it right after the
   collective; for an asynchronous one, which the trace shows only as its start, that is
-  early by the time until its wait).
+  early by the time until its wait.
 
 Kineto prints a line per CPU trace unless `KINETO_LOG_LEVEL=5` is set before torch is imported
 (the command-line tools do so).
@@ -183,11 +183,11 @@ class MemoryTrace:
 
 def _trace_events(
     tree: list,
-) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, str]], dict[int, int]]:
+) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, str]], dict[int, list[int]]]:
     """From the profiler's event tree: the CPU allocator's events (time, address, bytes; a
     free has negative bytes) in time order, the phase windows, and for every address a
-    collective (`c10d::` op) took, when the last such collective ended."""
-    allocations, windows, collective_end = [], [], {}
+    collective (`c10d::` op) took, when each such collective ended (in time order)."""
+    allocations, windows, collective_ends = [], [], {}
     stack = list(tree)
     while stack:
         event = stack.pop()
@@ -201,10 +201,12 @@ def _trace_events(
                 windows.append((event.start_time_ns, event.end_time_ns, event.name[len(_PHASE) :]))
             elif event.name.startswith("c10d::"):
                 for pointer in _tensor_addresses(event.extra_fields.inputs):
-                    collective_end[pointer] = max(collective_end.get(pointer, 0), event.end_time_ns)
+                    collective_ends.setdefault(pointer, []).append(event.end_time_ns)
     allocations.sort(key=lambda a: (a[0], a[2] > 0))
     windows.sort()
-    return allocations, windows, collective_end
+    for ends in collective_ends.values():
+        ends.sort()
+    return allocations, windows, collective_ends
 
 
 def _tensor_addresses(inputs: list) -> Iterator[int]:
@@ -219,27 +221,38 @@ def _tensor_addresses(inputs: list) -> Iterator[int]:
 def _replay(
     allocations: list[tuple[int, int, int]],
     windows: list[tuple[int, int, str]],
-    collective_end: dict[int, int],
+    collective_ends: dict[int, list[int]],
     alive_now: Callable[[], set[int]],
 ) -> dict[str, PhaseMemory]:
     """Replay the allocator's events in time order, with the frees another thread made
     restored (module docstring), and read each phase's window. `alive_now()`: the addresses
     of the storages alive when the trace ended (asked only if a collective's block was never
-    seen freed)."""
-    events, open_blocks = [], {}
+    seen freed nor reallocated)."""
+    blocks: list[list] = []  # [address, bytes, allocated at, freed at (None: not seen), seen]
+    open_blocks: dict[int, int] = {}
     for time_ns, pointer, nbytes in allocations:
         if nbytes > 0:
             if pointer in open_blocks:  # reallocated: freed before, on another thread
-                events.append((time_ns, -open_blocks[pointer][0]))
-            open_blocks[pointer] = (nbytes, time_ns)
-        elif open_blocks.pop(pointer, None) is None:
-            continue  # allocated before the trace: its allocation was not counted either
-        events.append((time_ns, nbytes))
-    taken = [p for p, (_, since) in open_blocks.items() if collective_end.get(p, 0) > since]
-    alive = alive_now() if taken else set()
-    for pointer in taken:
-        if pointer not in alive:
-            events.append((collective_end[pointer], -open_blocks[pointer][0]))
+                blocks[open_blocks[pointer]][3] = time_ns
+            open_blocks[pointer] = len(blocks)
+            blocks.append([pointer, nbytes, time_ns, None, False])
+        elif pointer in open_blocks:  # else allocated before the trace, not counted either
+            block = blocks[open_blocks.pop(pointer)]
+            block[3], block[4] = time_ns, True
+    alive: set[int] | None = None
+    events = []
+    for pointer, nbytes, allocated, freed, seen in blocks:
+        events.append((allocated, nbytes))
+        if not seen:  # freed on another thread: when the last collective that took it ended
+            ends = [t for t in collective_ends.get(pointer, ()) if t >= allocated]
+            ends = [t for t in ends if freed is None or t <= freed]
+            if ends and freed is None:
+                alive = set(alive_now()) if alive is None else alive
+                if pointer in alive:
+                    ends = []
+            freed = ends[-1] if ends else freed
+        if freed is not None:
+            events.append((freed, -nbytes))
     events.sort(key=lambda e: (e[0], e[1] > 0))
     phases, live, k = {}, 0, 0
     for start, end, name in windows:
