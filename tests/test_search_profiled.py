@@ -68,6 +68,12 @@ def _table(tp: int, bandwidth: float) -> dict:
         "model": {**MODEL.to_dict(), "num_layers": 2, "name": "profiled_gpt"},
         "allreduce_bus_bandwidth": {str(tp): bandwidth} if tp > 1 else {},
         "allreduce_latency_s": {str(tp): 1e-4} if tp > 1 else {},
+        # FSDP2 on a TP-1 decoder layer over the table's ranks: forward +3 ms, backward +7 ms
+        **(
+            {"sdp_layer_forward_s": {"2": 0.003}, "sdp_layer_backward_s": {"2": 0.007}}
+            if tp > 1
+            else {}
+        ),
         "entries": entries,
     }
 
@@ -131,6 +137,12 @@ def test_layer_costs_are_the_tables_entries_scaled(tables):
     assert t.fwd_bytes[0, 2] == pytest.approx(2 * 4 * SEQ * MODEL.hidden_size, rel=1e-12)
     assert t.nosync[0, 2] == pytest.approx(2 * (2 * fwd1 + bwd1), rel=1e-12)
     assert t.bwd_bytes[0, 2] == pytest.approx(2 * (work1 + act1), rel=1e-12)
+    # SDP2: each rank runs 2 samples at TP 1 as DP2 does, and FSDP2's measured times replace
+    # the gathers' and reduce-scatter's bytes over the bandwidth
+    sdp2 = Estimator(inputs, [LayerStrategy(1, ("sdp",), (2,), False)])
+    t_sdp = sdp2.stage_tables(range(4), 0, 4, 1)
+    assert t_sdp.nosync[0, 0] == pytest.approx(2 * (fwd1 + bwd1) + 0.003 + 0.007, rel=1e-12)
+    assert t_sdp.sync[0, 0] == pytest.approx(t_sdp.nosync[0, 0], rel=1e-12)
     # the ends: embedding and output states split over the stage's 2 ranks, head time measured
     factor = LAYER_STATIC / (4.0 * MODEL.layer_params("decoder"))
     assert inputs.model_state_factor == pytest.approx(factor)
@@ -202,6 +214,10 @@ def _no_bandwidth(data):
     data[1]["allreduce_bus_bandwidth"] = {}
 
 
+def _negative_sdp_time(data):
+    data[1]["sdp_layer_backward_s"] = {"2": -0.001}
+
+
 def _seqlens(data):
     for d in data:
         for e in d["entries"]:
@@ -223,6 +239,7 @@ def _seqlens(data):
         ),
         (_no_bandwidth, "no all-reduce bandwidth measured for groups of [2] ranks"),
         (_seqlens, "sequence length 128 was not profiled (profiled: [64, 96])"),
+        (_negative_sdp_time, "sdp_layer_backward_s['2'] must be a number >= 0, got -0.001"),
     ],
 )
 def test_bad_tables_are_refused_in_one_line(tables, model_file, tmp_path, capsys, edit, named):

@@ -32,6 +32,10 @@ _PER_TP_FIELDS = (
     "backward_s_per_microbatch",
 )
 
+_BY_GROUP_SIZE = ("sdp_forward_s", "sdp_backward_s")
+# fields whose JSON form `to_dict` / `from_dict` convert (the rest are copied as they are)
+_CONVERTED = ("layer_types", "layer_kinds", "allreduce_bandwidth", "p2p_bandwidth", *_BY_GROUP_SIZE)
+
 
 @dataclass(frozen=True)
 class LayerTypeCosts:
@@ -85,6 +89,11 @@ class CostInputs:
     output_param_bytes: float = 0.0  # last stage (untied output layer)
     output_forward_s_per_sample: float = 0.0
     output_forward_s_per_microbatch: float = 0.0  # profiled: see LayerTypeCosts
+    # Measured time FSDP2 adds to an SDP layer (TP 1) sharded over a group of this many GPUs,
+    # per micro-batch: its forward (all-gather) and its backward (all-gather, reduce-scatter,
+    # their copies and hooks); where a size is missing, §V's bytes over the bandwidth.
+    sdp_forward_s: dict[int, float] = field(default_factory=dict)
+    sdp_backward_s: dict[int, float] = field(default_factory=dict)
     output_activation_bytes_per_sample: float = 0.0
     seq_length: int = 0
     description: dict = field(default_factory=dict)
@@ -119,11 +128,11 @@ class CostInputs:
                 f"{a},{b}": v for (a, b), v in self.allreduce_bandwidth.items()
             },
             "p2p_bandwidth": {str(k): v for k, v in self.p2p_bandwidth.items()},
+            **{k: {str(n): v for n, v in getattr(self, k).items()} for k in _BY_GROUP_SIZE},
             **{
                 f.name: getattr(self, f.name)
                 for f in dataclasses.fields(self)
-                if f.name
-                not in ("layer_types", "layer_kinds", "allreduce_bandwidth", "p2p_bandwidth")
+                if f.name not in _CONVERTED
             },
         }
 
@@ -144,11 +153,7 @@ class CostInputs:
                 )
                 for t in data["layer_types"]
             )
-            rest = {
-                k: v
-                for k, v in data.items()
-                if k not in ("layer_types", "layer_kinds", "allreduce_bandwidth", "p2p_bandwidth")
-            }
+            rest = {k: v for k, v in data.items() if k not in _CONVERTED}
             return cls(
                 layer_types=types,
                 layer_kinds=tuple(data["layer_kinds"]),
@@ -157,6 +162,7 @@ class CostInputs:
                     for k, v in data["allreduce_bandwidth"].items()
                 },
                 p2p_bandwidth={int(k): v for k, v in data["p2p_bandwidth"].items()},
+                **{k: {int(n): v for n, v in data.get(k, {}).items()} for k in _BY_GROUP_SIZE},
                 **rest,
             )
         except (KeyError, TypeError, ValueError) as e:

@@ -33,7 +33,13 @@ micro-batch size whose point was measured, per component and TP degree):
   size (`allreduce_bus_bandwidth`), for every stride (one machine), and between pipeline
   stages the two-rank one; the link latency is the two-rank table's `allreduce_latency_s`
   (one number's all-reduce; 0 where the table has none), which the estimator adds to every
-  transfer between stages and every DP or SDP collective.
+  transfer between stages and every DP or SDP collective;
+* SDP: what FSDP2 adds to a TP-1 decoder layer sharded over N ranks, its forward and its
+  backward, as the N-rank table measured it (`sdp_layer_forward_s`, `sdp_layer_backward_s`),
+  in place of the gathers' and reduce-scatter's bytes over the bandwidth: on gloo, FSDP2's
+  copies and hooks took as long again as its collectives (a decoder layer of hidden 256 on 4
+  ranks: 16 ms to gather, 12 ms to reduce-scatter, about 90 ms added per forward and backward).
+  Tables without them keep §V's bytes over the bandwidth.
 
 Bad tables stop with a `PlanningError` naming the file and entry: another model's layer shape,
 a TP degree the search needs but no table holds, negative or NaN values, the sequence length
@@ -180,8 +186,11 @@ def _static(entry: dict, where: str) -> float:
     return float(value)
 
 
-def _per_group(tables: list[dict[str, Any]], key: str) -> dict[int, float]:
-    """Group size -> the measured positive number under `key` (bandwidth, latency)."""
+def _per_group(
+    tables: list[dict[str, Any]], key: str, *, allow_zero: bool = False
+) -> dict[int, float]:
+    """Group size -> the measured positive (or, `allow_zero`, non-negative) number under `key`
+    (bandwidth, latency, FSDP2's time)."""
     out: dict[int, float] = {}
     for table in tables:
         for size, bw in (table.get(key) or {}).items():
@@ -190,8 +199,10 @@ def _per_group(tables: list[dict[str, Any]], key: str) -> dict[int, float]:
                 n = int(size)
             except ValueError:
                 raise PlanningError(f"{where}: the key must be a group size") from None
-            if isinstance(bw, bool) or not isinstance(bw, int | float) or not bw > 0:
-                raise PlanningError(f"{where} must be a positive number, got {bw!r}")
+            bad = not (bw >= 0 if allow_zero else bw > 0) if isinstance(bw, int | float) else True
+            if isinstance(bw, bool) or bad:
+                kind = "a number >= 0" if allow_zero else "a positive number"
+                raise PlanningError(f"{where} must be {kind}, got {bw!r}")
             if not math.isfinite(bw):
                 raise PlanningError(f"{where} must be finite, got {bw!r}")
             out[n] = max(out.get(n, 0.0), float(bw))
@@ -263,6 +274,8 @@ def profiled_cost_inputs(
     _point(*entries[1, "embedding"], seq_length)  # checked like the others, time not priced
     measured_bw = _per_group(tables, "allreduce_bus_bandwidth")
     latency = _per_group(tables, "allreduce_latency_s").get(2, 0.0)
+    sdp_forward = _per_group(tables, "sdp_layer_forward_s", allow_zero=True)
+    sdp_backward = _per_group(tables, "sdp_layer_backward_s", allow_zero=True)
     allreduce, p2p = _topology(measured_bw, num_gpus, tables)
     layer = LayerTypeCosts(
         name="decoder",
@@ -288,6 +301,8 @@ def profiled_cost_inputs(
         output_param_bytes=_static(head_entry, head_where) / state_factor,
         output_forward_s_per_sample=head_per_sample,
         output_forward_s_per_microbatch=head_fixed,
+        sdp_forward_s=sdp_forward,
+        sdp_backward_s=sdp_backward,
         output_activation_bytes_per_sample=head["activation_bytes"] / b_head,
         seq_length=seq_length,
         description={
