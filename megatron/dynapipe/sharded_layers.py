@@ -14,8 +14,9 @@ also CUDA-only: built over a stage on two CPU gloo ranks (megatron-core 0.19, wi
 `fsdp_unit_modules=[TransformerLayer]` and `device=cpu`), its constructor fails comparing the
 device with `cuda:{torch.cuda.current_device()}`, and it creates CUDA streams after that.
 torch's FSDP2 (`fully_shard`) shards per module and runs on gloo: each SDP TransformerLayer
-becomes its own FSDP unit over the stage's data-parallel group, everything else stays in
-Megatron's DDP, which this module's `MixedDataParallel` is. FSDP2 is told to sum gradients
+becomes its own FSDP unit over the stage's data-parallel group, under one FSDP2 root (the
+stage's decoder, whose other parameters FSDP2 ignores), everything else stays in Megatron's
+DDP, which this module's `MixedDataParallel` is. FSDP2 is told to sum gradients
 (divide factor 1, sum reductions), as Megatron's DDP does under a per-token loss, so
 `finalize_model_grads` scales both kinds once by the global token count.
 
