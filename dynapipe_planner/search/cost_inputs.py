@@ -48,7 +48,7 @@ class LayerTypeCosts:
     measured time for the TP degree (a profiled cost table does). A profiled table also gives
     a time per micro-batch, whatever its size (`forward_s_per_microbatch`,
     `backward_s_per_microbatch`: the intercept of the measured times over the micro-batch
-    sizes; on a CPU one sample's forward took 1.6-3.9x the per-sample time of eight); missing
+    sizes; on a CPU one sample's forward took 1.5-3.9x the per-sample time of eight); missing
     degrees are 0 (§V's model).
     """
 

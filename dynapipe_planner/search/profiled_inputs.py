@@ -14,7 +14,7 @@ micro-batch size whose point was measured, per component and TP degree):
   (`forward_s_per_microbatch[t]`, `forward_s_per_sample[t]`, and the backward's), both kept
   >= 0 (a negative intercept: the line through the origin; a negative slope: the mean, per
   micro-batch). §V scales a per-sample time, which on a CPU misses the operators' fixed cost:
-  in three TP-1 profiles on the shared 2-core machine, one sample's forward took 1.6-3.9x an
+  in four TP-1 profiles on the shared 2-core machine, one sample's forward took 1.5-3.9x an
   eighth of eight samples', and plans of one sample per micro-batch ran 2.5-3.6x slower than
   priced. With one measured size the line
   goes through the origin (§V). `activation_bytes_per_sample[t] = activation_bytes[b_ref][s]
