@@ -17,12 +17,16 @@ cost estimator, App. D "Estimation Performance"; issue #20's acceptance), on 4 C
 4. Run the searched plan and every uniform layout that fits and runs, for real
    (`torchrun --nproc-per-node 4 pretrain_gpt.py --parallel-plan`), on SYNTHETIC web/code-like
    data (91% of the samples full length at 128 tokens, padded to the longest per micro-batch),
-   `--warmup` + `--iterations` iterations, plus a last one traced by `--log-peak-memory`.
-5. Print per layout the measured tokens/s (median over the measured iterations), the measured
-   iteration time against the search's predicted one (Eq. 9; the measurement also holds the
-   optimiser step, which the prediction leaves out), and the largest rank's traced peak tensor
-   memory against the largest predicted stage peak; then the targets: memory within 10%, time
-   within 15%, searched >= best uniform in tokens/s. A target missed is printed as a MISS.
+   `--warmup` + `--iterations` iterations, plus a last one traced by `--log-peak-memory`;
+   `--rounds` times, the layouts in turn and the order reversed every other round (A B C C B
+   A ...), so that the machine's drift falls on all of them alike.
+5. Print per layout the measured tokens/s and iteration time (per round the median over its
+   measured iterations; printed: the median over the rounds and their range), the iteration
+   time against the search's predicted one (Eq. 9; the measurement also holds the optimiser
+   step, which the prediction leaves out), and the largest rank's traced peak tensor memory
+   (median over the rounds) against the largest predicted stage peak; then the targets: memory
+   within 10%, time within 15%, searched >= best uniform in tokens/s. A target missed is
+   printed as a MISS.
 
 `--quick` profiles fewer points and skips a CKPT layout when its non-CKPT twin fits (the
 estimator prices full recompute slower whenever both fit; skipped rows say so). Not a test: CPU
@@ -38,7 +42,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -48,6 +52,7 @@ from benchmarks.torchrun_runs import (
     ROOT,
     RunTimedOut,
     add_model_args,
+    alternating,
     free_port,
     model_flags,
     run,
@@ -85,6 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget-fraction", type=float, default=0.4)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iterations", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=3, help="runs of every layout, alternated")
     p.add_argument("--microbatch-sizes", default="1,2,4,8,16", help="profiled sizes")
     p.add_argument("--repeats", type=int, default=5, help="profiler's timed runs per point")
     p.add_argument("--quick", action="store_true", help="fewer profile points and runs")
@@ -93,7 +99,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.microbatch_sizes, args.repeats = "1,2,4,8", 3
-        args.warmup, args.iterations = 1, 3
+        args.warmup, args.iterations, args.rounds = 1, 3, 2
     return args
 
 
@@ -143,9 +149,21 @@ class Layout:
     name: str
     result: SearchResult | None = None
     why_not: str = ""  # does not fit / refused / skipped
-    tps: float = 0.0
-    measured_s: float = 0.0
-    measured_peak: float = 0.0
+    tps_rounds: list[float] = field(default_factory=list)  # per round: median of its iterations
+    seconds_rounds: list[float] = field(default_factory=list)
+    peak_rounds: list[float] = field(default_factory=list)
+
+    @property
+    def tps(self) -> float:
+        return statistics.median(self.tps_rounds)
+
+    @property
+    def measured_s(self) -> float:
+        return statistics.median(self.seconds_rounds)
+
+    @property
+    def measured_peak(self) -> float:
+        return statistics.median(self.peak_rounds)
 
     @property
     def predicted_peak(self) -> float:
@@ -200,9 +218,10 @@ def run_layout(layout: Layout, model: ModelSpec, args, out: Path) -> None:
         print(f"  {layout.name}: {layout.why_not}", flush=True)
         return
     timed, traced = rows[:-1], rows[-1]
-    layout.tps = statistics.median(float(r["tps"].replace(",", "")) for r in timed)
-    layout.measured_s = statistics.median(float(r["ms"].replace(",", "")) for r in timed) / 1e3
-    layout.measured_peak = float(traced["peak_mib"].replace(",", "")) * MiB
+    layout.tps_rounds.append(statistics.median(float(r["tps"].replace(",", "")) for r in timed))
+    seconds = statistics.median(float(r["ms"].replace(",", "")) for r in timed) / 1e3
+    layout.seconds_rounds.append(seconds)
+    layout.peak_rounds.append(float(traced["peak_mib"].replace(",", "")) * MiB)
 
 
 def _error(measured: float, predicted: float) -> float:
@@ -211,7 +230,7 @@ def _error(measured: float, predicted: float) -> float:
 
 def report(layouts: list[Layout], searched: Layout) -> list[str]:
     lines = [
-        f"{'layout':<22}{'tokens/s':>10}{'iter s':>9}{'pred s':>9}{'err':>8}"
+        f"{'layout':<22}{'tokens/s':>10}{'iter s':>9}{'range s':>14}{'pred s':>9}{'err':>8}"
         f"{'peak MiB':>10}{'pred MiB':>10}{'err':>8}  plan"
     ]
     for layout in [searched, *layouts]:
@@ -221,14 +240,16 @@ def report(layouts: list[Layout], searched: Layout) -> list[str]:
         r = layout.result
         lines.append(
             f"{layout.name:<22}{layout.tps:>10,.0f}{layout.measured_s:>9.3f}"
+            f"{min(layout.seconds_rounds):>8.3f}-{max(layout.seconds_rounds):<5.3f}"
             f"{r.iteration_time_s:>9.3f}{_error(layout.measured_s, r.iteration_time_s):>+8.1%}"
             f"{layout.measured_peak / MiB:>10.1f}{layout.predicted_peak / MiB:>10.1f}"
             f"{_error(layout.measured_peak, layout.predicted_peak):>+8.1%}  "
             f"m={r.num_microbatches}, partition {r.partition}"
         )
     lines.append(
-        "err = (predicted - measured) / measured; iter s: median measured iteration (optimiser "
-        "step included); peak MiB: the largest rank's traced peak tensor memory"
+        "err = (predicted - measured) / measured; iter s: median over the rounds of each "
+        "round's median iteration (optimiser step included), range s: the rounds' lowest and "
+        "highest; peak MiB: the largest rank's traced peak tensor memory (median over the rounds)"
     )
     return lines
 
@@ -267,9 +288,9 @@ def _record(x: Layout) -> dict:
     return {
         "layout": x.name,
         "why_not": x.why_not,
-        "tokens_per_s": x.tps,
-        "measured_s": x.measured_s,
-        "measured_peak_bytes": x.measured_peak,
+        "tokens_per_s_rounds": x.tps_rounds,
+        "measured_s_rounds": x.seconds_rounds,
+        "measured_peak_bytes_rounds": x.peak_rounds,
         "predicted_s": x.result.iteration_time_s if x.result else None,
         "predicted_peak_bytes": x.predicted_peak if x.result else None,
     }
@@ -301,14 +322,16 @@ def main(argv: list[str] | None = None) -> None:
         if args.quick and not ckpt.why_not and plain.result is not None:
             ckpt.why_not = "skipped (--quick: its non-CKPT twin fits and is predicted faster)"
         layouts += [plain, ckpt]
-    for layout in [searched, *layouts]:
-        if not layout.why_not:
+    runnable = [x for x in [searched, *layouts] if not x.why_not]
+    for round_, layout in alternating(runnable, args.rounds):
+        if not layout.why_not:  # a failed run drops the layout from the later rounds
+            print(f"  round {round_ + 1}:", end="", flush=True)
             run_layout(layout, model, args, out)
     lines = [
         f"search vs run: {WORLD} CPU ranks (gloo, 1 thread each), {model.num_layers} layers, "
         f"hidden {model.hidden_size}, seq {args.seq_length}, global batch {batch}, budget "
         f"{budget / MiB:.1f} MiB; {args.warmup} warm-up + {args.iterations} timed iterations "
-        "(+1 traced for memory) per layout; end "
+        f"(+1 traced for memory) per run, {args.rounds} alternated runs per layout; end "
         f"{_load()} (the machine was shared)",
         *report(layouts, searched),
         *targets(layouts, searched),

@@ -161,6 +161,44 @@ def test_memory_trace_replays_allocations() -> None:
     del kept, view, c
 
 
+def _collective_blocks_freed_elsewhere(rank: int, world: int) -> tuple[int, int]:
+    """Ten 1 MiB all-reduces whose tensors the last reference leaves on another thread (as
+    gloo's worker releases a collective's tensors when the caller has dropped them)."""
+    import threading
+
+    import torch.distributed as dist
+
+    from megatron.dynapipe.memory import MemoryTrace
+
+    cpu = torch.device("cpu")
+    with MemoryTrace(cpu) as trace, trace.phase("region"):
+        for _ in range(10):
+            block = [torch.ones(2**18)]  # 1 MiB
+            dist.all_reduce(block[0])
+            dropper = threading.Thread(target=block.clear)  # the free happens there
+            dropper.start()
+            dropper.join()
+    return trace.phases["region"].peak, trace.phases["region"].end
+
+
+def test_memory_trace_counts_frees_of_collective_blocks_on_other_threads() -> None:
+    for peak, end in run_ranks(_collective_blocks_freed_elsewhere, 2):
+        assert peak == 2**20 and end == 0, (peak, end)  # 10 MiB and 10 MiB without the repair
+
+
+def _fsdp2_overhead(rank: int, world: int) -> tuple[float, float]:
+    from megatron.dynapipe.cost_profiler import sdp_layer_overhead_s
+
+    return sdp_layer_overhead_s([(256, 64), (256,), (64, 256)], torch.device("cpu"))
+
+
+def test_sdp_layer_overhead_is_what_fsdp2_adds_to_each_pass() -> None:
+    # sharded, the forward waits for an all-gather and the backward for a second one and a
+    # reduce-scatter; replicated, neither does anything but the (negligible) arithmetic
+    for forward_s, backward_s in run_ranks(_fsdp2_overhead, 2):
+        assert 0 < forward_s < backward_s < 1.0
+
+
 def _tool():
     spec = importlib.util.spec_from_file_location("profile_costs", ROOT / "tools/profile_costs.py")
     module = importlib.util.module_from_spec(spec)

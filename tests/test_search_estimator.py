@@ -103,6 +103,8 @@ def test_cost_inputs_can_be_built_directly():
         layer_kinds=(0,) * 4,
         allreduce_bandwidth={(2, 1): 1e11},
         p2p_bandwidth={1: 1e11, 2: 1e11},
+        sdp_forward_s={2: 1e-3},
+        sdp_backward_s={2: 2e-3},
     )
     est = Estimator(ci, strategy_space(2)[1])
     assert np.isfinite(est.stage_tables(range(4), 0, 4, 1).objective).all()

@@ -1,8 +1,9 @@
 """`dynapipe-search --cost-table`: the Galvatron-BMW search priced from profiled cost tables.
 
 A hand-written TP-1 and TP-2 table of a small GPT: the estimator's per-layer time and memory
-equal the tables' entries scaled as `profiled_inputs` documents (value at the largest measured
-micro-batch / that size, per sample), the plan the CLI writes predicts what `price_plan` gives
+equal the tables' entries scaled as `profiled_inputs` documents (times: the least-squares line
+over the measured micro-batch sizes; memory: the value at the largest measured micro-batch / that
+size, per sample), the plan the CLI writes predicts what `price_plan` gives
 for those inputs, and bad tables (another model, a missing TP degree, negative or NaN values,
 an unprofiled sequence length, a missing bandwidth) end the CLI with exit 2 and one line naming
 the entry.
@@ -21,7 +22,11 @@ from dynapipe_planner.search import LayerStrategy, price_plan
 from dynapipe_planner.search.cli import search_main
 from dynapipe_planner.search.estimator import Estimator
 from dynapipe_planner.search.plan_file import load_plan
-from dynapipe_planner.search.profiled_inputs import profiled_cost_inputs, read_cost_tables
+from dynapipe_planner.search.profiled_inputs import (
+    affine_time,
+    profiled_cost_inputs,
+    read_cost_tables,
+)
 
 MODEL = ModelSpec("tiny", "gpt", 4, 64, 4, 256, 512, max_position_embeddings=128)
 SEQ = 128
@@ -63,6 +68,12 @@ def _table(tp: int, bandwidth: float) -> dict:
         "model": {**MODEL.to_dict(), "num_layers": 2, "name": "profiled_gpt"},
         "allreduce_bus_bandwidth": {str(tp): bandwidth} if tp > 1 else {},
         "allreduce_latency_s": {str(tp): 1e-4} if tp > 1 else {},
+        # FSDP2 on a TP-1 decoder layer over the table's ranks: forward +3 ms, backward +7 ms
+        **(
+            {"sdp_layer_forward_s": {"2": 0.003}, "sdp_layer_backward_s": {"2": 0.007}}
+            if tp > 1
+            else {}
+        ),
         "entries": entries,
     }
 
@@ -88,7 +99,7 @@ def _inputs(paths, **kw):
     return profiled_cost_inputs(MODEL, read_cost_tables(paths), 2, seq_length=SEQ, **kw)
 
 
-def test_layer_costs_are_the_tables_entries_per_sample(tables):
+def test_layer_costs_are_the_tables_entries_scaled(tables):
     inputs = _inputs(tables)
     dp2 = LayerStrategy(1, ("dp",), (2,), False)
     tp2 = LayerStrategy(1, ("tp",), (2,), False)
@@ -110,21 +121,44 @@ def test_layer_costs_are_the_tables_entries_per_sample(tables):
     assert t.sync[0, 0] == pytest.approx(
         2 * fwd1 + 1.3 * min(2 * bwd1, allreduce) + abs(2 * bwd1 - allreduce), rel=1e-12
     )
-    # TP 2: b_ref = 4, the whole micro-batch on both ranks, TP's all-reduce inside the times
-    fwd2, bwd2 = 0.039 * 0.6 / 4, 0.09 * 0.6 / 4
-    assert t.nosync[0, 1] == pytest.approx(4 * (fwd2 + bwd2), rel=1e-12)
+    # TP 2: the whole micro-batch of 4 on both ranks, TP's all-reduce inside the times. The
+    # least-squares lines through b = 1, 2, 4 (mean b 7/3, sum of squared deviations 14/3):
+    # forward 0.6 (0.0015 + 0.131 / 14 b), backward 0.6 (0.003 + 0.304 / 14 b) -- a fixed time
+    # per micro-batch that the per-sample value at b_ref (0.6 x 0.039 / 4 per sample) leaves out
+    fwd2 = 0.6 * (0.0015 + 0.131 / 14 * 4)
+    bwd2 = 0.6 * (0.003 + 0.304 / 14 * 4)
+    assert inputs.layer_types[0].forward_s_per_microbatch[2] == pytest.approx(0.6 * 0.0015)
+    assert t.nosync[0, 1] == pytest.approx(fwd2 + bwd2, rel=1e-12)
+    # TP 1: two measured sizes, the line through both: forward 0.002 + 0.009 b, which at the
+    # 2 samples a DP2 rank holds is the b_ref = 2 value, as above
     assert t.fwd_bytes[0, 1] == pytest.approx(4 * 12e6 * 0.6 / 4, rel=1e-12)
     assert t.state_bytes[0, 1] == pytest.approx(LAYER_STATIC / 2, rel=1e-12)
     # CKPT keeps the layer's input (fp32, s x h per sample) and recomputes the forward
     assert t.fwd_bytes[0, 2] == pytest.approx(2 * 4 * SEQ * MODEL.hidden_size, rel=1e-12)
     assert t.nosync[0, 2] == pytest.approx(2 * (2 * fwd1 + bwd1), rel=1e-12)
     assert t.bwd_bytes[0, 2] == pytest.approx(2 * (work1 + act1), rel=1e-12)
+    # SDP2: each rank runs 2 samples at TP 1 as DP2 does, and FSDP2's measured times replace
+    # the gathers' and reduce-scatter's bytes over the bandwidth
+    sdp2 = Estimator(inputs, [LayerStrategy(1, ("sdp",), (2,), False)])
+    t_sdp = sdp2.stage_tables(range(4), 0, 4, 1)
+    assert t_sdp.nosync[0, 0] == pytest.approx(2 * (fwd1 + bwd1) + 0.003 + 0.007, rel=1e-12)
+    assert t_sdp.sync[0, 0] == pytest.approx(t_sdp.nosync[0, 0], rel=1e-12)
     # the ends: embedding and output states split over the stage's 2 ranks, head time measured
     factor = LAYER_STATIC / (4.0 * MODEL.layer_params("decoder"))
     assert inputs.model_state_factor == pytest.approx(factor)
-    head = (0.02 * 0.5 + 0.046 * 0.5) / 2  # lm_head forward + backward per sample, b_ref 2
-    assert 3 * inputs.output_forward_s_per_sample == pytest.approx(head)
+    # lm_head forward + backward: 0.5 x (0.036, 0.066) at b = 1, 2: the line 0.003 + 0.015 b
+    assert 3 * inputs.output_forward_s_per_sample == pytest.approx(0.015)
+    assert 3 * inputs.output_forward_s_per_microbatch == pytest.approx(0.003)
     assert t.extra_bytes == pytest.approx((800_000 + 600_000) / 2 + 6e6 * 0.5 / 2 * 4 / 2)
+
+
+def test_affine_time_is_the_least_squares_line_kept_non_negative():
+    assert affine_time([(1, 3.0), (2, 5.0), (4, 9.0)]) == pytest.approx((1.0, 2.0))
+    assert affine_time([(2, 4.0)]) == pytest.approx((0.0, 2.0))  # one size: per sample (§V)
+    # a negative intercept: the line through the origin, sum(b t) / sum(b^2)
+    assert affine_time([(1, 0.5), (2, 3.0)]) == pytest.approx((0.0, 6.5 / 5))
+    # a negative slope (noise): the mean, per micro-batch
+    assert affine_time([(1, 4.0), (2, 3.0)]) == pytest.approx((3.5, 0.0))
 
 
 def test_cli_searches_with_tables_and_predicts_what_they_imply(tables, model_file, tmp_path):
@@ -180,6 +214,10 @@ def _no_bandwidth(data):
     data[1]["allreduce_bus_bandwidth"] = {}
 
 
+def _negative_sdp_time(data):
+    data[1]["sdp_layer_backward_s"] = {"2": -0.001}
+
+
 def _seqlens(data):
     for d in data:
         for e in d["entries"]:
@@ -201,6 +239,7 @@ def _seqlens(data):
         ),
         (_no_bandwidth, "no all-reduce bandwidth measured for groups of [2] ranks"),
         (_seqlens, "sequence length 128 was not profiled (profiled: [64, 96])"),
+        (_negative_sdp_time, "sdp_layer_backward_s['2'] must be a number >= 0, got -0.001"),
     ],
 )
 def test_bad_tables_are_refused_in_one_line(tables, model_file, tmp_path, capsys, edit, named):

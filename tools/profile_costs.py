@@ -12,8 +12,10 @@ TP 1; under torchrun with `--tensor-model-parallel-size` equal to the process co
 runs its shard (TP's all-reduces inside the times), rank 0's numbers are written with that TP
 degree, and the table also holds the world's measured all-reduce bus bandwidth
 (`allreduce_bus_bandwidth`: {"ranks": bytes/s}, what the search prices DP, SDP and
-pipeline traffic with) and latency (`allreduce_latency_s`: {"ranks": s}, one number's
-all-reduce). It measures
+pipeline traffic with), latency (`allreduce_latency_s`: {"ranks": s}, one number's
+all-reduce) and what FSDP2 adds to a decoder layer sharded over the world
+(`sdp_layer_forward_s`, `sdp_layer_backward_s`: {"ranks": s}, the layer at TP 1, what the
+search prices an SDP layer's gathers and reduce-scatter with). It measures
 `embedding`, `decoder_layer` and `lm_head` over a grid of micro-batch sizes and sequence lengths,
 prints one line per grid point and writes the JSON documented in README "Cost tables"
 atomically (a failed run leaves no partial file). On the CPU,
@@ -157,8 +159,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ProfileGrid,
         allreduce_bus_bandwidth,
         allreduce_latency_s,
+        decoder_layer_shapes,
         device_name,
         profile_cost_table,
+        sdp_layer_overhead_s,
     )
     from megatron.dynapipe.data.base import BYTE_VOCAB_SIZE
     from megatron.dynapipe.model import padded_vocab_size
@@ -202,9 +206,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             latency = allreduce_latency_s(device)
             table["allreduce_bus_bandwidth"] = {str(tp): bandwidth}
             table["allreduce_latency_s"] = {str(tp): latency}
+            shapes = decoder_layer_shapes(args, vocab_size, device)
+            sdp_forward, sdp_backward = sdp_layer_overhead_s(shapes, device)
+            table["sdp_layer_forward_s"] = {str(tp): sdp_forward}
+            table["sdp_layer_backward_s"] = {str(tp): sdp_backward}
             say(
                 f"all-reduce bus bandwidth over {tp} ranks: {bandwidth / 1e9:.3f} GB/s, "
-                f"latency {latency * 1e3:.3f} ms"
+                f"latency {latency * 1e3:.3f} ms; FSDP2 on a decoder layer over {tp} ranks: "
+                f"forward +{sdp_forward * 1e3:.2f} ms, backward +{sdp_backward * 1e3:.2f} ms"
             )
     finally:
         ps.destroy()

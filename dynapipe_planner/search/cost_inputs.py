@@ -28,7 +28,13 @@ _PER_TP_FIELDS = (
     "activation_bytes_per_sample",
     "workspace_bytes_per_sample",
     "backward_s_per_sample",
+    "forward_s_per_microbatch",
+    "backward_s_per_microbatch",
 )
+
+_BY_GROUP_SIZE = ("sdp_forward_s", "sdp_backward_s")
+# fields whose JSON form `to_dict` / `from_dict` convert (the rest are copied as they are)
+_CONVERTED = ("layer_types", "layer_kinds", "allreduce_bandwidth", "p2p_bandwidth", *_BY_GROUP_SIZE)
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,11 @@ class LayerTypeCosts:
     batch size and the per-sample computation time"); keys of the per-TP dicts are TP degrees,
     and a TP degree missing from them cannot split this layer (heads or FFN not divisible).
     The backward pass takes twice the forward (§V) unless `backward_s_per_sample` holds a
-    measured time for the TP degree (a profiled cost table does).
+    measured time for the TP degree (a profiled cost table does). A profiled table also gives
+    a time per micro-batch, whatever its size (`forward_s_per_microbatch`,
+    `backward_s_per_microbatch`: the intercept of the measured times over the micro-batch
+    sizes; on a CPU one sample's forward took 1.5-3.9x the per-sample time of eight); missing
+    degrees are 0 (§V's model).
     """
 
     name: str
@@ -50,6 +60,8 @@ class LayerTypeCosts:
     boundary_bytes_per_sample: float  # the layer's input: kept under CKPT, sent between stages
     tp_allreduce_bytes_per_sample: float  # bytes TP all-reduces per sample in one forward pass
     backward_s_per_sample: dict[int, float] = field(default_factory=dict)  # TP -> measured
+    forward_s_per_microbatch: dict[int, float] = field(default_factory=dict)  # TP -> measured
+    backward_s_per_microbatch: dict[int, float] = field(default_factory=dict)  # TP -> measured
 
     def backward_s(self, tp: int) -> float:
         """Backward compute per sample at TP `tp`: measured, else twice the forward (§V)."""
@@ -76,6 +88,12 @@ class CostInputs:
     embedding_param_bytes: float = 0.0  # first stage; states sharded over the stage's GPUs
     output_param_bytes: float = 0.0  # last stage (untied output layer)
     output_forward_s_per_sample: float = 0.0
+    output_forward_s_per_microbatch: float = 0.0  # profiled: see LayerTypeCosts
+    # Measured time FSDP2 adds to an SDP layer (TP 1) sharded over a group of this many GPUs,
+    # per micro-batch: its forward (all-gather) and its backward (all-gather, reduce-scatter,
+    # their copies and hooks); where a size is missing, §V's bytes over the bandwidth.
+    sdp_forward_s: dict[int, float] = field(default_factory=dict)
+    sdp_backward_s: dict[int, float] = field(default_factory=dict)
     output_activation_bytes_per_sample: float = 0.0
     seq_length: int = 0
     description: dict = field(default_factory=dict)
@@ -110,11 +128,11 @@ class CostInputs:
                 f"{a},{b}": v for (a, b), v in self.allreduce_bandwidth.items()
             },
             "p2p_bandwidth": {str(k): v for k, v in self.p2p_bandwidth.items()},
+            **{k: {str(n): v for n, v in getattr(self, k).items()} for k in _BY_GROUP_SIZE},
             **{
                 f.name: getattr(self, f.name)
                 for f in dataclasses.fields(self)
-                if f.name
-                not in ("layer_types", "layer_kinds", "allreduce_bandwidth", "p2p_bandwidth")
+                if f.name not in _CONVERTED
             },
         }
 
@@ -129,17 +147,13 @@ class CostInputs:
                         **{
                             k: {int(tp): v for tp, v in t[k].items()}
                             for k in _PER_TP_FIELDS
-                            if k in t  # backward_s_per_sample is optional
+                            if k in t  # the measured ones are optional
                         },
                     }
                 )
                 for t in data["layer_types"]
             )
-            rest = {
-                k: v
-                for k, v in data.items()
-                if k not in ("layer_types", "layer_kinds", "allreduce_bandwidth", "p2p_bandwidth")
-            }
+            rest = {k: v for k, v in data.items() if k not in _CONVERTED}
             return cls(
                 layer_types=types,
                 layer_kinds=tuple(data["layer_kinds"]),
@@ -148,6 +162,7 @@ class CostInputs:
                     for k, v in data["allreduce_bandwidth"].items()
                 },
                 p2p_bandwidth={int(k): v for k, v in data["p2p_bandwidth"].items()},
+                **{k: {int(n): v for n, v in data.get(k, {}).items()} for k in _BY_GROUP_SIZE},
                 **rest,
             )
         except (KeyError, TypeError, ValueError) as e:

@@ -5,10 +5,15 @@ Prices every layer of a pipeline stage under every candidate strategy, for one m
 
 * compute: forward from `CostInputs`, backward twice the forward (§V) or as measured when the
   inputs hold it (a profiled cost table), plus one more forward under CKPT (recomputation)
-  with its TP all-reduce;
+  with its TP all-reduce; each pass is §V's per-sample time times the samples on the GPU,
+  plus the measured time per micro-batch where the inputs hold one (a profiled table: the
+  operators' fixed cost, which dominates small micro-batches on a CPU);
 * communication from bandwidths: TP all-reduces (not overlapped), SDP all-gathers before
   forward and backward and a reduce-scatter after backward (3 (N-1)/N of the weights,
   Takeaway #3), DP gradient all-reduce (2 (N-1)/N) on the last micro-batch only (App. C);
+  where the inputs hold FSDP2's measured time for the SDP group size (a profiled table), that
+  time in place of SDP's bytes over the bandwidth (TP t: the TP-1 layer's time / t), added to
+  the pass it belongs to (it already holds whatever overlapped);
 * overlap: SDP/DP traffic runs beside compute and both slow down by `overlap_slowdown` while
   they overlap: `slowdown * min(a, b) + |a - b|`;
 * memory: model states (weights, gradients, Adam; sharded by TP and SDP), forward activations
@@ -93,11 +98,15 @@ class Estimator:
         # Per layer type x strategy: per-sample-on-this-GPU pieces and per-micro-batch constants.
         self.fwd_per_sample = np.zeros((t_count, s_count))
         self.bwd_per_sample = np.zeros((t_count, s_count))
+        self.fwd_per_micro = np.zeros((t_count, s_count))
+        self.bwd_per_micro = np.zeros((t_count, s_count))
         self.tp_per_sample = np.zeros((t_count, s_count))
         self.tp_latency = np.zeros((t_count, s_count))
         self.act_per_sample = np.zeros((t_count, s_count))
         self.work_per_sample = np.zeros((t_count, s_count))
         self.sdp_gather = np.zeros((t_count, s_count))
+        self.sdp_measured_fwd = np.zeros((t_count, s_count))
+        self.sdp_measured_bwd = np.zeros((t_count, s_count))
         self.dp_allreduce = np.zeros((t_count, s_count))
         self.states = np.zeros((t_count, s_count))
         self.gathered = np.zeros((t_count, s_count))
@@ -108,6 +117,8 @@ class Estimator:
                 t = s.tp
                 self.fwd_per_sample[k, j] = lt.forward_s_per_sample[t]
                 self.bwd_per_sample[k, j] = lt.backward_s(t)
+                self.fwd_per_micro[k, j] = lt.forward_s_per_microbatch.get(t, 0.0)
+                self.bwd_per_micro[k, j] = lt.backward_s_per_microbatch.get(t, 0.0)
                 if t > 1 and lt.tp_allreduce_bytes_per_sample > 0:  # profiled: in the times
                     ring = 2.0 * (t - 1) / t / tp_bw[j]
                     self.tp_per_sample[k, j] = lt.tp_allreduce_bytes_per_sample * ring
@@ -117,7 +128,11 @@ class Estimator:
                 shard = lt.param_bytes / t
                 if s.sdp > 1:
                     z = s.sdp
-                    self.sdp_gather[k, j] = (z - 1) / z * shard / sdp_bw[j] + lat
+                    if z in inputs.sdp_forward_s and z in inputs.sdp_backward_s:
+                        self.sdp_measured_fwd[k, j] = inputs.sdp_forward_s[z] / t
+                        self.sdp_measured_bwd[k, j] = inputs.sdp_backward_s[z] / t
+                    else:
+                        self.sdp_gather[k, j] = (z - 1) / z * shard / sdp_bw[j] + lat
                     self.gathered[k, j] = shard
                 if s.dp > 1:
                     a = s.dp
@@ -147,16 +162,19 @@ class Estimator:
         kinds = np.array([inputs.layer_kinds[i] for i in layers], dtype=np.int64)
         n_local = b / self.data  # samples per GPU
         ok = self.supported & (microbatch % self.data.astype(np.int64) == 0)
-        fwd_compute = self.fwd_per_sample[kinds] * n_local
+        fwd_compute = self.fwd_per_micro[kinds] + self.fwd_per_sample[kinds] * n_local
         tp_pass = self.tp_per_sample[kinds] * n_local + self.tp_latency[kinds]
         gather = self.sdp_gather[kinds]
         forward = overlapped(fwd_compute, gather, inputs.overlap_slowdown) + tp_pass
-        bwd_compute = self.bwd_per_sample[kinds] * n_local + np.where(self.ckpt, fwd_compute, 0.0)
+        forward = forward + self.sdp_measured_fwd[kinds]
+        bwd_compute = self.bwd_per_micro[kinds] + self.bwd_per_sample[kinds] * n_local
+        bwd_compute = bwd_compute + np.where(self.ckpt, fwd_compute, 0.0)
         bwd_tp = tp_pass * np.where(self.ckpt, 2.0, 1.0)
         slow = inputs.overlap_slowdown
         nosync = forward + overlapped(bwd_compute, 2.0 * gather, slow) + bwd_tp
+        nosync = nosync + self.sdp_measured_bwd[kinds]
         sync = forward + overlapped(bwd_compute, 2.0 * gather + self.dp_allreduce[kinds], slow)
-        sync = sync + bwd_tp
+        sync = sync + bwd_tp + self.sdp_measured_bwd[kinds]
         in_flight = min(self.pp - stage, m)
         stored = np.where(
             self.ckpt,
@@ -212,7 +230,8 @@ class Estimator:
         if stage == self.pp - 1:
             nbytes += inputs.output_param_bytes * inputs.model_state_factor / n
             nbytes += inputs.output_activation_bytes_per_sample * b / n
-            time += 3.0 * inputs.output_forward_s_per_sample * b / n
+            per_sample = inputs.output_forward_s_per_sample * b / n
+            time += 3.0 * (inputs.output_forward_s_per_microbatch + per_sample)
         return time, nbytes
 
 

@@ -9,24 +9,38 @@ torchrun), in the format of README "Cost tables". `profiled_cost_inputs` reads t
 ones, and scales them to the §V per-sample model as follows (b_ref: the largest profiled
 micro-batch size whose point was measured, per component and TP degree):
 
-* decoder layer, per TP degree t: `forward_s_per_sample[t] = forward_s[b_ref][s] / b_ref`,
-  `backward_s_per_sample[t] = backward_s[b_ref][s] / b_ref`, `activation_bytes_per_sample[t]
-  = activation_bytes[b_ref][s] / b_ref`, `workspace_bytes_per_sample[t] = transient_bytes
-  [b_ref][s] / b_ref`. A TP-t table is measured on t ranks, so its times include TP's own
-  all-reduces: `tp_allreduce_bytes_per_sample` is 0 (nothing priced twice);
+* decoder layer, per TP degree t: forward and backward times are the least-squares line
+  through the measured micro-batch sizes at s, `time(b) = per_microbatch + per_sample * b`
+  (`forward_s_per_microbatch[t]`, `forward_s_per_sample[t]`, and the backward's), both kept
+  >= 0 (a negative intercept: the line through the origin; a negative slope: the mean, per
+  micro-batch). §V scales a per-sample time, which on a CPU misses the operators' fixed cost:
+  in four TP-1 profiles on the shared 2-core machine, one sample's forward took 1.5-3.9x an
+  eighth of eight samples', and plans of one sample per micro-batch ran 2.5-3.6x slower than
+  priced. With one measured size the line
+  goes through the origin (§V). `activation_bytes_per_sample[t] = activation_bytes[b_ref][s]
+  / b_ref`, `workspace_bytes_per_sample[t] = transient_bytes[b_ref][s] / b_ref`. A TP-t
+  table is measured on t ranks, so its times include TP's own all-reduces:
+  `tp_allreduce_bytes_per_sample` is 0 (nothing priced twice);
 * model states: `param_bytes` is the layer's weight count times the dtype's bytes (what DP
   all-reduces and SDP gathers), and `model_state_factor` = the TP-1 decoder layer's measured
   `static_bytes` (weights, gradient buffer, Adam state) / `param_bytes`;
 * embedding and output layer: their TP-1 `static_bytes` / `model_state_factor` as parameter
-  bytes; `output_forward_s_per_sample` = (forward + backward of `lm_head`) / (3 b_ref), so that
-  the estimator's forward + twice-forward backward of the output layer is the measured pair,
+  bytes; `output_forward_s_per_sample` and `output_forward_s_per_microbatch` = the line
+  (as above) of `lm_head`'s forward + backward, divided by 3, so that the estimator's forward
+  + twice-forward backward of the output layer is the measured pair,
   `output_activation_bytes_per_sample` = its activations / b_ref. The embedding's time is not
   priced (a lookup);
 * communication: the all-reduce bus bandwidth each multi-rank table measured for its group
   size (`allreduce_bus_bandwidth`), for every stride (one machine), and between pipeline
   stages the two-rank one; the link latency is the two-rank table's `allreduce_latency_s`
   (one number's all-reduce; 0 where the table has none), which the estimator adds to every
-  transfer between stages and every DP or SDP collective.
+  transfer between stages and every DP or SDP collective;
+* SDP: what FSDP2 adds to a TP-1 decoder layer sharded over N ranks, its forward and its
+  backward, as the N-rank table measured it (`sdp_layer_forward_s`, `sdp_layer_backward_s`),
+  in place of the gathers' and reduce-scatter's bytes over the bandwidth: on gloo, FSDP2's
+  copies and hooks took as long again as its collectives (a decoder layer of hidden 256 on 4
+  ranks: 16 ms to gather, 12 ms to reduce-scatter, about 90 ms added per forward and backward).
+  Tables without them keep §V's bytes over the bandwidth.
 
 Bad tables stop with a `PlanningError` naming the file and entry: another model's layer shape,
 a TP degree the search needs but no table holds, negative or NaN values, the sequence length
@@ -109,8 +123,11 @@ def _entries(tables: list[dict[str, Any]]) -> dict[tuple[int, str], tuple[dict, 
     return out
 
 
-def _point(entry: dict, where: str, seq_length: int) -> tuple[int, dict[str, float]]:
-    """(b_ref, the four fields at (b_ref, seq_length)), after checking the whole entry."""
+def _point(
+    entry: dict, where: str, seq_length: int
+) -> tuple[int, dict[str, float], list[tuple[int, dict[str, float]]]]:
+    """(b_ref, the four fields at (b_ref, seq_length), every measured (b, fields) at
+    seq_length), after checking the whole entry."""
     seqlens, sizes = entry.get("seqlens"), entry.get("microbatch_sizes")
     if not isinstance(seqlens, list) or not isinstance(sizes, list) or not sizes:
         raise PlanningError(f"{where}: 'seqlens' and 'microbatch_sizes' must be lists")
@@ -142,8 +159,23 @@ def _point(entry: dict, where: str, seq_length: int) -> tuple[int, dict[str, flo
     ]
     if not measured:
         raise PlanningError(f"{where}: no micro-batch measured at sequence length {seq_length}")
-    row = measured[-1]
-    return int(sizes[row]), {n: float(arrays[n][row, column]) for n in FIELDS}
+    rows = [(int(sizes[i]), {n: float(arrays[n][i, column]) for n in FIELDS}) for i in measured]
+    return rows[-1][0], rows[-1][1], rows
+
+
+def affine_time(rows: list[tuple[int, float]]) -> tuple[float, float]:
+    """(per micro-batch, per sample): the least-squares line through measured (micro-batch
+    size, time) points, both >= 0 (module docstring)."""
+    sizes = np.array([b for b, _ in rows], dtype=np.float64)
+    times = np.array([t for _, t in rows], dtype=np.float64)
+    if len(set(sizes)) < 2:
+        return 0.0, float(times @ sizes / (sizes @ sizes))
+    slope, intercept = np.polyfit(sizes, times, 1)
+    if intercept < 0:
+        return 0.0, float(times @ sizes / (sizes @ sizes))
+    if slope < 0:
+        return float(times.mean()), 0.0
+    return float(intercept), float(slope)
 
 
 def _static(entry: dict, where: str) -> float:
@@ -155,8 +187,11 @@ def _static(entry: dict, where: str) -> float:
     return float(value)
 
 
-def _per_group(tables: list[dict[str, Any]], key: str) -> dict[int, float]:
-    """Group size -> the measured positive number under `key` (bandwidth, latency)."""
+def _per_group(
+    tables: list[dict[str, Any]], key: str, *, allow_zero: bool = False
+) -> dict[int, float]:
+    """Group size -> the measured positive (or, `allow_zero`, non-negative) number under `key`
+    (bandwidth, latency, FSDP2's time)."""
     out: dict[int, float] = {}
     for table in tables:
         for size, bw in (table.get(key) or {}).items():
@@ -165,8 +200,10 @@ def _per_group(tables: list[dict[str, Any]], key: str) -> dict[int, float]:
                 n = int(size)
             except ValueError:
                 raise PlanningError(f"{where}: the key must be a group size") from None
-            if isinstance(bw, bool) or not isinstance(bw, int | float) or not bw > 0:
-                raise PlanningError(f"{where} must be a positive number, got {bw!r}")
+            bad = not (bw >= 0 if allow_zero else bw > 0) if isinstance(bw, int | float) else True
+            if isinstance(bw, bool) or bad:
+                kind = "a number >= 0" if allow_zero else "a positive number"
+                raise PlanningError(f"{where} must be {kind}, got {bw!r}")
             if not math.isfinite(bw):
                 raise PlanningError(f"{where} must be finite, got {bw!r}")
             out[n] = max(out.get(n, 0.0), float(bw))
@@ -216,11 +253,12 @@ def profiled_cost_inputs(
                     f"on {tp} ranks or lower --max-tp"
                 )
     forward, backward, activation, workspace = {}, {}, {}, {}
+    forward_fixed, backward_fixed = {}, {}
     for tp in degrees:
         entry, where = entries[tp, "decoder_layer"]
-        b, point = _point(entry, where, seq_length)
-        forward[tp] = point["forward_s"] / b
-        backward[tp] = point["backward_s"] / b
+        b, point, rows = _point(entry, where, seq_length)
+        forward_fixed[tp], forward[tp] = affine_time([(n, r["forward_s"]) for n, r in rows])
+        backward_fixed[tp], backward[tp] = affine_time([(n, r["backward_s"]) for n, r in rows])
         activation[tp] = point["activation_bytes"] / b
         workspace[tp] = point["transient_bytes"] / b
     param_bytes = float(model.layer_params("decoder") * dtype_bytes)
@@ -229,11 +267,16 @@ def profiled_cost_inputs(
     if state_factor <= 0:
         raise PlanningError(f"{layer_where}: static_bytes must be positive")
     head_entry, head_where = entries[1, "lm_head"]
-    b_head, head = _point(head_entry, head_where, seq_length)
+    b_head, head, head_rows = _point(head_entry, head_where, seq_length)
+    head_fixed, head_per_sample = affine_time(
+        [(n, (r["forward_s"] + r["backward_s"]) / 3.0) for n, r in head_rows]
+    )
     embedding_bytes = _static(*entries[1, "embedding"]) / state_factor
     _point(*entries[1, "embedding"], seq_length)  # checked like the others, time not priced
     measured_bw = _per_group(tables, "allreduce_bus_bandwidth")
     latency = _per_group(tables, "allreduce_latency_s").get(2, 0.0)
+    sdp_forward = _per_group(tables, "sdp_layer_forward_s", allow_zero=True)
+    sdp_backward = _per_group(tables, "sdp_layer_backward_s", allow_zero=True)
     allreduce, p2p = _topology(measured_bw, num_gpus, tables)
     layer = LayerTypeCosts(
         name="decoder",
@@ -244,6 +287,8 @@ def profiled_cost_inputs(
         boundary_bytes_per_sample=float(dtype_bytes * seq_length * model.hidden_size),
         tp_allreduce_bytes_per_sample=0.0,
         backward_s_per_sample=backward,
+        forward_s_per_microbatch=forward_fixed,
+        backward_s_per_microbatch=backward_fixed,
     )
     return CostInputs(
         layer_types=(layer,),
@@ -255,7 +300,10 @@ def profiled_cost_inputs(
         link_latency_s=latency,
         embedding_param_bytes=embedding_bytes,
         output_param_bytes=_static(head_entry, head_where) / state_factor,
-        output_forward_s_per_sample=(head["forward_s"] + head["backward_s"]) / (3.0 * b_head),
+        output_forward_s_per_sample=head_per_sample,
+        output_forward_s_per_microbatch=head_fixed,
+        sdp_forward_s=sdp_forward,
+        sdp_backward_s=sdp_backward,
         output_activation_bytes_per_sample=head["activation_bytes"] / b_head,
         seq_length=seq_length,
         description={

@@ -386,3 +386,72 @@ def _median_allreduce_s(
         if i >= warmup:
             times.append(time.perf_counter() - started)
     return statistics.median(times)
+
+
+def decoder_layer_shapes(args: argparse.Namespace, vocab_size: int, device: torch.device) -> list:
+    """The parameter shapes of one decoder layer without tensor parallelism, read from a
+    layer built at this job's TP degree (a TP-split dimension times the degree)."""
+    built = _build(args, vocab_size, device, layers=1, pre_process=False, post_process=False)
+    tp = mpu.get_tensor_model_parallel_world_size()
+    shapes = []
+    for p in built.model.module.parameters():
+        shape = list(p.shape)
+        if getattr(p, "tensor_model_parallel", False):
+            shape[p.partition_dim] *= tp
+        shapes.append(tuple(shape))
+    return shapes
+
+
+class _Weights(torch.nn.Module):
+    """Parameters of given shapes whose forward costs next to nothing: what FSDP2 adds to a
+    layer is its sharded time minus this module's replicated time."""
+
+    def __init__(self, shapes: list, device: torch.device) -> None:
+        super().__init__()
+        self.weights = torch.nn.ParameterList(
+            torch.nn.Parameter(torch.zeros(shape, device=device)) for shape in shapes
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + sum(w.reshape(-1)[0] for w in self.weights)
+
+
+def sdp_layer_overhead_s(
+    shapes: list, device: torch.device, warmup: int = 2, repeats: int = 7
+) -> tuple[float, float]:
+    """(forward, backward) seconds FSDP2 adds to a layer with parameters of `shapes` sharded
+    over the world group as `sharded_layers` shards an SDP layer (one unit, resharded after
+    the forward, summed gradients): the all-gather before the forward and before the
+    backward (copy-in, collective, copy-out), the gradients' reduce-scatter after it, its
+    hooks. Medians of `repeats` timed passes after `warmup`, sharded minus replicated, each
+    pass after a barrier (Galvatron-BMW §V prices these transfers as bytes over a bandwidth;
+    on gloo FSDP2's copies and hooks cost as much again, so they are measured)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    x = torch.zeros(1, device=device, requires_grad=True)
+    times = []
+    for sharded in (False, True):
+        module = _Weights(shapes, device)
+        if sharded:
+            mesh = DeviceMesh.from_group(torch.distributed.group.WORLD, device.type)
+            fully_shard(module, mesh=mesh, reshard_after_forward=True)
+            module.set_gradient_divide_factor(1.0)  # summed, as `sharded_layers` sets it
+            module.set_force_sum_reduction_for_comms(True)
+        forward_s, backward_s = [], []
+        for i in range(warmup + repeats):
+            module.zero_grad(set_to_none=True)
+            _synchronize(device)
+            torch.distributed.barrier()
+            started = time.perf_counter()
+            out = module(x)
+            _synchronize(device)
+            middle = time.perf_counter()
+            out.sum().backward()
+            _synchronize(device)
+            if i >= warmup:
+                forward_s.append(middle - started)
+                backward_s.append(time.perf_counter() - middle)
+        times.append((statistics.median(forward_s), statistics.median(backward_s)))
+    (plain_f, plain_b), (sharded_f, sharded_b) = times
+    return max(sharded_f - plain_f, 0.0), max(sharded_b - plain_b, 0.0)

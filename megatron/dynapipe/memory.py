@@ -6,11 +6,24 @@ table and the run are measured with the same instrument:
 
 * CUDA: the caching allocator's counters (`memory_allocated`, `max_memory_allocated`).
 * CPU: torch has no allocator counters, but the profiler with `profile_memory=True` reports
-  every allocation and free of the CPU allocator (with its size); the running sum of those
-  events is the live tensor bytes allocated since the trace began, and its maximum the peak.
-  Frees of tensors allocated before the trace are not reported, so a trace never sees memory
-  go below its start; every region traced here starts after what it may free was created
-  (e.g. a forward and its backward are traced together).
+  every allocation and free of the CPU allocator (with its size and address) made on the
+  thread that traces; the running sum of those events is the live tensor bytes allocated since
+  the trace began, and its maximum the peak. Frees of tensors allocated before the trace are
+  not reported, so a trace never sees memory go below its start; every region traced here
+  starts after what it may free was created (e.g. a forward and its backward are traced
+  together).
+
+  Frees made on other threads are not reported either, and gloo makes many: its worker thread
+  holds a collective's tensors until the collective is done, and when the caller has already
+  dropped them (a TP all-reduce's partial sums) the worker's
+  release is the free. Replayed as reported, those blocks would stay live to the trace's end
+  (measured: 6-14 MiB of TP4 partial sums per rank, a different amount on each rank of one TP
+  group, by the race between the caller and the worker). `_replay` restores the missing frees
+  from what is certain: a block never seen freed was freed before its address was allocated
+  again, and a block a collective took was freed when the last collective that took it ended
+  (unless it is still alive when the trace ends): the worker releases it right after the
+  collective; for an asynchronous one, which the trace shows only as its start, that is
+  early by the time until its wait.
 
 Kineto prints a line per CPU trace unless `KINETO_LOG_LEVEL=5` is set before torch is imported
 (the command-line tools do so).
@@ -33,13 +46,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as mpu
-from torch._C._autograd import DeviceType
+from torch._C._profiler import _EventType
 
 _PHASE = "dynapipe::phase::"
 
@@ -57,6 +70,11 @@ def live_tensor_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         return torch.cuda.memory_allocated(device)
+    return sum(_live_storages(device).values())
+
+
+def _live_storages(device: torch.device) -> dict[int, int]:
+    """Address -> bytes of every tensor storage alive on `device` (a CPU one) now."""
     gc.collect()
     seen: dict[int, int] = {}
     for obj in gc.get_objects():
@@ -69,7 +87,7 @@ def live_tensor_bytes(device: torch.device) -> int:
             continue  # sparse or wrapper tensors own no storage; FSDP2's freed ones are invalid
         if pointer:
             seen[pointer] = storage.nbytes()
-    return sum(seen.values())
+    return seen
 
 
 def megatron_workspace_bytes() -> int:
@@ -137,8 +155,10 @@ class MemoryTrace:
         if self.device.type == "cuda":
             self._base = live_tensor_bytes(self.device)
         else:
-            self._profiler = torch.profiler.profile(
-                activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+            self._profiler = torch.profiler.profile(  # shapes: the collectives' tensors
+                activities=[torch.profiler.ProfilerActivity.CPU],
+                profile_memory=True,
+                record_shapes=True,
             )
             self._profiler.__enter__()
         return self
@@ -148,7 +168,8 @@ class MemoryTrace:
             return
         self._profiler.__exit__(*exc_info)
         if exc_info[0] is None:
-            self.phases = _phases_from_events(self._profiler.profiler.kineto_results.events())
+            tree = self._profiler.profiler.kineto_results.experimental_event_tree()
+            self.phases = _replay(*_trace_events(tree), lambda: set(_live_storages(self.device)))
         self._profiler = None
 
     @contextlib.contextmanager
@@ -168,26 +189,87 @@ class MemoryTrace:
             yield
 
 
-def _phases_from_events(events: list) -> dict[str, PhaseMemory]:
-    """Replay the CPU allocator's events in time order and read each phase's window."""
-    allocations = sorted(
-        (e.start_ns(), e.nbytes())
-        for e in events
-        if e.name() == "[memory]" and e.device_type() == DeviceType.CPU
-    )
-    windows = sorted(
-        (e.start_ns(), e.start_ns() + e.duration_ns(), e.name().removeprefix(_PHASE))
-        for e in events
-        if e.name().startswith(_PHASE)
-    )
+def _trace_events(
+    tree: list,
+) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, str]], dict[int, list[int]]]:
+    """From the profiler's event tree: the CPU allocator's events (time, address, bytes; a
+    free has negative bytes) in time order, the phase windows, and for every address a
+    collective (`c10d::` op) took, when each such collective ended (in time order)."""
+    allocations, windows, collective_ends = [], [], {}
+    stack = list(tree)
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        if event.tag == _EventType.Allocation:
+            fields = event.extra_fields
+            if fields.device.type == "cpu":
+                allocations.append((event.start_time_ns, fields.ptr, fields.alloc_size))
+        elif event.tag == _EventType.TorchOp:
+            if event.name.startswith(_PHASE):
+                windows.append((event.start_time_ns, event.end_time_ns, event.name[len(_PHASE) :]))
+            elif event.name.startswith("c10d::"):
+                for pointer in _tensor_addresses(event.extra_fields.inputs):
+                    collective_ends.setdefault(pointer, []).append(event.end_time_ns)
+    allocations.sort(key=lambda a: (a[0], a[2] > 0))
+    windows.sort()
+    for ends in collective_ends.values():
+        ends.sort()
+    return allocations, windows, collective_ends
+
+
+def _tensor_addresses(inputs: list) -> Iterator[int]:
+    """Storage addresses of an op's tensor arguments (tensor lists included)."""
+    for value in inputs:
+        for item in value if isinstance(value, list) else [value]:
+            pointer = getattr(item, "storage_data_ptr", None)
+            if pointer:
+                yield pointer
+
+
+def _replay(
+    allocations: list[tuple[int, int, int]],
+    windows: list[tuple[int, int, str]],
+    collective_ends: dict[int, list[int]],
+    alive_now: Callable[[], set[int]],
+) -> dict[str, PhaseMemory]:
+    """Replay the allocator's events in time order, with the frees another thread made
+    restored (module docstring), and read each phase's window. `alive_now()`: the addresses
+    of the storages alive when the trace ended (asked only if a collective's block was never
+    seen freed nor reallocated)."""
+    blocks: list[list] = []  # [address, bytes, allocated at, freed at (None: not seen), seen]
+    open_blocks: dict[int, int] = {}
+    for time_ns, pointer, nbytes in allocations:
+        if nbytes > 0:
+            if pointer in open_blocks:  # reallocated: freed before, on another thread
+                blocks[open_blocks[pointer]][3] = time_ns
+            open_blocks[pointer] = len(blocks)
+            blocks.append([pointer, nbytes, time_ns, None, False])
+        elif pointer in open_blocks:  # else allocated before the trace, not counted either
+            block = blocks[open_blocks.pop(pointer)]
+            block[3], block[4] = time_ns, True
+    alive: set[int] | None = None
+    events = []
+    for pointer, nbytes, allocated, freed, seen in blocks:
+        events.append((allocated, nbytes))
+        if not seen:  # freed on another thread: when the last collective that took it ended
+            ends = [t for t in collective_ends.get(pointer, ()) if t >= allocated]
+            ends = [t for t in ends if freed is None or t <= freed]
+            if ends and freed is None:
+                alive = set(alive_now()) if alive is None else alive
+                if pointer in alive:
+                    ends = []
+            freed = ends[-1] if ends else freed
+        if freed is not None:
+            events.append((freed, -nbytes))
+    events.sort(key=lambda e: (e[0], e[1] > 0))
     phases, live, k = {}, 0, 0
     for start, end, name in windows:
-        while k < len(allocations) and allocations[k][0] < start:
-            live += allocations[k][1]
+        while k < len(events) and events[k][0] < start:
+            live += events[k][1]
             k += 1
         peak = live
-        while k < len(allocations) and allocations[k][0] <= end:
-            live += allocations[k][1]
+        while k < len(events) and events[k][0] <= end:
+            live += events[k][1]
             peak = max(peak, live)
             k += 1
         phases[name] = PhaseMemory(peak, live)

@@ -14,8 +14,9 @@ also CUDA-only: built over a stage on two CPU gloo ranks (megatron-core 0.19, wi
 `fsdp_unit_modules=[TransformerLayer]` and `device=cpu`), its constructor fails comparing the
 device with `cuda:{torch.cuda.current_device()}`, and it creates CUDA streams after that.
 torch's FSDP2 (`fully_shard`) shards per module and runs on gloo: each SDP TransformerLayer
-becomes its own FSDP unit over the stage's data-parallel group, everything else stays in
-Megatron's DDP, which this module's `MixedDataParallel` is. FSDP2 is told to sum gradients
+becomes its own FSDP unit over the stage's data-parallel group, under one FSDP2 root (the
+stage's decoder, whose other parameters FSDP2 ignores), everything else stays in Megatron's
+DDP, which this module's `MixedDataParallel` is. FSDP2 is told to sum gradients
 (divide factor 1, sum reductions), as Megatron's DDP does under a per-token loss, so
 `finalize_model_grads` scales both kinds once by the global token count.
 
@@ -71,7 +72,23 @@ def shard_layers(model: torch.nn.Module, layers: Collection[int]) -> list[int]:
             module.set_gradient_divide_factor(1.0)  # sum, as Megatron's DDP under a
             module.set_force_sum_reduction_for_comms(True)  # per-token loss
             sharded.append(module.layer_number - 1)
+    if sharded:
+        _share_one_root(model, mesh)
     return sorted(sharded)
+
+
+def _share_one_root(model: torch.nn.Module, mesh: DeviceMesh) -> None:
+    """Make the stage's decoder the FSDP2 root of its SDP layers, its other parameters
+    ignored (they stay in Megatron's DDP). Each layer alone would be its own root, and a root
+    keeps its last reduce-scatter input (the layer's unsharded gradient) until its
+    end-of-backward callback: every SDP layer's would be alive when a backward pass ends
+    (traced: 7 layers' 3 MiB buffers at SDP4+CKPT's peak on 4 CPU ranks). Under one root they
+    share one communication context, which keeps one such buffer at a time."""
+    decoder = getattr(model, "decoder", None)
+    if decoder is None:
+        return
+    ignored = {p for p in decoder.parameters() if not isinstance(p, DTensor)}
+    fully_shard(decoder, mesh=mesh, reshard_after_forward=True, ignored_params=ignored)
 
 
 def _sharded_params(module: torch.nn.Module) -> list[torch.nn.Parameter]:
