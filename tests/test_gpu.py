@@ -88,14 +88,15 @@ TRAIN = [
 
 
 def _pretrain_gpt(*flags: str) -> list[str]:
-    """`torchrun --nproc-per-node 1 pretrain_gpt.py`; its iteration lines (the run must pass)."""
+    """`torchrun --nproc-per-node 1 pretrain_gpt.py`: DynaPipe's iteration lines (it must pass)."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
         str(ROOT / "pretrain_gpt.py"), *TRAIN, *flags,
     ]  # fmt: skip
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    return [line for line in out.stdout.splitlines() if "| lm loss" in line]
+    # DynaPipe's lines ("| lm loss 5.7280 |"), not Megatron's own ("| lm loss: 5.728E+00 |")
+    return [line for line in out.stdout.splitlines() if "| lm loss " in line]
 
 
 def _losses(lines: list[str]) -> list[float]:
