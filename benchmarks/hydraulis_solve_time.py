@@ -26,8 +26,9 @@ Part 2, our defaults and heuristics (timed on the same inputs as part 1):
   (`estimate_latency`) of its best candidate over that of the paper's DP's best candidate
   (> 1: ours worse);
 - proposal, the default (`method="auto"`): where the paper's DP is tractable
-  (`paper_dp_tractable`: 64 GPUs here, not 1,024) the candidates of the DP and of the closed
-  form merged and ranked by estimate, beyond it the closed form alone. Same gap;
+  (`paper_dp_tractable`: up to about a minute of DP, both settings here) the candidates of
+  the DP and of the closed form merged and ranked by estimate, beyond it the closed form
+  alone. Same gap;
 - packing: longest processing time first per V (`method="lpt"`). Gap: its Eq. 1 objective
   over the CP-SAT objective, pipeline by pipeline (counted apart: how many CP-SAT proved
   optimal in its time limit), and per candidate strategy: its slowest pipeline's Eq. 1
@@ -35,8 +36,8 @@ Part 2, our defaults and heuristics (timed on the same inputs as part 1):
 Each heuristic is held to `GAP_BOUND` at its worst (per maximum length; per candidate), and
 the output says whether it is within. LPT packing is the default on that ground. The
 closed-form proposal alone is not within it at every maximum length (its worst is printed), so
-the default proposal adds the paper's DP wherever its work is tractable, and is the closed
-form alone only beyond (1,024 GPUs, where the DP takes about a minute).
+the default proposal adds the paper's DP wherever its work is tractable (about a minute once,
+before training), and is the closed form alone only beyond.
 """
 
 from __future__ import annotations
