@@ -27,6 +27,7 @@ from distributed import program_exit_status, run_ranks  # noqa: E402
 
 CALL_SITES_FILE = Path(__file__).parent / "data" / "cuda_call_sites.txt"
 PRETRAIN_GPT = str(Path(__file__).resolve().parents[1] / "pretrain_gpt.py")
+USER_PROGRAM = str(Path(__file__).resolve().parent / "megatron_lm_program.py")
 ITERATIONS = 3
 FLAGS = [
     "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
@@ -152,14 +153,8 @@ def test_megatron_pretrain_with_dynapipe_equals_our_loop(model, layout, capfd) -
 
 
 def _megatron_exit_status(rank: int, world: int, argv: list[str]) -> int | str | None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    import megatron_lm_program
-
-    try:
-        megatron_lm_program.main(argv, "gpt")
-    except SystemExit as stop:
-        return stop.code
-    return 0
+    """The exit status of `megatron_lm_program.py` (its GPT) on this forked rank."""
+    return program_exit_status(rank, world, USER_PROGRAM, argv)
 
 
 def test_megatron_program_ends_on_a_refused_batch_as_pretrain_gpt_does(capfd) -> None:

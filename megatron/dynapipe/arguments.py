@@ -570,6 +570,15 @@ def _switch_off(args: argparse.Namespace, fusions: tuple[str, ...], why: str) ->
     return [f"{why}: fused kernels off ({', '.join(on)})"] if on else []
 
 
+def runs_in_own_loop(args: argparse.Namespace) -> bool:
+    """Whether the job needs DynaPipe's own loop (`training.pretrain`) rather than
+    megatron.training's. Megatron's loop trains one model layout with one optimiser over one
+    set of parallel groups; these jobs change the layout per iteration (`--dynamic-strategies`),
+    run pipelines of different shapes side by side (`--hetero-plan`), or shard some layers and
+    not others (`--parallel-plan`)."""
+    return bool(args.dynamic_strategies or args.hetero_plan or args.parallel_plan)
+
+
 def check_training_flags(args: argparse.Namespace) -> None:
     """What training needs beyond what parsing checks (tools that only build a model parse the
     same flags): a learning rate, which Megatron has no default for either; without one its
@@ -626,11 +635,7 @@ def _check_dynapipe(args: argparse.Namespace, given: dict[str, str]) -> None:
     # In Megatron's loop DynaPipe plans the iterations only when asked to (a batching flag, or
     # a job only DynaPipe's loop runs); otherwise Megatron trains as it would without DynaPipe.
     args.dynapipe_plans = bool(
-        args.dynamic_micro_batching
-        or args.batching is not None
-        or args.dynamic_strategies
-        or args.hetero_plan
-        or args.parallel_plan
+        args.dynamic_micro_batching or args.batching is not None or runs_in_own_loop(args)
     )
     if args.batching is None:
         args.batching = "dynamic" if args.dynamic_micro_batching else "padding"

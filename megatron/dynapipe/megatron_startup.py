@@ -13,7 +13,7 @@ seams of megatron.training that run before its loop, patched by `install()`.
   no validation data (megatron.training 0.19 would read a missing iterator);
 - its `pretrain` (`_reporting`): the flags, the data and `--load` are checked before anything
   is built, errors end the job as DynaPipe's do (`exits`), and the jobs only DynaPipe's own
-  loop runs (`own_loop_reason`) go there.
+  loop runs (`arguments.runs_in_own_loop`) go there.
 
 What changes inside the loop (the schedule, the training step) is `megatron_loop`'s.
 """
@@ -111,28 +111,16 @@ def _use_prebuilt_dataset_helpers() -> None:
     utils.compile_helpers = compile_helpers
 
 
-def own_loop_reason(args: Any) -> str | None:
-    """Why the job needs DynaPipe's own loop (`training.pretrain`), or None when Megatron's
-    loop runs it. Megatron's loop trains one model layout with one optimiser over one set of
-    parallel groups; these jobs change the layout per iteration (`--dynamic-strategies`), run
-    pipelines of different shapes side by side (`--hetero-plan`), or shard some layers and
-    not others (`--parallel-plan`)."""
-    for flag in ("dynamic_strategies", "hetero_plan", "parallel_plan"):
-        if getattr(args, flag, None):
-            return "--" + flag.replace("_", "-")
-    return None
-
-
 def _reporting(megatron_pretrain: Callable[..., Any]) -> Callable[..., Any]:
     """megatron.training's `pretrain`, ending as DynaPipe jobs end on errors (`exits`): the
     input's fault in one line on rank 0 and exit status 2, a fault of the running job in one
-    line per rank and exit status 1. A job `own_loop_reason` names runs in DynaPipe's loop
-    with the program's flags instead (its model and data come from those flags)."""
+    line per rank and exit status 1. A job `arguments.runs_in_own_loop` names runs in DynaPipe's
+    loop with the program's flags instead (its model and data come from those flags)."""
 
     @functools.wraps(megatron_pretrain)
     def pretrain(*args: Any, **kwargs: Any) -> None:
         parsed = megatron_args()  # a 0.19 program parses before it calls pretrain
-        if parsed is not None and own_loop_reason(parsed):
+        if parsed is not None and arguments.runs_in_own_loop(parsed):
             from .training import pretrain as dynapipe_pretrain
 
             run_or_exit(lambda: dynapipe_pretrain(parsed))

@@ -1,5 +1,5 @@
 """DynaPipe's own training loop: one plan per iteration, run by every rank's executor, for the
-jobs megatron.training's loop cannot express (`megatron_loop.own_loop_reason`: a searched
+jobs megatron.training's loop cannot express (`arguments.runs_in_own_loop`: a searched
 `--parallel-plan` with per-layer SDP here; `--dynamic-strategies` and `--hetero-plan` in
 `hetero.training`). `pretrain_gpt.py` reaches it through `megatron.training.pretrain`, whose
 `enable` wrapper hands such jobs here with the parsed flags.
