@@ -76,7 +76,12 @@ def get_batch(data_iterator):
     if middle and not args.dataloader_inter_document_masking:
         return None, None, None, None, None, None
     tp_rank = mpu.get_tensor_model_parallel_rank()
-    batch = next(data_iterator) if tp_rank == 0 else {}
+    batch = {}
+    if tp_rank == 0:  # megatron-core broadcasts from the device, where the others receive
+        batch = {
+            key: value.cuda(non_blocking=True) if torch.is_tensor(value) else value
+            for key, value in next(data_iterator).items()
+        }
     batch = get_batch_on_this_tp_rank(
         batch,
         has_cu_seqlens=args.dataloader_inter_document_masking,

@@ -45,6 +45,8 @@ GPU_PRESETS: dict[str, GpuSpec] = {
         # The PCIe card: same chip, GPUs of a machine talk over PCIe 4.0 x16 (HexiScale §5.1).
         _gpu("A800-PCIe", 312, 80, 1935, 32, 25),
         _gpu("H100", 989, 80, 3350, 450, 50),
+        # Same compute as the H100 SXM; 141 GB of HBM3e (140 GiB visible) at 4.8 TB/s.
+        _gpu("H200", 989, 140, 4800, 450, 50),
         # GeForce: bf16 with FP32 accumulate runs at half the FP16-accumulate rate; PCIe 4.0 x16.
         _gpu("RTX3080Ti", 68.2, 12, 912, 32, 12.5),
         # Titan RTX (Turing): FP16 tensor cores with FP32 accumulate at full rate, no bf16 (we

@@ -24,7 +24,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
-from distributed import run_ranks  # noqa: E402
+from distributed import free_port, run_ranks  # noqa: E402
 from gpt_reference import (  # noqa: E402
     DATA,
     GPT,
@@ -91,7 +91,7 @@ def _pretrain_gpt(*flags: str) -> list[str]:
     """`torchrun --nproc-per-node 1 pretrain_gpt.py`: DynaPipe's iteration lines (it must pass)."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
-        str(ROOT / "pretrain_gpt.py"), *TRAIN, *flags,
+        "--master-port", str(free_port()), str(ROOT / "pretrain_gpt.py"), *TRAIN, *flags,
     ]  # fmt: skip
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -156,7 +156,7 @@ def test_too_many_processes_for_the_gpus_is_one_line() -> None:
     nproc = str(int(gpus.stdout) + 1)
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", nproc,
-        str(ROOT / "pretrain_gpt.py"), *TRAIN,
+        "--master-port", str(free_port()), str(ROOT / "pretrain_gpt.py"), *TRAIN,
     ]  # fmt: skip
     out = subprocess.run(
         cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ}

@@ -203,7 +203,7 @@ def _check_layer_split(model: torch.nn.Module, args: Any) -> None:
 
     expected = split_layers(args.num_layers, args.pipeline_model_parallel_size)[ps.stage()]
     held = len(get_attr_wrapped_model(model, "decoder").layers)
-    mismatch = torch.tensor([int(held != expected)])
+    mismatch = torch.tensor([int(held != expected)], device=ps.device())
     dist.all_reduce(mismatch)  # every rank stops, not only the one that noticed
     if int(mismatch):
         counts = split_layers(args.num_layers, args.pipeline_model_parallel_size)

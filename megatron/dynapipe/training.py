@@ -216,7 +216,7 @@ def _exit_reason(args: argparse.Namespace, iteration: int, started_at: float) ->
     if args.exit_interval and iteration % args.exit_interval == 0:
         return f"--exit-interval {args.exit_interval}"
     if args.exit_duration_in_mins:
-        elapsed = torch.tensor([(time.monotonic() - started_at) / 60.0])
+        elapsed = torch.tensor([(time.monotonic() - started_at) / 60.0], device=ps.device())
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # every rank stops at the same iteration
         if float(elapsed) > args.exit_duration_in_mins:
             return f"--exit-duration-in-mins {args.exit_duration_in_mins}"

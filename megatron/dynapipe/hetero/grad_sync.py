@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .. import parallel_state as ps
 from .groups import EMBEDDING, FINAL_NORM, OUTPUT, POSITION, HeteroGroups, StagePlace
 
 
@@ -172,9 +173,9 @@ class AsymmetricGradSync:
         """Sum every gradient chunk over its holders and divide by the global batch's real
         tokens (`num_tokens`: this rank's count, nonzero on last stages only)."""
         counts = self.place.is_last and self.place.tp_rank == 0 and num_tokens is not None
-        total = torch.zeros((), dtype=torch.float64)
+        total = torch.zeros((), dtype=torch.float64, device=ps.device())
         if counts:
-            total += num_tokens.detach().cpu().to(torch.float64)
+            total += num_tokens.detach().to(total.device, torch.float64)
         dist.all_reduce(total)
         if float(total) <= 0:
             raise GradSyncError("the global batch has no real tokens; nothing to normalise by")

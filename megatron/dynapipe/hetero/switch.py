@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .. import parallel_state as ps
 from .grad_sync import logical_name, model_part, unwrap
 from .groups import HeteroTopology
 
@@ -408,9 +409,9 @@ class DisaggregatedOptimizer:
         """The global batch's real tokens (a collective: also where every rank waits for the
         slowest pipeline, timed as `times["push_wait"]`)."""
         place = self.topologies[strategy].place(self.rank)
-        total = torch.zeros((), dtype=torch.float64)
+        total = torch.zeros((), dtype=torch.float64, device=ps.device())
         if place.is_last and place.tp_rank == 0 and num_tokens is not None:
-            total += num_tokens.detach().cpu().to(torch.float64)
+            total += num_tokens.detach().to(total.device, torch.float64)
         started = time.perf_counter()
         dist.all_reduce(total)
         self.times["push_wait"] = time.perf_counter() - started
@@ -434,10 +435,10 @@ class DisaggregatedOptimizer:
         """Scale the pushed gradients so their global L2 norm is at most `max_norm`; returns
         the norm before clipping. Every gradient element has exactly one owner after the push,
         so the owners' sums of squares add up to the whole model's (a collective)."""
-        squares = torch.zeros((), dtype=torch.float64)
+        squares = torch.zeros((), dtype=torch.float64, device=ps.device())
         for master in self.master.values():
             if master.grad is not None:
-                squares += master.grad.double().pow(2).sum()
+                squares += master.grad.double().pow(2).sum().to(squares.device)
         dist.all_reduce(squares)
         norm = float(squares.sqrt())
         if max_norm > 0 and norm > max_norm:

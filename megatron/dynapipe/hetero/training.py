@@ -386,9 +386,12 @@ def _global_report(result, timer: dict[str, float]) -> tuple[float, int, dict[st
     totals = torch.tensor(
         [result.loss_sum if leader else 0.0, float(result.num_tokens) if leader else 0.0],
         dtype=torch.float64,
+        device=ps.device(),
     )
     dist.all_reduce(totals)
-    times = torch.tensor([timer.get(t, 0.0) for t in TIMES], dtype=torch.float64)
+    times = torch.tensor(
+        [timer.get(t, 0.0) for t in TIMES], dtype=torch.float64, device=ps.device()
+    )
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
     tokens = round(float(totals[1]))
     slowest = dict(zip(TIMES, times.tolist(), strict=True))
