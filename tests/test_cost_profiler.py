@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +81,9 @@ def _cluster(num_stages: int) -> ClusterSpec:
 def test_profiled_table_loads_and_plans(table_path: Path) -> None:
     table = json.loads(table_path.read_text())
     assert {e["component"] for e in table["entries"]} == {"embedding", "decoder_layer", "lm_head"}
+    # measured on a CPU: the cores it ran on and its passes' CPU share (the search's bound)
+    assert table["host_cores"] == len(os.sched_getaffinity(0))
+    assert set(table["cpu_busy_fraction"]) == {"1"} and table["cpu_busy_fraction"]["1"] > 0
     model = ProfiledCostModel.load(table_path, SPEC, _cluster(2))
     costs = model.pipeline_costs("none")
     statics = {e["component"]: e["static_bytes"] for e in table["entries"]}
@@ -92,6 +96,13 @@ def test_profiled_table_loads_and_plans(table_path: Path) -> None:
     assert sorted(s for mb in plan.microbatches for s in mb.samples) == list(range(6))
     assert all(0 < p < 2**30 for p in plan.stats["peak_memory_bytes"])
     assert plan.stats["predicted_iteration_s"] > 0
+
+
+def test_cpu_busy_fraction_is_cpu_seconds_over_wall_seconds() -> None:
+    from megatron.dynapipe.cost_profiler import PointCost, cpu_busy_fraction
+
+    passes = [PointCost(0.1, 0.3, 0, 0, cpu_s=0.2), PointCost(0.2, 0.4, 0, 0, cpu_s=0.6)]
+    assert cpu_busy_fraction(passes) == pytest.approx(0.8)
 
 
 def test_null_point_is_infeasible(table_path: Path) -> None:

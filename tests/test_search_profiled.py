@@ -218,6 +218,11 @@ def _negative_sdp_time(data):
     data[1]["sdp_layer_backward_s"] = {"2": -0.001}
 
 
+def _bad_host_cores(data):
+    for d in data:
+        d["host_cores"] = 0
+
+
 def _seqlens(data):
     for d in data:
         for e in d["entries"]:
@@ -240,6 +245,7 @@ def _seqlens(data):
         (_no_bandwidth, "no all-reduce bandwidth measured for groups of [2] ranks"),
         (_seqlens, "sequence length 128 was not profiled (profiled: [64, 96])"),
         (_negative_sdp_time, "sdp_layer_backward_s['2'] must be a number >= 0, got -0.001"),
+        (_bad_host_cores, "edited0.json host_cores must be a positive integer, got 0"),
     ],
 )
 def test_bad_tables_are_refused_in_one_line(tables, model_file, tmp_path, capsys, edit, named):
@@ -252,6 +258,39 @@ def test_bad_tables_are_refused_in_one_line(tables, model_file, tmp_path, capsys
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("dynapipe-search: error: ")
     assert named in err
+
+
+def _on_cores(tables, tmp_path, cores: list[int | None], busy: float) -> list:
+    """The tables as measured on CPUs of `cores` cores (None: a table without them)."""
+
+    def edit(data):
+        for d, n, tp in zip(data, cores, (1, 2), strict=True):
+            if n is not None:
+                d["host_cores"], d["cpu_busy_fraction"] = n, {str(tp): busy}
+
+    return _edited(tables, tmp_path, edit)
+
+
+def test_ranks_outnumbering_the_cores_take_the_cpu_seconds_they_need(tables, tmp_path):
+    """PP2 on 2 ranks: Eq. 9 runs the stages side by side, which one shared core cannot; the
+    estimate is then every stage's time x its busy share, summed, over the one core."""
+    pp2 = [LayerStrategy(2, (), (), False)] * 4
+
+    def price(paths):
+        return price_plan(_inputs(paths), pp2, [2, 2], 4, 8)
+
+    alone = price(tables)  # GPU-like tables: no host, Eq. 9
+    assert _inputs(tables).host_cores == 0
+    one_core = price(_on_cores(tables, tmp_path, [1, 1], 0.9))
+    assert one_core.stage_time_s == alone.stage_time_s
+    assert sum(alone.stage_time_s) * 0.9 > alone.iteration_time_s  # the bound is the larger
+    assert one_core.iteration_time_s == pytest.approx(0.9 * sum(alone.stage_time_s), rel=1e-12)
+    assert one_core.throughput == pytest.approx(8 / one_core.iteration_time_s)
+    # as many cores as ranks, or one table without host cores: Eq. 9 alone
+    assert price(_on_cores(tables, tmp_path, [2, 4], 0.9)) == alone
+    assert price(_on_cores(tables, tmp_path, [1, None], 0.9)) == alone
+    # a busy share small enough leaves Eq. 9 the larger
+    assert price(_on_cores(tables, tmp_path, [1, 1], 0.3)) == alone
 
 
 def test_max_tp_names_the_degree_no_table_holds(tables):

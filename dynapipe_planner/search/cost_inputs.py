@@ -32,7 +32,8 @@ _PER_TP_FIELDS = (
     "backward_s_per_microbatch",
 )
 
-_BY_GROUP_SIZE = ("sdp_forward_s", "sdp_backward_s")
+# int-keyed dicts: by SDP group size, and by TP degree for `cpu_busy_fraction`
+_BY_GROUP_SIZE = ("sdp_forward_s", "sdp_backward_s", "cpu_busy_fraction")
 # fields whose JSON form `to_dict` / `from_dict` convert (the rest are copied as they are)
 _CONVERTED = ("layer_types", "layer_kinds", "allreduce_bandwidth", "p2p_bandwidth", *_BY_GROUP_SIZE)
 
@@ -94,6 +95,11 @@ class CostInputs:
     # their copies and hooks); where a size is missing, §V's bytes over the bandwidth.
     sdp_forward_s: dict[int, float] = field(default_factory=dict)
     sdp_backward_s: dict[int, float] = field(default_factory=dict)
+    # Ranks on CPU cores (profiled tables of a CPU): the cores the job's ranks share (0: each
+    # rank has a device of its own, as on GPUs) and, per TP degree, the share of a layer's
+    # measured wall time its rank's process spent on a core (`estimator.shared_host_time`).
+    host_cores: int = 0
+    cpu_busy_fraction: dict[int, float] = field(default_factory=dict)
     output_activation_bytes_per_sample: float = 0.0
     seq_length: int = 0
     description: dict = field(default_factory=dict)

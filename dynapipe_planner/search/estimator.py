@@ -22,11 +22,16 @@ Prices every layer of a pipeline stage under every candidate strategy, for one m
   activations under CKPT, SDP's gathered weights), combined by Eq. 2;
 * transformation cost R between neighbouring layers whose activations are laid out
   differently (Eq. 4), priced as gathering the missing samples over the stage's GPUs;
-* the pipeline time of Eq. 9: (m - 1) * max_i C_nosync(M_i) + sum_i C(M_i).
+* the pipeline time of Eq. 9: (m - 1) * max_i C_nosync(M_i) + sum_i C(M_i);
+* ranks that share fewer CPU cores than there are ranks (profiled CPU tables; not in the
+  paper, whose stages each own a GPU): Eq. 9's stages run side by side only as far as the cores
+  allow, so the iteration takes at least the CPU seconds all ranks need over the cores
+  (`shared_host_time`), and the estimate is the larger of the two.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -153,6 +158,12 @@ class Estimator:
                 else:
                     self.relayout[i, j] = 1.0
         self.stage_bw = inputs.bandwidth(self.group, 1) if self.group > 1 else INF
+        # share of a layer's time its rank is on a CPU core (1 where not measured)
+        self.busy = np.array([inputs.cpu_busy_fraction.get(s.tp, 1.0) for s in strategies])
+
+    def busy_fraction(self, chosen: Sequence[int]) -> float:
+        """The mean `cpu_busy_fraction` of a stage's layers (strategy indices `chosen`)."""
+        return float(self.busy[list(chosen)].mean()) if len(chosen) else 1.0
 
     def stage_tables(
         self, layers: range, stage: int, microbatch: int, num_micro: int
@@ -264,3 +275,18 @@ def stage_times(t: StageTables, chosen: list[int]) -> tuple[float, float]:
 def pipeline_time(nosync: list[float], sync: list[float], num_micro: int) -> float:
     """Eq. 9: (m - 1) * max_i C_nosync(M_i) + sum_i C(M_i)."""
     return (num_micro - 1) * max(nosync) + sum(sync)
+
+
+def shared_host_time(
+    inputs: CostInputs, stage_time: list[float], stage_busy: list[float], ranks_per_stage: int
+) -> float:
+    """The least iteration time of ranks sharing `inputs.host_cores` CPU cores: every stage's
+    own time (`(m - 1)` micro-batches without sync plus the last) on each of its ranks, times
+    the share of it that rank is on a core (`stage_busy`: `Estimator.busy_fraction` of the
+    stage's layers), summed over the ranks and divided by the cores. 0 where each rank has a
+    device of its own (no `host_cores`) or the ranks do not outnumber the cores."""
+    cores = inputs.host_cores
+    if not cores or ranks_per_stage * len(stage_time) <= cores:
+        return 0.0
+    cpu_s = sum(t * f for t, f in zip(stage_time, stage_busy, strict=True))
+    return float(cpu_s * ranks_per_stage / cores)

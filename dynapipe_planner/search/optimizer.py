@@ -48,7 +48,14 @@ import numpy as np
 from ..errors import PlanningError
 from ..model_spec import ModelSpec
 from .cost_inputs import CostInputs
-from .estimator import Estimator, StageTables, peak_memory, pipeline_time, stage_times
+from .estimator import (
+    Estimator,
+    StageTables,
+    peak_memory,
+    pipeline_time,
+    shared_host_time,
+    stage_times,
+)
 from .layer_dp import StagePlan, StageSolver
 from .partition import (
     StageCost,
@@ -274,8 +281,12 @@ class _PipelineSearch:
         nosync = [g[1] for g in got]
         sync = [g[2] for g in got]
         memory = [float(g[3]) for g in got]
-        total = pipeline_time(nosync, sync, m)
         per_stage = [float((m - 1) * a + b) for a, b in zip(nosync, sync, strict=True)]
+        busy = [self.est.busy_fraction(p.chosen) for p in plans]
+        total = max(
+            pipeline_time(nosync, sync, m),
+            shared_host_time(self.inputs, per_stage, busy, self.est.group),
+        )
         return _Evaluated(float(total), list(partition), plans, memory, per_stage)
 
     def _stage_time(self, mb: int, m: int) -> StageCost:
@@ -771,7 +782,7 @@ def price_plan(
         raise PlanningError(f"strategies {bad} cannot run micro-batches of {mb} on these inputs")
     index = {s: j for j, s in enumerate(unique)}
     est = Estimator(cost_inputs, unique)
-    nosync, sync, memory, start = [], [], [], 0
+    nosync, sync, memory, busy, start = [], [], [], [], 0
     for stage, n in enumerate(partition):
         tables = est.stage_tables(range(start, start + n), stage, mb, m)
         chosen = [index[s] for s in strategies[start : start + n]]
@@ -779,9 +790,13 @@ def price_plan(
         nosync.append(a)
         sync.append(b)
         memory.append(float(peak_memory(tables, chosen)))
+        busy.append(est.busy_fraction(chosen))
         start += n
-    total = float(pipeline_time(nosync, sync, m))
     per_stage = [float((m - 1) * a + b) for a, b in zip(nosync, sync, strict=True)]
+    total = max(
+        float(pipeline_time(nosync, sync, m)),
+        shared_host_time(cost_inputs, per_stage, busy, est.group),
+    )
     return PlanPrice(global_batch_size / total, total, per_stage, memory)
 
 

@@ -40,7 +40,13 @@ micro-batch size whose point was measured, per component and TP degree):
   in place of the gathers' and reduce-scatter's bytes over the bandwidth: on gloo, FSDP2's
   copies and hooks took as long again as its collectives (a decoder layer of hidden 256 on 4
   ranks: 16 ms to gather, 12 ms to reduce-scatter, about 90 ms added per forward and backward).
-  Tables without them keep §V's bytes over the bandwidth.
+  Tables without them keep §V's bytes over the bandwidth;
+* CPU ranks (not in the paper, whose GPUs each run one rank): tables measured on a CPU hold
+  the cores the profiler could run on (`host_cores`) and, per TP degree, the share of the
+  measured passes' wall time the rank's process was on a core (`cpu_busy_fraction`: all its
+  threads' CPU seconds over wall seconds), so that the estimator can bound a plan whose ranks
+  outnumber the cores (`estimator.shared_host_time`). A table without them (a GPU's) turns
+  the bound off.
 
 Bad tables stop with a `PlanningError` naming the file and entry: another model's layer shape,
 a TP degree the search needs but no table holds, negative or NaN values, the sequence length
@@ -277,6 +283,7 @@ def profiled_cost_inputs(
     latency = _per_group(tables, "allreduce_latency_s").get(2, 0.0)
     sdp_forward = _per_group(tables, "sdp_layer_forward_s", allow_zero=True)
     sdp_backward = _per_group(tables, "sdp_layer_backward_s", allow_zero=True)
+    busy = _per_group(tables, "cpu_busy_fraction")
     allreduce, p2p = _topology(measured_bw, num_gpus, tables)
     layer = LayerTypeCosts(
         name="decoder",
@@ -304,6 +311,8 @@ def profiled_cost_inputs(
         output_forward_s_per_microbatch=head_fixed,
         sdp_forward_s=sdp_forward,
         sdp_backward_s=sdp_backward,
+        host_cores=_host_cores(tables),
+        cpu_busy_fraction=busy,
         output_activation_bytes_per_sample=head["activation_bytes"] / b_head,
         seq_length=seq_length,
         description={
@@ -316,6 +325,22 @@ def profiled_cost_inputs(
             "tp_degrees": degrees,
         },
     )
+
+
+def _host_cores(tables: list[dict[str, Any]]) -> int:
+    """The CPU cores the profiled ranks shared (`host_cores`), when every table was measured
+    on a CPU; 0 otherwise (devices of their own)."""
+    cores = []
+    for table in tables:
+        n = table.get("host_cores")
+        if n is None:
+            return 0
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise PlanningError(
+                f"cost table {table['path']} host_cores must be a positive integer, got {n!r}"
+            )
+        cores.append(n)
+    return min(cores)
 
 
 def _topology(

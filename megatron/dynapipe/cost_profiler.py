@@ -24,6 +24,7 @@ that exceed the grid's token cap, are `null` (infeasible for the planner).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -78,6 +79,7 @@ class PointCost:
     backward_s: float
     activation_bytes: int
     transient_bytes: int
+    cpu_s: float = 0.0  # CPU time of the process (all its threads) over forward + backward
 
 
 @dataclass
@@ -226,10 +228,10 @@ def measure_point(
 
         for _ in range(warmup):
             backward(component.forward(*args))
-        forward_s, backward_s = [], []
+        forward_s, backward_s, cpu_s = [], [], []
         for _ in range(repeats):
             _synchronize(device)
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             out = component.forward(*args)
             _synchronize(device)
             t1 = time.perf_counter()
@@ -237,6 +239,7 @@ def measure_point(
             _synchronize(device)
             forward_s.append(t1 - t0)
             backward_s.append(time.perf_counter() - t1)
+            cpu_s.append(time.process_time() - cpu0)
             del out
         release_megatron_workspace()
         with MemoryTrace(device) as trace:
@@ -259,6 +262,7 @@ def measure_point(
         statistics.median(backward_s),
         activation,
         max(fwd.peak, bwd.peak) - activation,
+        statistics.median(cpu_s),
     )
 
 
@@ -284,7 +288,7 @@ def profile_cost_table(
     group of a TP-only job: every rank runs its shard, TP's all-reduces included in the
     times; the numbers are this rank's). `progress` receives one line per measured point."""
     statics = static_bytes(args, vocab_size, device)
-    entries = []
+    entries, measured = [], []
     total = len(recompute_modes) * len(COMPONENTS) * len(grid.points())
     done = 0
     for mode in recompute_modes:
@@ -300,10 +304,11 @@ def profile_cost_table(
                     continue
                 cost = measure_point(component, b, s, device, warmup, repeats)
                 table[b, s] = cost
+                measured += [cost] if cost is not None else []
                 progress(f"{where}: {_describe(cost)}")
             entries.append(_entry(mode, component.name, grid, table, statics[component.name]))
         del components, keep_alive
-    return {
+    result = {
         "format": FORMAT,
         "version": 1,
         "device": device_name(device),
@@ -312,6 +317,20 @@ def profile_cost_table(
         "profile": {"warmup": warmup, "repeats": repeats, "max_tokens": grid.max_tokens},
         "entries": entries,
     }
+    if device.type == "cpu" and measured:
+        result["host_cores"] = len(os.sched_getaffinity(0))
+        tp = str(mpu.get_tensor_model_parallel_world_size())
+        result["cpu_busy_fraction"] = {tp: cpu_busy_fraction(measured)}
+    return result
+
+
+def cpu_busy_fraction(measured: list[PointCost]) -> float:
+    """The share of its passes' wall time this rank's process was on a core: all its threads'
+    CPU seconds over the wall seconds of every measured forward + backward. Ranks sharing
+    fewer cores than there are ranks cannot run their pipeline stages side by side; the search
+    bounds a plan's time by the CPU seconds its ranks need (`estimator.shared_host_time`)."""
+    wall = sum(c.forward_s + c.backward_s for c in measured)
+    return sum(c.cpu_s for c in measured) / wall
 
 
 def _describe(cost: PointCost | None) -> str:
