@@ -9,6 +9,7 @@ each component equal the tensors its forward saved for backward plus its output 
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import os
@@ -96,6 +97,29 @@ def test_profiled_table_loads_and_plans(table_path: Path) -> None:
     assert sorted(s for mb in plan.microbatches for s in mb.samples) == list(range(6))
     assert all(0 < p < 2**30 for p in plan.stats["peak_memory_bytes"])
     assert plan.stats["predicted_iteration_s"] > 0
+
+
+def _runtime_overhead(table: dict, scale: float) -> dict[str, float]:
+    """`runtime_overhead_s` against `table` with its times scaled by `scale`."""
+    from megatron.dynapipe.cost_profiler import runtime_overhead_s
+
+    edited = copy.deepcopy(table)
+    for entry in edited["entries"]:
+        for name in ("forward_s", "backward_s"):
+            entry[name] = [[None if v is None else v * scale for v in row] for row in entry[name]]
+    return _in_one_rank(
+        lambda: runtime_overhead_s(
+            _args(), SPEC.vocab_size, torch.device("cpu"), edited, warmup=1, repeats=3
+        )
+    )
+
+
+def test_runtime_overhead_is_the_whole_step_less_the_priced_layer_and_head(table_path) -> None:
+    table = json.loads(table_path.read_text())
+    whole = _runtime_overhead(table, 0.0)  # nothing priced: the whole one-sample step
+    assert set(whole) == {"32", "64"} and min(whole.values()) > 0
+    # priced above what the step takes: kept at 0, not negative
+    assert _runtime_overhead(table, 1e6) == {"32": 0.0, "64": 0.0}
 
 
 def test_cpu_busy_fraction_is_cpu_seconds_over_wall_seconds() -> None:

@@ -218,6 +218,10 @@ def _negative_sdp_time(data):
     data[1]["sdp_layer_backward_s"] = {"2": -0.001}
 
 
+def _bad_runtime(data):
+    data[0]["runtime_s_per_microbatch"] = {"128": -1}
+
+
 def _bad_host_cores(data):
     for d in data:
         d["host_cores"] = 0
@@ -246,6 +250,7 @@ def _seqlens(data):
         (_seqlens, "sequence length 128 was not profiled (profiled: [64, 96])"),
         (_negative_sdp_time, "sdp_layer_backward_s['2'] must be a number >= 0, got -0.001"),
         (_bad_host_cores, "edited0.json host_cores must be a positive integer, got 0"),
+        (_bad_runtime, "runtime_s_per_microbatch['128'] must be a finite number >= 0, got -1"),
     ],
 )
 def test_bad_tables_are_refused_in_one_line(tables, model_file, tmp_path, capsys, edit, named):
@@ -291,6 +296,17 @@ def test_ranks_outnumbering_the_cores_take_the_cpu_seconds_they_need(tables, tmp
     assert price(_on_cores(tables, tmp_path, [1, None], 0.9)) == alone
     # a busy share small enough leaves Eq. 9 the larger
     assert price(_on_cores(tables, tmp_path, [1, 1], 0.3)) == alone
+
+
+def test_the_runtime_per_micro_batch_is_added_to_every_stage(tables, tmp_path):
+    def measured(data):  # the TP-1 table's, at the job's sequence length (128) only
+        data[0]["runtime_s_per_microbatch"] = {"64": 9.0, "128": 0.004}
+
+    pp2 = [LayerStrategy(2, (), (), False)] * 4
+    alone = price_plan(_inputs(tables), pp2, [2, 2], 4, 8)
+    priced = price_plan(_inputs(_edited(tables, tmp_path, measured)), pp2, [2, 2], 4, 8)
+    # (m - 1) micro-batches without sync plus the last: 4 micro-batches of each stage
+    assert priced.stage_time_s == pytest.approx([t + 4 * 0.004 for t in alone.stage_time_s])
 
 
 def test_max_tp_names_the_degree_no_table_holds(tables):

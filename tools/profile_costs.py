@@ -15,7 +15,11 @@ degree, and the table also holds the world's measured all-reduce bus bandwidth
 pipeline traffic with), latency (`allreduce_latency_s`: {"ranks": s}, one number's
 all-reduce) and what FSDP2 adds to a decoder layer sharded over the world
 (`sdp_layer_forward_s`, `sdp_layer_backward_s`: {"ranks": s}, the layer at TP 1, what the
-search prices an SDP layer's gathers and reduce-scatter with). It measures
+search prices an SDP layer's gathers and reduce-scatter with). One process (TP 1) also
+measures what a micro-batch costs the runtime beyond its layer and output layer
+(`runtime_s_per_microbatch`: {"s": seconds}, `cost_profiler.runtime_overhead_s`); on the CPU
+every table records the cores it ran on and its passes' CPU share (`host_cores`,
+`cpu_busy_fraction`), which bound the search's time for ranks outnumbering the cores. It measures
 `embedding`, `decoder_layer` and `lm_head` over a grid of micro-batch sizes and sequence lengths,
 prints one line per grid point and writes the JSON documented in README "Cost tables"
 atomically (a failed run leaves no partial file). On the CPU,
@@ -162,6 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         decoder_layer_shapes,
         device_name,
         profile_cost_table,
+        runtime_overhead_s,
         sdp_layer_overhead_s,
     )
     from megatron.dynapipe.data.base import BYTE_VOCAB_SIZE
@@ -201,6 +206,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             repeats=args.repeats,
             progress=say,
         )
+        if tp == 1:
+            overhead = runtime_overhead_s(
+                args, vocab_size, device, table, warmup=args.warmup_runs, repeats=args.repeats
+            )
+            table["runtime_s_per_microbatch"] = overhead
+            say(f"runtime per micro-batch beyond the layer and head: {overhead}")
         if tp > 1:
             bandwidth = allreduce_bus_bandwidth(device)
             latency = allreduce_latency_s(device)

@@ -99,6 +99,9 @@ class CostInputs:
     # rank has a device of its own, as on GPUs) and, per TP degree, the share of a layer's
     # measured wall time its rank's process spent on a core (`estimator.shared_host_time`).
     host_cores: int = 0
+    # What one micro-batch costs a stage's rank beyond its layers (profiled, TP 1: the batch,
+    # the embedding lookup, the model's and loss's plumbing).
+    runtime_s_per_microbatch: float = 0.0
     cpu_busy_fraction: dict[int, float] = field(default_factory=dict)
     output_activation_bytes_per_sample: float = 0.0
     seq_length: int = 0

@@ -223,13 +223,14 @@ class Estimator:
         )
 
     def _extras(self, stage: int, b: float) -> tuple[float, float]:
-        """Per micro-batch p2p time and the embedding / output layer of the end stages.
+        """Per micro-batch: the runtime's own cost (profiled), p2p time and the embedding /
+        output layer of the end stages.
 
         The embedding and output layers are split evenly over the stage's GPUs (like a
         vocabulary-parallel layer), and their communication is not priced.
         """
         inputs, n = self.inputs, self.group
-        time = 0.0
+        time = inputs.runtime_s_per_microbatch
         nbytes = 0.0
         if self.pp > 1:
             bw = inputs.p2p_bandwidth[self.pp]

@@ -46,7 +46,12 @@ micro-batch size whose point was measured, per component and TP degree):
   measured passes' wall time the rank's process was on a core (`cpu_busy_fraction`: all its
   threads' CPU seconds over wall seconds), so that the estimator can bound a plan whose ranks
   outnumber the cores (`estimator.shared_host_time`). A table without them (a GPU's) turns
-  the bound off.
+  the bound off;
+* the runtime's own cost per micro-batch (not in §V, which prices layers alone): the TP-1
+  table's `runtime_s_per_microbatch` at s (a one-layer model through the executor's forward
+  step, loss and backward, less its layer and output layer), added to every stage's
+  micro-batch; on the shared 2-core CPU it was about 4 ms of CPU per micro-batch and rank, which
+  made plans of 32 one-sample micro-batches 25% slower than priced.
 
 Bad tables stop with a `PlanningError` naming the file and entry: another model's layer shape,
 a TP degree the search needs but no table holds, negative or NaN values, the sequence length
@@ -284,6 +289,7 @@ def profiled_cost_inputs(
     sdp_forward = _per_group(tables, "sdp_layer_forward_s", allow_zero=True)
     sdp_backward = _per_group(tables, "sdp_layer_backward_s", allow_zero=True)
     busy = _per_group(tables, "cpu_busy_fraction")
+    runtime = _runtime_s(tables, seq_length)
     allreduce, p2p = _topology(measured_bw, num_gpus, tables)
     layer = LayerTypeCosts(
         name="decoder",
@@ -312,6 +318,7 @@ def profiled_cost_inputs(
         sdp_forward_s=sdp_forward,
         sdp_backward_s=sdp_backward,
         host_cores=_host_cores(tables),
+        runtime_s_per_microbatch=runtime,
         cpu_busy_fraction=busy,
         output_activation_bytes_per_sample=head["activation_bytes"] / b_head,
         seq_length=seq_length,
@@ -325,6 +332,22 @@ def profiled_cost_inputs(
             "tp_degrees": degrees,
         },
     )
+
+
+def _runtime_s(tables: list[dict[str, Any]], seq_length: int) -> float:
+    """The TP-1 table's `runtime_s_per_microbatch` at `seq_length` (0 where not measured)."""
+    for table in tables:
+        if not any(e.get("tp") == 1 for e in table["entries"] if isinstance(e, dict)):
+            continue
+        value = (table.get("runtime_s_per_microbatch") or {}).get(str(seq_length), 0.0)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not (number and value >= 0 and math.isfinite(value)):
+            raise PlanningError(
+                f"cost table {table['path']} runtime_s_per_microbatch[{str(seq_length)!r}] "
+                f"must be a finite number >= 0, got {value!r}"
+            )
+        return float(value)
+    return 0.0
 
 
 def _host_cores(tables: list[dict[str, Any]]) -> int:

@@ -39,6 +39,7 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from dynapipe_planner.cost.profiled import FORMAT
 from dynapipe_planner.megatron_model import spec_from_args
 
+from .data.microbatches import MicroBatchTensors
 from .memory import (
     MemoryTrace,
     live_tensor_bytes,
@@ -47,7 +48,7 @@ from .memory import (
 )
 from .model import build_gpt_model
 from .model_flags import dtype_name
-from .pipeline.executor import masked_token_loss
+from .pipeline.executor import gpt_forward_step, masked_token_loss
 
 COMPONENTS = ("embedding", "decoder_layer", "lm_head")
 
@@ -322,6 +323,56 @@ def profile_cost_table(
         tp = str(mpu.get_tensor_model_parallel_world_size())
         result["cpu_busy_fraction"] = {tp: cpu_busy_fraction(measured)}
     return result
+
+
+def runtime_overhead_s(
+    args: argparse.Namespace,
+    vocab_size: int,
+    device: torch.device,
+    table: dict[str, Any],
+    *,
+    warmup: int = 1,
+    repeats: int = 3,
+) -> dict[str, float]:
+    """Per profiled sequence length s: what one micro-batch of one sample costs the runtime
+    beyond its decoder layer and output layer as `table` (recompute none) priced them. A
+    whole one-layer model, DDP-wrapped as training runs it, goes through the executor's
+    forward step, loss and backward; the median over `repeats` minus the two components' times
+    at (1, s), kept >= 0, is the embedding's lookup, the batch's move to the device and the
+    model's, DDP's and the loss's plumbing: what every pipeline stage pays in part per
+    micro-batch, whatever its layers (the search adds it to each stage's micro-batch)."""
+    priced = {
+        e["component"]: e
+        for e in table["entries"]
+        if e["recompute"] == "none" and e["component"] in ("decoder_layer", "lm_head")
+    }
+    if len(priced) < 2:  # profiled with recomputation only: nothing to subtract
+        return {}
+    built = _build(args, vocab_size, device, layers=1, pre_process=True, post_process=True)
+    overhead = {}
+    for col, s in enumerate(next(iter(priced.values()))["seqlens"]):
+        tokens = torch.randint(0, vocab_size, (1, s))
+        batch = MicroBatchTensors(
+            tokens=tokens,
+            labels=tokens.roll(-1, dims=1),
+            loss_mask=torch.ones(1, s),
+            position_ids=torch.arange(s).unsqueeze(0),
+            attention_mask=torch.ones(s, s, dtype=torch.bool).triu(1)[None, None],
+            num_tokens=s,
+        )
+        times = []
+        for run in range(warmup + repeats):
+            _synchronize(device)
+            started = time.perf_counter()
+            output, loss_func = gpt_forward_step(iter([batch]), built.model)
+            torch.autograd.backward(loss_func(output)[0])
+            _synchronize(device)
+            if run >= warmup:
+                times.append(time.perf_counter() - started)
+        pieces = [e[name][0][col] for e in priced.values() for name in ("forward_s", "backward_s")]
+        if None not in pieces:
+            overhead[str(s)] = max(0.0, statistics.median(times) - sum(pieces))
+    return overhead
 
 
 def cpu_busy_fraction(measured: list[PointCost]) -> float:
