@@ -12,6 +12,7 @@ the entry.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -20,7 +21,7 @@ from dynapipe_planner.errors import PlanningError
 from dynapipe_planner.model_spec import ModelSpec
 from dynapipe_planner.search import LayerStrategy, price_plan
 from dynapipe_planner.search.cli import search_main
-from dynapipe_planner.search.estimator import Estimator
+from dynapipe_planner.search.estimator import Estimator, shared_host_time
 from dynapipe_planner.search.plan_file import load_plan
 from dynapipe_planner.search.profiled_inputs import (
     affine_time,
@@ -296,6 +297,18 @@ def test_ranks_outnumbering_the_cores_take_the_cpu_seconds_they_need(tables, tmp
     assert price(_on_cores(tables, tmp_path, [1, None], 0.9)) == alone
     # a busy share small enough leaves Eq. 9 the larger
     assert price(_on_cores(tables, tmp_path, [1, 1], 0.3)) == alone
+
+
+def test_shared_cores_serve_the_ranks_with_work_left_equally(tables):
+    inputs = dataclasses.replace(_inputs(tables), host_cores=2)
+    # 4 ranks (one per stage) on 2 cores, CPU works 0.5, 1, 1, 2 s: all four at half a core
+    # until the first is done (1 s), three at 2/3 until the next two are (0.75 s), then the
+    # last alone on a core (1 s); not the total over the cores (2.25) nor the largest (2)
+    works = [0.5, 1.0, 1.0, 2.0]
+    assert shared_host_time(inputs, works, [1.0] * 4, 1) == pytest.approx(2.75)
+    # the busy share scales the works; 2 ranks a stage double them; no more ranks than cores
+    assert shared_host_time(inputs, [1.0, 2.0], [0.5, 0.5], 2) == pytest.approx(1.5)
+    assert shared_host_time(inputs, [1.0, 2.0], [1.0, 1.0], 1) == 0.0
 
 
 def test_the_runtime_per_micro_batch_is_added_to_every_stage(tables, tmp_path):

@@ -25,8 +25,8 @@ Prices every layer of a pipeline stage under every candidate strategy, for one m
 * the pipeline time of Eq. 9: (m - 1) * max_i C_nosync(M_i) + sum_i C(M_i);
 * ranks that share fewer CPU cores than there are ranks (profiled CPU tables; not in the
   paper, whose stages each own a GPU): Eq. 9's stages run side by side only as far as the cores
-  allow, so the iteration takes at least the CPU seconds all ranks need over the cores
-  (`shared_host_time`), and the estimate is the larger of the two.
+  allow; the ranks' CPU seconds, shared out over the cores as the operating system does
+  (`shared_host_time`), give another least iteration time, and the estimate is the larger.
 """
 
 from __future__ import annotations
@@ -281,13 +281,25 @@ def pipeline_time(nosync: list[float], sync: list[float], num_micro: int) -> flo
 def shared_host_time(
     inputs: CostInputs, stage_time: list[float], stage_busy: list[float], ranks_per_stage: int
 ) -> float:
-    """The least iteration time of ranks sharing `inputs.host_cores` CPU cores: every stage's
-    own time (`(m - 1)` micro-batches without sync plus the last) on each of its ranks, times
-    the share of it that rank is on a core (`stage_busy`: `Estimator.busy_fraction` of the
-    stage's layers), summed over the ranks and divided by the cores. 0 where each rank has a
-    device of its own (no `host_cores`) or the ranks do not outnumber the cores."""
+    """The iteration time of ranks sharing `inputs.host_cores` CPU cores, each rank doing its
+    stage's work: the stage's own time (`(m - 1)` micro-batches without sync plus the last)
+    times the share of it that rank is on a core (`stage_busy`: `Estimator.busy_fraction` of
+    the stage's layers). The cores are shared equally by the ranks with work left (the
+    operating system's fair share): while n ranks have work, each advances at min(1, cores /
+    n), so the iteration ends when the most loaded rank is done. With the ranks' works sorted
+    w_1 <= ... <= w_R, that is sum_k (w_k - w_{k-1}) max(1, (R - k + 1) / cores): the total
+    over the cores when every rank stays busy to the end, the largest work when the cores
+    outnumber the ranks. 0 where each rank has a device of its own (no `host_cores`) or the
+    ranks do not outnumber the cores."""
     cores = inputs.host_cores
-    if not cores or ranks_per_stage * len(stage_time) <= cores:
+    ranks = ranks_per_stage * len(stage_time)
+    if not cores or ranks <= cores:
         return 0.0
-    cpu_s = sum(t * f for t, f in zip(stage_time, stage_busy, strict=True))
-    return float(cpu_s * ranks_per_stage / cores)
+    works = sorted(
+        t * f for t, f in zip(stage_time, stage_busy, strict=True) for _ in range(ranks_per_stage)
+    )
+    elapsed, done = 0.0, 0.0
+    for k, work in enumerate(works):
+        elapsed += (work - done) * max(1.0, (ranks - k) / cores)
+        done = work
+    return float(elapsed)
