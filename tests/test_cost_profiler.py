@@ -230,8 +230,9 @@ def _fsdp2_overhead(rank: int, world: int) -> tuple[float, float]:
 def test_sdp_layer_overhead_is_what_fsdp2_adds_to_each_pass() -> None:
     # sharded, the forward waits for an all-gather and the backward for a second one and a
     # reduce-scatter; replicated, neither does anything but the (negligible) arithmetic
-    for forward_s, backward_s in run_ranks(_fsdp2_overhead, 2):
-        assert 0 < forward_s < backward_s < 1.0
+    for added in run_ranks(_fsdp2_overhead, 2):
+        assert 0 < added.forward_s < added.backward_s < 1.0
+        assert 0 <= added.cpu_busy_fraction <= 1.0
 
 
 def _tool():

@@ -299,16 +299,31 @@ def test_ranks_outnumbering_the_cores_take_the_cpu_seconds_they_need(tables, tmp
     assert price(_on_cores(tables, tmp_path, [1, 1], 0.3)) == alone
 
 
+def test_fsdp2_time_counts_at_its_own_cpu_share(tables, tmp_path):
+    """An SDP layer's CPU seconds: its compute at the TP degree's busy share, the time FSDP2
+    adds at the share measured for it (its collectives wait on the other ranks)."""
+
+    def shares(data):
+        for d, tp in zip(data, (1, 2), strict=True):
+            d["host_cores"], d["cpu_busy_fraction"] = 1, {str(tp): 0.9}
+        data[1]["sdp_layer_cpu_busy_fraction"] = {"2": 0.25}
+
+    inputs = _inputs(_edited(tables, tmp_path, shares))
+    assert inputs.sdp_cpu_busy_fraction == {2: 0.25}
+    t = Estimator(inputs, [LayerStrategy(1, ("sdp",), (2,), False)]).stage_tables(range(4), 0, 4, 1)
+    fsdp = 0.003 + 0.007  # the table's FSDP2 forward + backward over 2 ranks
+    assert t.cpu_nosync[0, 0] == pytest.approx(0.9 * (t.nosync[0, 0] - fsdp) + 0.25 * fsdp)
+
+
 def test_shared_cores_serve_the_ranks_with_work_left_equally(tables):
     inputs = dataclasses.replace(_inputs(tables), host_cores=2)
     # 4 ranks (one per stage) on 2 cores, CPU works 0.5, 1, 1, 2 s: all four at half a core
     # until the first is done (1 s), three at 2/3 until the next two are (0.75 s), then the
     # last alone on a core (1 s); not the total over the cores (2.25) nor the largest (2)
-    works = [0.5, 1.0, 1.0, 2.0]
-    assert shared_host_time(inputs, works, [1.0] * 4, 1) == pytest.approx(2.75)
-    # the busy share scales the works; 2 ranks a stage double them; no more ranks than cores
-    assert shared_host_time(inputs, [1.0, 2.0], [0.5, 0.5], 2) == pytest.approx(1.5)
-    assert shared_host_time(inputs, [1.0, 2.0], [1.0, 1.0], 1) == 0.0
+    assert shared_host_time(inputs, [0.5, 1.0, 1.0, 2.0], 1) == pytest.approx(2.75)
+    # two ranks a stage (works 0.5, 0.5, 1, 1): four at half a core for 1 s, then two alone
+    assert shared_host_time(inputs, [0.5, 1.0], 2) == pytest.approx(1.5)
+    assert shared_host_time(inputs, [1.0, 2.0], 1) == 0.0  # no more ranks than cores
 
 
 def test_the_runtime_per_micro_batch_is_added_to_every_stage(tables, tmp_path):

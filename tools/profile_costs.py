@@ -218,9 +218,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             table["allreduce_bus_bandwidth"] = {str(tp): bandwidth}
             table["allreduce_latency_s"] = {str(tp): latency}
             shapes = decoder_layer_shapes(args, vocab_size, device)
-            sdp_forward, sdp_backward = sdp_layer_overhead_s(shapes, device)
+            sdp = sdp_layer_overhead_s(shapes, device)
+            sdp_forward, sdp_backward = sdp.forward_s, sdp.backward_s
             table["sdp_layer_forward_s"] = {str(tp): sdp_forward}
             table["sdp_layer_backward_s"] = {str(tp): sdp_backward}
+            if device.type == "cpu":
+                table["sdp_layer_cpu_busy_fraction"] = {str(tp): sdp.cpu_busy_fraction}
             say(
                 f"all-reduce bus bandwidth over {tp} ranks: {bandwidth / 1e9:.3f} GB/s, "
                 f"latency {latency * 1e3:.3f} ms; FSDP2 on a decoder layer over {tp} ranks: "

@@ -33,7 +33,12 @@ _PER_TP_FIELDS = (
 )
 
 # int-keyed dicts: by SDP group size, and by TP degree for `cpu_busy_fraction`
-_BY_GROUP_SIZE = ("sdp_forward_s", "sdp_backward_s", "cpu_busy_fraction")
+_BY_GROUP_SIZE = (
+    "sdp_forward_s",
+    "sdp_backward_s",
+    "sdp_cpu_busy_fraction",
+    "cpu_busy_fraction",
+)
 # fields whose JSON form `to_dict` / `from_dict` convert (the rest are copied as they are)
 _CONVERTED = ("layer_types", "layer_kinds", "allreduce_bandwidth", "p2p_bandwidth", *_BY_GROUP_SIZE)
 
@@ -103,6 +108,9 @@ class CostInputs:
     # the embedding lookup, the model's and loss's plumbing).
     runtime_s_per_microbatch: float = 0.0
     cpu_busy_fraction: dict[int, float] = field(default_factory=dict)
+    # by SDP group size: the share of the time FSDP2 adds (`sdp_forward_s` + `sdp_backward_s`)
+    # that the rank is on a core
+    sdp_cpu_busy_fraction: dict[int, float] = field(default_factory=dict)
     output_activation_bytes_per_sample: float = 0.0
     seq_length: int = 0
     description: dict = field(default_factory=dict)

@@ -31,7 +31,6 @@ Prices every layer of a pipeline stage under every candidate strategy, for one m
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,6 +61,11 @@ class StageTables:
     extra_time_nosync: float  # p2p, embedding / output layer per micro-batch
     extra_time_sync: float
     extra_bytes: float  # embedding / output layer memory
+    # CPU seconds of a rank for `nosync` and `sync` (ranks on shared CPU cores), and the share
+    # of a strategy's time its rank is on a core (`cpu_busy_fraction` of its TP degree)
+    cpu_nosync: np.ndarray
+    cpu_sync: np.ndarray
+    busy: np.ndarray
 
 
 def _layout_key(s: LayerStrategy) -> tuple:
@@ -158,12 +162,15 @@ class Estimator:
                 else:
                     self.relayout[i, j] = 1.0
         self.stage_bw = inputs.bandwidth(self.group, 1) if self.group > 1 else INF
-        # share of a layer's time its rank is on a CPU core (1 where not measured)
+        # share of a layer's time its rank is on a CPU core (1 where not measured), and of the
+        # time FSDP2 adds to an SDP layer (its collectives wait on the other ranks)
         self.busy = np.array([inputs.cpu_busy_fraction.get(s.tp, 1.0) for s in strategies])
-
-    def busy_fraction(self, chosen: Sequence[int]) -> float:
-        """The mean `cpu_busy_fraction` of a stage's layers (strategy indices `chosen`)."""
-        return float(self.busy[list(chosen)].mean()) if len(chosen) else 1.0
+        self.sdp_busy = np.array(
+            [
+                inputs.sdp_cpu_busy_fraction.get(s.sdp, b)
+                for s, b in zip(strategies, self.busy, strict=True)
+            ]
+        )
 
     def stage_tables(
         self, layers: range, stage: int, microbatch: int, num_micro: int
@@ -208,6 +215,7 @@ class Estimator:
         new_shard = 1.0 / self.data
         once = per_layer[:, None, None] * (self.relayout * new_shard[None, :])[None, :, :]
         extra_t, extra_b = self._extras(stage, b)
+        fsdp = self.sdp_measured_fwd[kinds] + self.sdp_measured_bwd[kinds]
         return StageTables(
             nosync=nosync,
             sync=sync,
@@ -220,6 +228,9 @@ class Estimator:
             extra_time_nosync=extra_t,
             extra_time_sync=extra_t,
             extra_bytes=extra_b,
+            cpu_nosync=self.busy * (nosync - fsdp) + self.sdp_busy * fsdp,
+            cpu_sync=self.busy * (sync - fsdp) + self.sdp_busy * fsdp,
+            busy=self.busy,
         )
 
     def _extras(self, stage: int, b: float) -> tuple[float, float]:
@@ -273,31 +284,39 @@ def stage_times(t: StageTables, chosen: list[int]) -> tuple[float, float]:
     return nosync, sync
 
 
+def stage_cpu_s(t: StageTables, chosen: list[int], num_micro: int) -> float:
+    """CPU seconds one rank of the stage spends per iteration on the chosen strategies: its
+    layers' `(m - 1)` micro-batches without sync and the last, and its per-micro-batch extras
+    and re-layouts at its layers' mean busy share."""
+    m = num_micro
+    share = float(t.busy[chosen].mean()) if chosen else 1.0
+    total = ((m - 1) * t.extra_time_nosync + t.extra_time_sync) * share
+    for layer, j in enumerate(chosen):
+        total += (m - 1) * t.cpu_nosync[layer, j] + t.cpu_sync[layer, j]
+        if layer:
+            total += m * t.transform_once[layer, chosen[layer - 1], j] * share
+    return float(total)
+
+
 def pipeline_time(nosync: list[float], sync: list[float], num_micro: int) -> float:
     """Eq. 9: (m - 1) * max_i C_nosync(M_i) + sum_i C(M_i)."""
     return (num_micro - 1) * max(nosync) + sum(sync)
 
 
-def shared_host_time(
-    inputs: CostInputs, stage_time: list[float], stage_busy: list[float], ranks_per_stage: int
-) -> float:
+def shared_host_time(inputs: CostInputs, stage_cpu: list[float], ranks_per_stage: int) -> float:
     """The iteration time of ranks sharing `inputs.host_cores` CPU cores, each rank doing its
-    stage's work: the stage's own time (`(m - 1)` micro-batches without sync plus the last)
-    times the share of it that rank is on a core (`stage_busy`: `Estimator.busy_fraction` of
-    the stage's layers). The cores are shared equally by the ranks with work left (the
-    operating system's fair share): while n ranks have work, each advances at min(1, cores /
-    n), so the iteration ends when the most loaded rank is done. With the ranks' works sorted
-    w_1 <= ... <= w_R, that is sum_k (w_k - w_{k-1}) max(1, (R - k + 1) / cores): the total
-    over the cores when every rank stays busy to the end, the largest work when the cores
-    outnumber the ranks. 0 where each rank has a device of its own (no `host_cores`) or the
-    ranks do not outnumber the cores."""
+    stage's CPU work (`stage_cpu_s`). The cores are shared equally by the ranks with work
+    left (the operating system's fair share): while n ranks have work, each advances at
+    min(1, cores / n), so the iteration ends when the most loaded rank is done. With the
+    ranks' works sorted w_1 <= ... <= w_R, that is sum_k (w_k - w_{k-1}) max(1, (R - k + 1) /
+    cores): the total over the cores when every rank stays busy to the end, the largest work
+    when the cores outnumber the ranks. 0 where each rank has a device of its own (no
+    `host_cores`) or the ranks do not outnumber the cores."""
     cores = inputs.host_cores
-    ranks = ranks_per_stage * len(stage_time)
+    ranks = ranks_per_stage * len(stage_cpu)
     if not cores or ranks <= cores:
         return 0.0
-    works = sorted(
-        t * f for t, f in zip(stage_time, stage_busy, strict=True) for _ in range(ranks_per_stage)
-    )
+    works = sorted(w for w in stage_cpu for _ in range(ranks_per_stage))
     elapsed, done = 0.0, 0.0
     for k, work in enumerate(works):
         elapsed += (work - done) * max(1.0, (ranks - k) / cores)

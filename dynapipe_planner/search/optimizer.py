@@ -54,6 +54,7 @@ from .estimator import (
     peak_memory,
     pipeline_time,
     shared_host_time,
+    stage_cpu_s,
     stage_times,
 )
 from .layer_dp import StagePlan, StageSolver
@@ -156,6 +157,8 @@ class _PipelineSearch:
             bwd_bytes=full.bwd_bytes[a:b],
             transform=full.transform[a:b],
             transform_once=full.transform_once[a:b],
+            cpu_nosync=full.cpu_nosync[a:b],
+            cpu_sync=full.cpu_sync[a:b],
         )
 
     def time_bound(self, mb: int, m: int) -> float:
@@ -282,10 +285,12 @@ class _PipelineSearch:
         sync = [g[2] for g in got]
         memory = [float(g[3]) for g in got]
         per_stage = [float((m - 1) * a + b) for a, b in zip(nosync, sync, strict=True)]
-        busy = [self.est.busy_fraction(p.chosen) for p in plans]
+        cpu = [
+            stage_cpu_s(self.tables(stage, a, b, mb, m), p.chosen, m)
+            for stage, ((a, b), p) in enumerate(zip(bounds, plans, strict=True))
+        ]
         total = max(
-            pipeline_time(nosync, sync, m),
-            shared_host_time(self.inputs, per_stage, busy, self.est.group),
+            pipeline_time(nosync, sync, m), shared_host_time(self.inputs, cpu, self.est.group)
         )
         return _Evaluated(float(total), list(partition), plans, memory, per_stage)
 
@@ -782,7 +787,7 @@ def price_plan(
         raise PlanningError(f"strategies {bad} cannot run micro-batches of {mb} on these inputs")
     index = {s: j for j, s in enumerate(unique)}
     est = Estimator(cost_inputs, unique)
-    nosync, sync, memory, busy, start = [], [], [], [], 0
+    nosync, sync, memory, cpu, start = [], [], [], [], 0
     for stage, n in enumerate(partition):
         tables = est.stage_tables(range(start, start + n), stage, mb, m)
         chosen = [index[s] for s in strategies[start : start + n]]
@@ -790,12 +795,12 @@ def price_plan(
         nosync.append(a)
         sync.append(b)
         memory.append(float(peak_memory(tables, chosen)))
-        busy.append(est.busy_fraction(chosen))
+        cpu.append(stage_cpu_s(tables, chosen, m))
         start += n
     per_stage = [float((m - 1) * a + b) for a, b in zip(nosync, sync, strict=True)]
     total = max(
         float(pipeline_time(nosync, sync, m)),
-        shared_host_time(cost_inputs, per_stage, busy, est.group),
+        shared_host_time(cost_inputs, cpu, est.group),
     )
     return PlanPrice(global_batch_size / total, total, per_stage, memory)
 

@@ -46,7 +46,8 @@ micro-batch size whose point was measured, per component and TP degree):
   measured passes' wall time the rank's process was on a core (`cpu_busy_fraction`: all its
   threads' CPU seconds over wall seconds), so that the estimator can bound a plan whose ranks
   outnumber the cores (`estimator.shared_host_time`). A table without them (a GPU's) turns
-  the bound off;
+  the bound off; a multi-rank table also holds the share of FSDP2's added time its rank was on
+  a core (`sdp_layer_cpu_busy_fraction`: its gathers and reduce-scatter wait on the others);
 * the runtime's own cost per micro-batch (not in §V, which prices layers alone): the TP-1
   table's `runtime_s_per_microbatch` at s (a one-layer model through the executor's forward
   step, loss and backward, less its layer and output layer), added to every stage's
@@ -289,6 +290,7 @@ def profiled_cost_inputs(
     sdp_forward = _per_group(tables, "sdp_layer_forward_s", allow_zero=True)
     sdp_backward = _per_group(tables, "sdp_layer_backward_s", allow_zero=True)
     busy = _per_group(tables, "cpu_busy_fraction")
+    sdp_busy = _per_group(tables, "sdp_layer_cpu_busy_fraction", allow_zero=True)
     runtime = _runtime_s(tables, seq_length)
     allreduce, p2p = _topology(measured_bw, num_gpus, tables)
     layer = LayerTypeCosts(
@@ -320,6 +322,7 @@ def profiled_cost_inputs(
         host_cores=_host_cores(tables),
         runtime_s_per_microbatch=runtime,
         cpu_busy_fraction=busy,
+        sdp_cpu_busy_fraction=sdp_busy,
         output_activation_bytes_per_sample=head["activation_bytes"] / b_head,
         seq_length=seq_length,
         description={

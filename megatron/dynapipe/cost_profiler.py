@@ -209,6 +209,14 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _align_tp_ranks() -> None:
+    """Start a timed pass on every rank of a TP group at once: a rank that arrives early at
+    TP's first all-reduce would otherwise time its peers' lateness, which training does not
+    pay pass after pass (the ranks run in step there)."""
+    if mpu.get_tensor_model_parallel_world_size() > 1:
+        torch.distributed.barrier(group=mpu.get_tensor_model_parallel_group())
+
+
 def _is_out_of_memory(err: BaseException) -> bool:
     return isinstance(err, torch.OutOfMemoryError) or (
         isinstance(err, RuntimeError) and "allocate" in str(err)
@@ -232,6 +240,7 @@ def measure_point(
         forward_s, backward_s, cpu_s = [], [], []
         for _ in range(repeats):
             _synchronize(device)
+            _align_tp_ranks()
             t0, cpu0 = time.perf_counter(), time.process_time()
             out = component.forward(*args)
             _synchronize(device)
@@ -486,16 +495,27 @@ class _Weights(torch.nn.Module):
         return x + sum(w.reshape(-1)[0] for w in self.weights)
 
 
+@dataclass(frozen=True)
+class SdpOverhead:
+    """What FSDP2 adds to a layer's forward and backward (s), and the share of that added
+    time the rank's process was on a CPU core."""
+
+    forward_s: float
+    backward_s: float
+    cpu_busy_fraction: float
+
+
 def sdp_layer_overhead_s(
     shapes: list, device: torch.device, warmup: int = 2, repeats: int = 7
-) -> tuple[float, float]:
-    """(forward, backward) seconds FSDP2 adds to a layer with parameters of `shapes` sharded
-    over the world group as `sharded_layers` shards an SDP layer (one unit, resharded after
-    the forward, summed gradients): the all-gather before the forward and before the
-    backward (copy-in, collective, copy-out), the gradients' reduce-scatter after it, its
-    hooks. Medians of `repeats` timed passes after `warmup`, sharded minus replicated, each
-    pass after a barrier (Galvatron-BMW §V prices these transfers as bytes over a bandwidth;
-    on gloo FSDP2's copies and hooks cost as much again, so they are measured)."""
+) -> SdpOverhead:
+    """What FSDP2 adds to a layer with parameters of `shapes` sharded over the world group as
+    `sharded_layers` shards an SDP layer (one unit, resharded after the forward, summed
+    gradients): the all-gather before the forward and before the backward (copy-in,
+    collective, copy-out), the gradients' reduce-scatter after it, its hooks. Medians of
+    `repeats` timed passes after `warmup`, sharded minus replicated, each pass after a
+    barrier (Galvatron-BMW §V prices these transfers as bytes over a bandwidth; on gloo
+    FSDP2's copies and hooks cost as much again, so they are measured); the CPU share is the
+    added CPU seconds (all threads) over the added wall seconds."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
@@ -508,12 +528,12 @@ def sdp_layer_overhead_s(
             fully_shard(module, mesh=mesh, reshard_after_forward=True)
             module.set_gradient_divide_factor(1.0)  # summed, as `sharded_layers` sets it
             module.set_force_sum_reduction_for_comms(True)
-        forward_s, backward_s = [], []
+        forward_s, backward_s, cpu_s = [], [], []
         for i in range(warmup + repeats):
             module.zero_grad(set_to_none=True)
             _synchronize(device)
             torch.distributed.barrier()
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             out = module(x)
             _synchronize(device)
             middle = time.perf_counter()
@@ -522,6 +542,11 @@ def sdp_layer_overhead_s(
             if i >= warmup:
                 forward_s.append(middle - started)
                 backward_s.append(time.perf_counter() - middle)
-        times.append((statistics.median(forward_s), statistics.median(backward_s)))
-    (plain_f, plain_b), (sharded_f, sharded_b) = times
-    return max(sharded_f - plain_f, 0.0), max(sharded_b - plain_b, 0.0)
+                cpu_s.append(time.process_time() - cpu)
+        times.append(tuple(statistics.median(v) for v in (forward_s, backward_s, cpu_s)))
+    (plain_f, plain_b, plain_cpu), (sharded_f, sharded_b, sharded_cpu) = times
+    added = sharded_f + sharded_b - plain_f - plain_b
+    share = (sharded_cpu - plain_cpu) / added if added > 0 else 1.0
+    return SdpOverhead(
+        max(sharded_f - plain_f, 0.0), max(sharded_b - plain_b, 0.0), min(max(share, 0.0), 1.0)
+    )
