@@ -299,6 +299,18 @@ def test_ranks_outnumbering_the_cores_take_the_cpu_seconds_they_need(tables, tmp
     assert price(_on_cores(tables, tmp_path, [1, 1], 0.3)) == alone
 
 
+def test_fsdp2_measured_peak_replaces_the_gathered_weights(tables, tmp_path):
+    def measured(data):
+        data[1]["sdp_layer_transient_bytes"] = {"2": 5_000_000}
+
+    sdp2 = [LayerStrategy(1, ("sdp",), (2,), False)]
+    plain = Estimator(_inputs(tables), sdp2).stage_tables(range(4), 0, 4, 1)
+    traced = Estimator(_inputs(_edited(tables, tmp_path, measured)), sdp2)
+    t = traced.stage_tables(range(4), 0, 4, 1)
+    weights = 4.0 * MODEL.layer_params("decoder")  # fp32: what §V's gather holds
+    assert t.bwd_bytes[0, 0] == pytest.approx(plain.bwd_bytes[0, 0] - weights + 5_000_000)
+
+
 def test_fsdp2_time_counts_at_its_own_cpu_share(tables, tmp_path):
     """An SDP layer's CPU seconds: its compute at the TP degree's busy share, the time FSDP2
     adds at the share measured for it (its collectives wait on the other ranks)."""

@@ -218,10 +218,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             table["allreduce_bus_bandwidth"] = {str(tp): bandwidth}
             table["allreduce_latency_s"] = {str(tp): latency}
             shapes = decoder_layer_shapes(args, vocab_size, device)
-            sdp = sdp_layer_overhead_s(shapes, device)
+            sdp = sdp_layer_overhead_s(shapes, device, dtype=args.params_dtype)
             sdp_forward, sdp_backward = sdp.forward_s, sdp.backward_s
             table["sdp_layer_forward_s"] = {str(tp): sdp_forward}
             table["sdp_layer_backward_s"] = {str(tp): sdp_backward}
+            table["sdp_layer_transient_bytes"] = {str(tp): sdp.transient_bytes}
             if device.type == "cpu":
                 table["sdp_layer_cpu_busy_fraction"] = {str(tp): sdp.cpu_busy_fraction}
             say(

@@ -37,6 +37,7 @@ _BY_GROUP_SIZE = (
     "sdp_forward_s",
     "sdp_backward_s",
     "sdp_cpu_busy_fraction",
+    "sdp_transient_bytes",
     "cpu_busy_fraction",
 )
 # fields whose JSON form `to_dict` / `from_dict` convert (the rest are copied as they are)
@@ -100,6 +101,9 @@ class CostInputs:
     # their copies and hooks); where a size is missing, §V's bytes over the bandwidth.
     sdp_forward_s: dict[int, float] = field(default_factory=dict)
     sdp_backward_s: dict[int, float] = field(default_factory=dict)
+    # FSDP2's measured peak above an SDP layer's (TP 1) sharded state during its forward and
+    # backward, by SDP group size; where missing, §V's gathered weights
+    sdp_transient_bytes: dict[int, float] = field(default_factory=dict)
     # Ranks on CPU cores (profiled tables of a CPU): the cores the job's ranks share (0: each
     # rank has a device of its own, as on GPUs) and, per TP degree, the share of a layer's
     # measured wall time its rank's process spent on a core (`estimator.shared_host_time`).

@@ -142,7 +142,7 @@ class Estimator:
                         self.sdp_measured_bwd[k, j] = inputs.sdp_backward_s[z] / t
                     else:
                         self.sdp_gather[k, j] = (z - 1) / z * shard / sdp_bw[j] + lat
-                    self.gathered[k, j] = shard
+                    self.gathered[k, j] = inputs.sdp_transient_bytes.get(z, lt.param_bytes) / t
                 if s.dp > 1:
                     a = s.dp
                     self.dp_allreduce[k, j] = 2.0 * (a - 1) / a * shard / dp_bw[j] + lat

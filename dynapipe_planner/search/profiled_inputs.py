@@ -40,7 +40,10 @@ micro-batch size whose point was measured, per component and TP degree):
   in place of the gathers' and reduce-scatter's bytes over the bandwidth: on gloo, FSDP2's
   copies and hooks took as long again as its collectives (a decoder layer of hidden 256 on 4
   ranks: 16 ms to gather, 12 ms to reduce-scatter, about 90 ms added per forward and backward).
-  Tables without them keep §V's bytes over the bandwidth;
+  Tables without them keep §V's bytes over the bandwidth. Its memory: FSDP2's measured peak
+  above the layer's sharded state during one forward and backward (`sdp_layer_transient_bytes`:
+  the gathered weights and, beside them, the unsharded gradients and the reduce-scatter's
+  buffers) in place of the gathered weights alone;
 * CPU ranks (not in the paper, whose GPUs each run one rank): tables measured on a CPU hold
   the cores the profiler could run on (`host_cores`) and, per TP degree, the share of the
   measured passes' wall time the rank's process was on a core (`cpu_busy_fraction`: all its
@@ -291,6 +294,7 @@ def profiled_cost_inputs(
     sdp_backward = _per_group(tables, "sdp_layer_backward_s", allow_zero=True)
     busy = _per_group(tables, "cpu_busy_fraction")
     sdp_busy = _per_group(tables, "sdp_layer_cpu_busy_fraction", allow_zero=True)
+    sdp_transient = _per_group(tables, "sdp_layer_transient_bytes", allow_zero=True)
     runtime = _runtime_s(tables, seq_length)
     allreduce, p2p = _topology(measured_bw, num_gpus, tables)
     layer = LayerTypeCosts(
@@ -323,6 +327,7 @@ def profiled_cost_inputs(
         runtime_s_per_microbatch=runtime,
         cpu_busy_fraction=busy,
         sdp_cpu_busy_fraction=sdp_busy,
+        sdp_transient_bytes=sdp_transient,
         output_activation_bytes_per_sample=head["activation_bytes"] / b_head,
         seq_length=seq_length,
         description={

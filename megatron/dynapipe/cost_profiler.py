@@ -485,10 +485,10 @@ class _Weights(torch.nn.Module):
     """Parameters of given shapes whose forward costs next to nothing: what FSDP2 adds to a
     layer is its sharded time minus this module's replicated time."""
 
-    def __init__(self, shapes: list, device: torch.device) -> None:
+    def __init__(self, shapes: list, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__()
         self.weights = torch.nn.ParameterList(
-            torch.nn.Parameter(torch.zeros(shape, device=device)) for shape in shapes
+            torch.nn.Parameter(torch.zeros(shape, device=device, dtype=dtype)) for shape in shapes
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -503,26 +503,34 @@ class SdpOverhead:
     forward_s: float
     backward_s: float
     cpu_busy_fraction: float
+    transient_bytes: int  # FSDP2's peak over its sharded state during one forward + backward
 
 
 def sdp_layer_overhead_s(
-    shapes: list, device: torch.device, warmup: int = 2, repeats: int = 7
+    shapes: list,
+    device: torch.device,
+    warmup: int = 2,
+    repeats: int = 7,
+    dtype: torch.dtype = torch.float32,
 ) -> SdpOverhead:
-    """What FSDP2 adds to a layer with parameters of `shapes` sharded over the world group as
-    `sharded_layers` shards an SDP layer (one unit, resharded after the forward, summed
-    gradients): the all-gather before the forward and before the backward (copy-in,
+    """What FSDP2 adds to a layer with `dtype` parameters of `shapes` sharded over the world
+    group as `sharded_layers` shards an SDP layer (one unit, resharded after the forward,
+    summed gradients): the all-gather before the forward and before the backward (copy-in,
     collective, copy-out), the gradients' reduce-scatter after it, its hooks. Medians of
     `repeats` timed passes after `warmup`, sharded minus replicated, each pass after a
     barrier (Galvatron-BMW §V prices these transfers as bytes over a bandwidth; on gloo
     FSDP2's copies and hooks cost as much again, so they are measured); the CPU share is the
-    added CPU seconds (all threads) over the added wall seconds."""
+    added CPU seconds (all threads) over the added wall seconds. One more sharded pass is
+    traced for memory: its peak above what it leaves (the gathered weights, the unsharded
+    gradients, the reduce-scatter's buffers and gloo's copy of them), which §V prices as the
+    gathered weights alone."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
-    x = torch.zeros(1, device=device, requires_grad=True)
+    x = torch.zeros(1, device=device, dtype=dtype, requires_grad=True)
     times = []
     for sharded in (False, True):
-        module = _Weights(shapes, device)
+        module = _Weights(shapes, device, dtype)
         if sharded:
             mesh = DeviceMesh.from_group(torch.distributed.group.WORLD, device.type)
             fully_shard(module, mesh=mesh, reshard_after_forward=True)
@@ -544,9 +552,16 @@ def sdp_layer_overhead_s(
                 backward_s.append(time.perf_counter() - middle)
                 cpu_s.append(time.process_time() - cpu)
         times.append(tuple(statistics.median(v) for v in (forward_s, backward_s, cpu_s)))
+    module.zero_grad(set_to_none=True)
+    with MemoryTrace(device) as trace, trace.phase("pass"):
+        module(x).sum().backward()
+    traced = trace.phases["pass"]
     (plain_f, plain_b, plain_cpu), (sharded_f, sharded_b, sharded_cpu) = times
     added = sharded_f + sharded_b - plain_f - plain_b
     share = (sharded_cpu - plain_cpu) / added if added > 0 else 1.0
     return SdpOverhead(
-        max(sharded_f - plain_f, 0.0), max(sharded_b - plain_b, 0.0), min(max(share, 0.0), 1.0)
+        max(sharded_f - plain_f, 0.0),
+        max(sharded_b - plain_b, 0.0),
+        min(max(share, 0.0), 1.0),
+        max(traced.peak - traced.end, 0),
     )
