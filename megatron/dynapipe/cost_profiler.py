@@ -503,7 +503,7 @@ class SdpOverhead:
     forward_s: float
     backward_s: float
     cpu_busy_fraction: float
-    transient_bytes: int  # FSDP2's peak over its sharded state during one forward + backward
+    transient_bytes: int  # FSDP2's peak over its sharded state in a stage of such layers
 
 
 def sdp_layer_overhead_s(
@@ -520,10 +520,10 @@ def sdp_layer_overhead_s(
     `repeats` timed passes after `warmup`, sharded minus replicated, each pass after a
     barrier (Galvatron-BMW §V prices these transfers as bytes over a bandwidth; on gloo
     FSDP2's copies and hooks cost as much again, so they are measured); the CPU share is the
-    added CPU seconds (all threads) over the added wall seconds. One more sharded pass is
-    traced for memory: its peak above what it leaves (the gathered weights, the unsharded
-    gradients, the reduce-scatter's buffers and gloo's copy of them), which §V prices as the
-    gathered weights alone."""
+    added CPU seconds (all threads) over the added wall seconds. A stack of such layers is
+    traced for memory (`_fsdp2_stack_transient`): its peak above what it leaves (gathered
+    weights, unsharded gradients, reduce-scatter buffers and gloo's copy of them, of several
+    layers at once), which §V prices as one layer's gathered weights."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
@@ -552,10 +552,7 @@ def sdp_layer_overhead_s(
                 backward_s.append(time.perf_counter() - middle)
                 cpu_s.append(time.process_time() - cpu)
         times.append(tuple(statistics.median(v) for v in (forward_s, backward_s, cpu_s)))
-    module.zero_grad(set_to_none=True)
-    with MemoryTrace(device) as trace, trace.phase("pass"):
-        module(x).sum().backward()
-    traced = trace.phases["pass"]
+    traced = _fsdp2_stack_transient(shapes, device, dtype, x)
     (plain_f, plain_b, plain_cpu), (sharded_f, sharded_b, sharded_cpu) = times
     added = sharded_f + sharded_b - plain_f - plain_b
     share = (sharded_cpu - plain_cpu) / added if added > 0 else 1.0
@@ -563,5 +560,29 @@ def sdp_layer_overhead_s(
         max(sharded_f - plain_f, 0.0),
         max(sharded_b - plain_b, 0.0),
         min(max(share, 0.0), 1.0),
-        max(traced.peak - traced.end, 0),
+        traced,
     )
+
+
+def _fsdp2_stack_transient(
+    shapes: list, device: torch.device, dtype: torch.dtype, x: torch.Tensor, depth: int = 3
+) -> int:
+    """FSDP2's peak over its sharded state during one forward + backward of `depth` such
+    layers, each a unit under one root as `sharded_layers` builds a stage: while one layer's
+    backward runs, the next one's gather is prefetched and the previous one's reduce-scatter
+    buffers are still held, so several layers' buffers are alive at once."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = DeviceMesh.from_group(torch.distributed.group.WORLD, device.type)
+    stack = torch.nn.Sequential(*(_Weights(shapes, device, dtype) for _ in range(depth)))
+    for unit in [*stack, stack]:
+        fully_shard(unit, mesh=mesh, reshard_after_forward=True)
+        unit.set_gradient_divide_factor(1.0)
+        unit.set_force_sum_reduction_for_comms(True)
+    stack(x).sum().backward()  # warm-up: FSDP2 allocates its lazy state at the first pass
+    stack.zero_grad(set_to_none=True)
+    with MemoryTrace(device) as trace, trace.phase("pass"):
+        stack(x).sum().backward()
+    traced = trace.phases["pass"]
+    return max(traced.peak - traced.end, 0)
