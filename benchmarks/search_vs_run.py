@@ -90,7 +90,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget-fraction", type=float, default=0.4)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iterations", type=int, default=4)
-    p.add_argument("--rounds", type=int, default=3, help="runs of every layout, alternated")
+    p.add_argument(
+        "--rounds", type=int, default=None, help="runs of every layout, alternated (3; --quick 2)"
+    )
     p.add_argument("--microbatch-sizes", default="1,2,4,8,16", help="profiled sizes")
     p.add_argument("--repeats", type=int, default=5, help="profiler's timed runs per point")
     p.add_argument("--quick", action="store_true", help="fewer profile points and runs")
@@ -99,7 +101,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.microbatch_sizes, args.repeats = "1,2,4,8", 3
-        args.warmup, args.iterations, args.rounds = 1, 3, 2
+        args.warmup, args.iterations = 1, 3
+    if args.rounds is None:
+        args.rounds = 2 if args.quick else 3
     return args
 
 
