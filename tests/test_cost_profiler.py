@@ -229,9 +229,10 @@ def _fsdp2_overhead(rank: int, world: int) -> tuple[float, float]:
 
 def test_sdp_layer_overhead_is_what_fsdp2_adds_to_each_pass() -> None:
     # sharded, the forward waits for an all-gather and the backward for a second one and a
-    # reduce-scatter; replicated, neither does anything but the (negligible) arithmetic
+    # reduce-scatter; replicated, neither does anything but the (negligible) arithmetic. Which
+    # pass adds more is a race on 2 loaded cores (a CI run saw 4.1 ms forward, 3.4 backward).
     for added in run_ranks(_fsdp2_overhead, 2):
-        assert 0 < added.forward_s < added.backward_s < 1.0
+        assert 0 < added.forward_s < 1.0 and 0 < added.backward_s < 1.0
         assert 0 <= added.cpu_busy_fraction <= 1.0
         # at its peak FSDP2 holds at least the gathered weights (fp32) beside the shard
         assert added.transient_bytes >= 4 * (256 * 64 + 256 + 64 * 256)
