@@ -52,6 +52,21 @@ View view(const Matrix& m, int64_t rows, int64_t cols, const char* name) {
   return View{m.data(), cols};
 }
 
+// (micro-batches, stages) of the (M, C) matrix `m` that sizes a pipeline: at least one stage.
+std::pair<int64_t, int64_t> pipeline_dims(const Matrix& m, const char* name) {
+  if (m.ndim() != 2) throw std::invalid_argument(std::string(name) + " must be (M, C)");
+  if (m.shape(1) < 1) {
+    throw std::invalid_argument(std::string(name) + " must have at least one stage");
+  }
+  return {m.shape(0), m.shape(1)};
+}
+
+void check_limit(const Matrix& limit, int64_t num_stages) {
+  if (limit.ndim() != 1 || limit.shape(0) != num_stages) {
+    throw std::invalid_argument("limit: shape does not match the pipeline");
+  }
+}
+
 Orders one_f_one_b(int64_t num_stages, int64_t num_mb) {
   Orders orders(num_stages);
   for (int64_t stage = 0; stage < num_stages; ++stage) {
@@ -349,14 +364,10 @@ void register_schedule(py::module_& m) {
       "adaptive_schedule",
       [](const Matrix& activation, const Matrix& limit, std::optional<int64_t> max_inflight,
          const Matrix& transient) {
-        if (activation.ndim() != 2) throw std::invalid_argument("activation must be (M, C)");
-        const int64_t num_mb = activation.shape(0), num_stages = activation.shape(1);
-        if (num_stages < 1) throw std::invalid_argument("activation must have at least one stage");
+        const auto [num_mb, num_stages] = pipeline_dims(activation, "activation");
         const View act = view(activation, num_mb, num_stages, "activation");
         const View tra = view(transient, num_mb, num_stages, "transient");
-        if (limit.ndim() != 1 || limit.shape(0) != num_stages) {
-          throw std::invalid_argument("limit: shape does not match the pipeline");
-        }
+        check_limit(limit, num_stages);
         if (max_inflight && *max_inflight < 1) {
           throw std::invalid_argument("max_inflight must be None or at least 1");
         }
@@ -375,9 +386,7 @@ void register_schedule(py::module_& m) {
       "schedule_timeline",
       [](const Orders& orders, const Matrix& forward, const Matrix& backward,
          const Matrix& act_comm, const Matrix& grad_comm) {
-        if (forward.ndim() != 2) throw std::invalid_argument("forward must be (M, C)");
-        const int64_t num_mb = forward.shape(0), num_stages = forward.shape(1);
-        if (num_stages < 1) throw std::invalid_argument("forward must have at least one stage");
+        const auto [num_mb, num_stages] = pipeline_dims(forward, "forward");
         const View fwd = view(forward, num_mb, num_stages, "forward");
         const View bwd = view(backward, num_mb, num_stages, "backward");
         const View act = view(act_comm, num_mb, num_stages - 1, "act_comm");
@@ -418,18 +427,14 @@ void register_schedule(py::module_& m) {
          const Matrix& activation, const Matrix& transient, const Matrix& limit,
          const Matrix& forward, const Matrix& backward, const Matrix& act_comm,
          const Matrix& grad_comm) {
-        if (activation.ndim() != 2) throw std::invalid_argument("activation must be (M, C)");
-        const int64_t num_mb = activation.shape(0), num_stages = activation.shape(1);
-        if (num_stages < 1) throw std::invalid_argument("activation must have at least one stage");
+        const auto [num_mb, num_stages] = pipeline_dims(activation, "activation");
         const View act = view(activation, num_mb, num_stages, "activation");
         const View tra = view(transient, num_mb, num_stages, "transient");
         const View fwd = view(forward, num_mb, num_stages, "forward");
         const View bwd = view(backward, num_mb, num_stages, "backward");
         const View ac = view(act_comm, num_mb, num_stages - 1, "act_comm");
         const View gc = view(grad_comm, num_mb, num_stages - 1, "grad_comm");
-        if (limit.ndim() != 1 || limit.shape(0) != num_stages) {
-          throw std::invalid_argument("limit: shape does not match the pipeline");
-        }
+        check_limit(limit, num_stages);
         for (const Order& order : injection) {
           std::vector<bool> seen(num_mb, false);
           if (static_cast<int64_t>(order.size()) != num_mb) {
