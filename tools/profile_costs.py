@@ -219,16 +219,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             table["allreduce_latency_s"] = {str(tp): latency}
             shapes = decoder_layer_shapes(args, vocab_size, device)
             sdp = sdp_layer_overhead_s(shapes, device, dtype=args.params_dtype)
-            sdp_forward, sdp_backward = sdp.forward_s, sdp.backward_s
-            table["sdp_layer_forward_s"] = {str(tp): sdp_forward}
-            table["sdp_layer_backward_s"] = {str(tp): sdp_backward}
+            table["sdp_layer_forward_s"] = {str(tp): sdp.forward_s}
+            table["sdp_layer_backward_s"] = {str(tp): sdp.backward_s}
             table["sdp_layer_transient_bytes"] = {str(tp): sdp.transient_bytes}
             if device.type == "cpu":
                 table["sdp_layer_cpu_busy_fraction"] = {str(tp): sdp.cpu_busy_fraction}
             say(
                 f"all-reduce bus bandwidth over {tp} ranks: {bandwidth / 1e9:.3f} GB/s, "
                 f"latency {latency * 1e3:.3f} ms; FSDP2 on a decoder layer over {tp} ranks: "
-                f"forward +{sdp_forward * 1e3:.2f} ms, backward +{sdp_backward * 1e3:.2f} ms"
+                f"forward +{sdp.forward_s * 1e3:.2f} ms, backward +{sdp.backward_s * 1e3:.2f} ms"
             )
     finally:
         ps.destroy()

@@ -104,13 +104,13 @@ class CostInputs:
     # FSDP2's measured peak above an SDP layer's (TP 1) sharded state during its forward and
     # backward, by SDP group size; where missing, §V's gathered weights
     sdp_transient_bytes: dict[int, float] = field(default_factory=dict)
+    # What one micro-batch costs a stage's rank beyond its layers (profiled, TP 1: the batch,
+    # the embedding lookup, the model's and loss's plumbing).
+    runtime_s_per_microbatch: float = 0.0
     # Ranks on CPU cores (profiled tables of a CPU): the cores the job's ranks share (0: each
     # rank has a device of its own, as on GPUs) and, per TP degree, the share of a layer's
     # measured wall time its rank's process spent on a core (`estimator.shared_host_time`).
     host_cores: int = 0
-    # What one micro-batch costs a stage's rank beyond its layers (profiled, TP 1: the batch,
-    # the embedding lookup, the model's and loss's plumbing).
-    runtime_s_per_microbatch: float = 0.0
     cpu_busy_fraction: dict[int, float] = field(default_factory=dict)
     # by SDP group size: the share of the time FSDP2 adds (`sdp_forward_s` + `sdp_backward_s`)
     # that the rank is on a core

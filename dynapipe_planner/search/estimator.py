@@ -303,6 +303,12 @@ def pipeline_time(nosync: list[float], sync: list[float], num_micro: int) -> flo
     return (num_micro - 1) * max(nosync) + sum(sync)
 
 
+def shares_cores(inputs: CostInputs, ranks: int) -> bool:
+    """Whether `ranks` ranks outnumber the CPU cores they share (never on devices of their
+    own: no `host_cores`)."""
+    return 0 < inputs.host_cores < ranks
+
+
 def shared_host_time(inputs: CostInputs, stage_cpu: list[float], ranks_per_stage: int) -> float:
     """The iteration time of ranks sharing `inputs.host_cores` CPU cores, each rank doing its
     stage's CPU work (`stage_cpu_s`). The cores are shared equally by the ranks with work
@@ -312,13 +318,12 @@ def shared_host_time(inputs: CostInputs, stage_cpu: list[float], ranks_per_stage
     cores): the total over the cores when every rank stays busy to the end, the largest work
     when the cores outnumber the ranks. 0 where each rank has a device of its own (no
     `host_cores`) or the ranks do not outnumber the cores."""
-    cores = inputs.host_cores
     ranks = ranks_per_stage * len(stage_cpu)
-    if not cores or ranks <= cores:
+    if not shares_cores(inputs, ranks):
         return 0.0
     works = sorted(w for w in stage_cpu for _ in range(ranks_per_stage))
     elapsed, done = 0.0, 0.0
     for k, work in enumerate(works):
-        elapsed += (work - done) * max(1.0, (ranks - k) / cores)
+        elapsed += (work - done) * max(1.0, (ranks - k) / inputs.host_cores)
         done = work
     return float(elapsed)

@@ -54,6 +54,7 @@ from .estimator import (
     peak_memory,
     pipeline_time,
     shared_host_time,
+    shares_cores,
     stage_cpu_s,
     stage_times,
 )
@@ -285,13 +286,13 @@ class _PipelineSearch:
         sync = [g[2] for g in got]
         memory = [float(g[3]) for g in got]
         per_stage = [float((m - 1) * a + b) for a, b in zip(nosync, sync, strict=True)]
-        cpu = [
-            stage_cpu_s(self.tables(stage, a, b, mb, m), p.chosen, m)
-            for stage, ((a, b), p) in enumerate(zip(bounds, plans, strict=True))
-        ]
-        total = max(
-            pipeline_time(nosync, sync, m), shared_host_time(self.inputs, cpu, self.est.group)
-        )
+        total = pipeline_time(nosync, sync, m)
+        if shares_cores(self.inputs, self.est.group * self.pp):
+            cpu = [
+                stage_cpu_s(self.tables(stage, a, b, mb, m), p.chosen, m)
+                for stage, ((a, b), p) in enumerate(zip(bounds, plans, strict=True))
+            ]
+            total = max(total, shared_host_time(self.inputs, cpu, self.est.group))
         return _Evaluated(float(total), list(partition), plans, memory, per_stage)
 
     def _stage_time(self, mb: int, m: int) -> StageCost:

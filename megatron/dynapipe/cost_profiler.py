@@ -24,6 +24,7 @@ that exceed the grid's token cap, are `null` (infeasible for the planner).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import time
@@ -35,6 +36,7 @@ import torch
 from megatron.core import parallel_state as mpu
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from torch.distributed.device_mesh import DeviceMesh
 
 from dynapipe_planner.cost.profiled import FORMAT
 from dynapipe_planner.megatron_model import spec_from_args
@@ -49,6 +51,7 @@ from .memory import (
 from .model import build_gpt_model
 from .model_flags import dtype_name
 from .pipeline.executor import gpt_forward_step, masked_token_loss
+from .sharded_layers import shard_unit
 
 COMPONENTS = ("embedding", "decoder_layer", "lm_head")
 
@@ -369,19 +372,18 @@ def runtime_overhead_s(
             attention_mask=torch.ones(s, s, dtype=torch.bool).triu(1)[None, None],
             num_tokens=s,
         )
-        times = []
-        for run in range(warmup + repeats):
-            _synchronize(device)
-            started = time.perf_counter()
-            output, loss_func = gpt_forward_step(iter([batch]), built.model)
-            torch.autograd.backward(loss_func(output)[0])
-            _synchronize(device)
-            if run >= warmup:
-                times.append(time.perf_counter() - started)
+        step = functools.partial(_one_sample_step, built.model, batch)
+        whole = _median_s(step, device, warmup, repeats)
         pieces = [e[name][0][col] for e in priced.values() for name in ("forward_s", "backward_s")]
         if None not in pieces:
-            overhead[str(s)] = max(0.0, statistics.median(times) - sum(pieces))
+            overhead[str(s)] = max(0.0, whole - sum(pieces))
     return overhead
+
+
+def _one_sample_step(model: DistributedDataParallel, batch: MicroBatchTensors) -> None:
+    """One micro-batch through the executor's forward step, loss and backward."""
+    output, loss_func = gpt_forward_step(iter([batch]), model)
+    torch.autograd.backward(loss_func(output)[0])
 
 
 def cpu_busy_fraction(measured: list[PointCost]) -> float:
@@ -455,12 +457,28 @@ def _median_allreduce_s(
 ) -> float:
     """The median seconds of `repeats` all-reduces of `tensor` over the world group, each
     after a barrier, following `warmup` untimed ones."""
+    return _median_s(
+        lambda: torch.distributed.all_reduce(tensor), device, warmup, repeats, barrier=True
+    )
+
+
+def _median_s(
+    run: Callable[[], object],
+    device: torch.device,
+    warmup: int,
+    repeats: int,
+    *,
+    barrier: bool = False,
+) -> float:
+    """The median seconds of `repeats` calls of `run` after `warmup` untimed ones, the device
+    synchronised around each (and, with `barrier`, the world group aligned before each)."""
     times = []
     for i in range(warmup + repeats):
         _synchronize(device)
-        torch.distributed.barrier()
+        if barrier:
+            torch.distributed.barrier()
         started = time.perf_counter()
-        torch.distributed.all_reduce(tensor)
+        run()
         _synchronize(device)
         if i >= warmup:
             times.append(time.perf_counter() - started)
@@ -524,18 +542,13 @@ def sdp_layer_overhead_s(
     traced for memory (`_fsdp2_stack_transient`): its peak above what it leaves (gathered
     weights, unsharded gradients, reduce-scatter buffers and gloo's copy of them, of several
     layers at once), which §V prices as one layer's gathered weights."""
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
-
+    mesh = DeviceMesh.from_group(torch.distributed.group.WORLD, device.type)
     x = torch.zeros(1, device=device, dtype=dtype, requires_grad=True)
     times = []
     for sharded in (False, True):
         module = _Weights(shapes, device, dtype)
         if sharded:
-            mesh = DeviceMesh.from_group(torch.distributed.group.WORLD, device.type)
-            fully_shard(module, mesh=mesh, reshard_after_forward=True)
-            module.set_gradient_divide_factor(1.0)  # summed, as `sharded_layers` sets it
-            module.set_force_sum_reduction_for_comms(True)
+            shard_unit(module, mesh)
         forward_s, backward_s, cpu_s = [], [], []
         for i in range(warmup + repeats):
             module.zero_grad(set_to_none=True)
@@ -552,7 +565,7 @@ def sdp_layer_overhead_s(
                 backward_s.append(time.perf_counter() - middle)
                 cpu_s.append(time.process_time() - cpu)
         times.append(tuple(statistics.median(v) for v in (forward_s, backward_s, cpu_s)))
-    traced = _fsdp2_stack_transient(shapes, device, dtype, x)
+    traced = _fsdp2_stack_transient(shapes, device, dtype, x, mesh)
     (plain_f, plain_b, plain_cpu), (sharded_f, sharded_b, sharded_cpu) = times
     added = sharded_f + sharded_b - plain_f - plain_b
     share = (sharded_cpu - plain_cpu) / added if added > 0 else 1.0
@@ -565,21 +578,23 @@ def sdp_layer_overhead_s(
 
 
 def _fsdp2_stack_transient(
-    shapes: list, device: torch.device, dtype: torch.dtype, x: torch.Tensor, depth: int = 3
+    shapes: list,
+    device: torch.device,
+    dtype: torch.dtype,
+    x: torch.Tensor,
+    mesh: DeviceMesh,
+    depth: int = 3,
 ) -> int:
     """FSDP2's peak over its sharded state during one forward + backward of `depth` such
     layers, each a unit under one root as `sharded_layers` builds a stage: while one layer's
     backward runs, the next one's gather is prefetched and the previous one's reduce-scatter
     buffers are still held, so several layers' buffers are alive at once."""
-    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = DeviceMesh.from_group(torch.distributed.group.WORLD, device.type)
     stack = torch.nn.Sequential(*(_Weights(shapes, device, dtype) for _ in range(depth)))
-    for unit in [*stack, stack]:
-        fully_shard(unit, mesh=mesh, reshard_after_forward=True)
-        unit.set_gradient_divide_factor(1.0)
-        unit.set_force_sum_reduction_for_comms(True)
+    for unit in stack:
+        shard_unit(unit, mesh)
+    fully_shard(stack, mesh=mesh, reshard_after_forward=True)  # the root, as `sharded_layers`
     stack(x).sum().backward()  # warm-up: FSDP2 allocates its lazy state at the first pass
     stack.zero_grad(set_to_none=True)
     with MemoryTrace(device) as trace, trace.phase("pass"):

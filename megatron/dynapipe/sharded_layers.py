@@ -65,16 +65,23 @@ def shard_layers(model: torch.nn.Module, layers: Collection[int]) -> list[int]:
             # FSDP2's sharded parameters are new objects; megatron-core reads its attributes
             # (tensor_model_parallel, partition_dim ...) from them to count TP shards once
             attributes = {name: dict(vars(p)) for name, p in module.named_parameters()}
-            fully_shard(module, mesh=mesh, reshard_after_forward=True)
+            shard_unit(module, mesh)
             for name, p in module.named_parameters():
                 for key, value in attributes[name].items():
                     setattr(p, key, value)
-            module.set_gradient_divide_factor(1.0)  # sum, as Megatron's DDP under a
-            module.set_force_sum_reduction_for_comms(True)  # per-token loss
             sharded.append(module.layer_number - 1)
     if sharded:
         _share_one_root(model, mesh)
     return sorted(sharded)
+
+
+def shard_unit(module: torch.nn.Module, mesh: DeviceMesh) -> None:
+    """Shard `module` as one FSDP2 unit of an SDP layer: resharded after the forward pass,
+    gradients summed over the group (as Megatron's DDP under a per-token loss), not averaged.
+    The cost profiler measures FSDP2 on units sharded by this same call."""
+    fully_shard(module, mesh=mesh, reshard_after_forward=True)
+    module.set_gradient_divide_factor(1.0)
+    module.set_force_sum_reduction_for_comms(True)
 
 
 def _share_one_root(model: torch.nn.Module, mesh: DeviceMesh) -> None:
