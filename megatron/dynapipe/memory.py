@@ -16,14 +16,16 @@ table and the run are measured with the same instrument:
   Frees made on other threads are not reported either, and gloo makes many: its worker thread
   holds a collective's tensors until the collective is done, and when the caller has already
   dropped them (a TP all-reduce's partial sums) the worker's
-  release is the free. Replayed as reported, those blocks would stay live to the trace's end
-  (measured: 6-14 MiB of TP4 partial sums per rank, a different amount on each rank of one TP
-  group, by the race between the caller and the worker). `_replay` restores the missing frees
-  from what is certain: a block never seen freed was freed before its address was allocated
-  again, and a block a collective took was freed when the last collective that took it ended
-  (unless it is still alive when the trace ends): the worker releases it right after the
-  collective; for an asynchronous one, which the trace shows only as its start, that is
-  early by the time until its wait.
+  release is the free; so is the release of the buffers a collective allocates for its worker
+  (gloo's reduce-scatter clones its input and output: 2 x 3 MiB per FSDP2 layer here).
+  Replayed as reported, those blocks would stay live to the trace's end (measured: 6-14 MiB
+  of TP4 partial sums per rank, a different amount on each rank of one TP group, by the race
+  between the caller and the worker; 6-12 MiB of FSDP2's reduce-scatter copies on SDP4 ranks).
+  `_replay` restores the missing frees from what is certain: a block never seen freed was
+  freed before its address was allocated again, and a block a collective took or allocated
+  was freed when the last collective that did so ended (unless it is still alive when the
+  trace ends): the worker releases it right after the collective; for an asynchronous one,
+  which the trace shows only as its start, that is early by the time until its wait.
 
 Kineto prints a line per CPU trace unless `KINETO_LOG_LEVEL=5` is set before torch is imported
 (the command-line tools do so).
@@ -194,22 +196,28 @@ def _trace_events(
 ) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, str]], dict[int, list[int]]]:
     """From the profiler's event tree: the CPU allocator's events (time, address, bytes; a
     free has negative bytes) in time order, the phase windows, and for every address a
-    collective (`c10d::` op) took, when each such collective ended (in time order)."""
+    collective (`c10d::` op) took or allocated, when each such collective ended (in time
+    order). What a collective allocates inside its op is its own buffer for the worker thread
+    (gloo's reduce-scatter clones its input and output, its all-gather allocates a staging
+    buffer), which the worker frees when the collective is done."""
     allocations, windows, collective_ends = [], [], {}
-    stack = list(tree)
+    stack = [(event, None) for event in tree]  # (event, end of the collective it is inside)
     while stack:
-        event = stack.pop()
-        stack.extend(event.children)
+        event, inside = stack.pop()
         if event.tag == _EventType.Allocation:
             fields = event.extra_fields
             if fields.device.type == "cpu":
                 allocations.append((event.start_time_ns, fields.ptr, fields.alloc_size))
+                if inside is not None and fields.alloc_size > 0:
+                    collective_ends.setdefault(fields.ptr, []).append(inside)
         elif event.tag == _EventType.TorchOp:
             if event.name.startswith(_PHASE):
                 windows.append((event.start_time_ns, event.end_time_ns, event.name[len(_PHASE) :]))
             elif event.name.startswith("c10d::"):
+                inside = event.end_time_ns
                 for pointer in _tensor_addresses(event.extra_fields.inputs):
-                    collective_ends.setdefault(pointer, []).append(event.end_time_ns)
+                    collective_ends.setdefault(pointer, []).append(inside)
+        stack.extend((child, inside) for child in event.children)
     allocations.sort(key=lambda a: (a[0], a[2] > 0))
     windows.sort()
     for ends in collective_ends.values():
