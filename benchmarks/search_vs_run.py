@@ -4,8 +4,10 @@ cost estimator, App. D "Estimation Performance"; issue #20's acceptance), on 4 C
 1. Profile cost tables of the model on this machine in this run: TP 1 on one process, TP 2 and
    TP 4 under torchrun on 2 and 4 processes (`tools/profile_costs.py`, one thread per rank as
    torchrun gives training ranks; the multi-rank ones also measure gloo's all-reduce
-   bandwidth). The 4 training ranks share the machine's cores, so the tables are measured the
-   same way: 4 / TP profilers at once, 4 processes in all.
+   bandwidth), with the runs' flags (dropout off). The 4 training ranks share the machine's
+   cores, so the tables are measured the same way: 4 / TP profilers at once, 4 processes in
+   all. The host's speed drifts (the same layer's forward measured 9.3 and 10.4 ms alone 20
+   minutes apart), so every round profiles anew and its runs are predicted from its tables.
 2. Set a per-rank memory budget that forbids plain DP: `--budget-fraction` (0.4) of the least
    peak the estimator gives uniform DP4 without recomputation over every micro-batch count
    (low enough that the search has to mix checkpointed and plain layers).
@@ -19,14 +21,15 @@ cost estimator, App. D "Estimation Performance"; issue #20's acceptance), on 4 C
    data (91% of the samples full length at 128 tokens, padded to the longest per micro-batch),
    `--warmup` + `--iterations` iterations, plus a last one traced by `--log-peak-memory`;
    `--rounds` times, the layouts in turn and the order reversed every other round (A B C C B
-   A ...), so that the machine's drift falls on all of them alike.
+   A ...), so that the machine's drift falls on all of them alike. The plans stay those of
+   step 3; each round prices them again with its own tables (`price_plan`).
 5. Print per layout the measured tokens/s and iteration time (per round the median over its
    measured iterations; printed: the median over the rounds and their range), the iteration
-   time against the search's predicted one (Eq. 9; the measurement also holds the optimiser
-   step, which the prediction leaves out), and the largest rank's traced peak tensor memory
-   (median over the rounds) against the largest predicted stage peak; then the targets: memory
-   within 10%, time within 15%, searched >= best uniform in tokens/s. A target missed is
-   printed as a MISS.
+   time against the estimator's (Eq. 9 and the shared-core bound; the measurement also holds
+   the optimiser step, which the prediction leaves out), and the largest rank's traced peak
+   tensor memory against the largest predicted stage peak, each error taken per round and its
+   median printed; then the targets: memory within 10%, time within 15%, searched >= best
+   uniform in tokens/s. A target missed is printed as a MISS.
 
 `--quick` profiles fewer points and, of a layout and its CKPT twin that both fit, runs the
 one predicted faster (skipped rows say so). Not a test: CPU
@@ -60,6 +63,7 @@ from benchmarks.torchrun_runs import (
 from dynapipe_planner.errors import PlanningError
 from dynapipe_planner.model_spec import ModelSpec
 from dynapipe_planner.search import (
+    CostInputs,
     LayerStrategy,
     SearchResult,
     price_plan,
@@ -72,6 +76,9 @@ from dynapipe_planner.search.runnable import runnable_search
 
 WORLD = 4
 MiB = 2**20
+# Dropout off in the runs (the layouts' losses then agree) and so in the profiles too: on a CPU
+# its random masks are a third of a TP-4 layer's forward (measured 6.5 of 16 ms CPU at b=8).
+NO_DROPOUT = ["--hidden-dropout", "0", "--attention-dropout", "0"]
 UNIFORM = [  # name, PP degree, decision tree (root -> leaf)
     ("DP4", 1, ("dp",), (4,)),
     ("SDP4", 1, ("sdp",), (4,)),
@@ -113,9 +120,11 @@ def _load() -> str:
 
 
 def profile(args: argparse.Namespace, out: Path) -> list[Path]:
-    """One cost table per TP degree, measured now on this machine as the job's ranks run: the
-    4 ranks share its cores, so 4 / TP profilers of TP degree TP run at once (every process
-    with one thread), and the first one's table is kept."""
+    """One cost table per TP degree in `out`, measured now on this machine as the job's ranks
+    run: the 4 ranks share its cores, so 4 / TP profilers of TP degree TP run at once (every
+    process with one thread; their timed passes overlap only in part), and the first one's
+    table is kept."""
+    out.mkdir(parents=True, exist_ok=True)
     paths = []
     env = {**os.environ, "OMP_NUM_THREADS": "1", "KINETO_LOG_LEVEL": "6"}
     for tp in (1, 2, 4):
@@ -129,6 +138,7 @@ def profile(args: argparse.Namespace, out: Path) -> list[Path]:
                              "--master-port", str(free_port())]  # fmt: skip
             cmd = [
                 *launcher, str(ROOT / "tools" / "profile_costs.py"), *model_flags(args),
+                *NO_DROPOUT,
                 "--tensor-model-parallel-size", str(tp), "--seqlens", str(args.seq_length),
                 "--microbatch-sizes", args.microbatch_sizes, "--repeats", str(args.repeats),
                 "--cpu-threads", "1", "--output", str(path),
@@ -156,6 +166,9 @@ class Layout:
     tps_rounds: list[float] = field(default_factory=list)  # per round: median of its iterations
     seconds_rounds: list[float] = field(default_factory=list)
     peak_rounds: list[float] = field(default_factory=list)
+    # per round: the plan priced with that round's cost tables
+    predicted_s_rounds: list[float] = field(default_factory=list)
+    predicted_peak_rounds: list[float] = field(default_factory=list)
 
     @property
     def tps(self) -> float:
@@ -170,8 +183,30 @@ class Layout:
         return statistics.median(self.peak_rounds)
 
     @property
+    def predicted_s(self) -> float:
+        return statistics.median(self.predicted_s_rounds)
+
+    @property
     def predicted_peak(self) -> float:
-        return max(self.result.stage_memory_bytes)
+        return statistics.median(self.predicted_peak_rounds)
+
+    @property
+    def time_error(self) -> float:
+        """The median over the rounds of each round's error (its tables against its run)."""
+        pairs = zip(self.seconds_rounds, self.predicted_s_rounds, strict=True)
+        return statistics.median(_error(measured, predicted) for measured, predicted in pairs)
+
+    @property
+    def memory_error(self) -> float:
+        pairs = zip(self.peak_rounds, self.predicted_peak_rounds, strict=True)
+        return statistics.median(_error(measured, predicted) for measured, predicted in pairs)
+
+    def price(self, inputs: CostInputs, batch: int) -> None:
+        """Predict this round's run from this round's cost tables."""
+        r = self.result
+        price = price_plan(inputs, r.strategies, r.partition, r.num_microbatches, batch)
+        self.predicted_s_rounds.append(price.iteration_time_s)
+        self.predicted_peak_rounds.append(max(price.stage_memory_bytes))
 
 
 def uniform_layout(model, inputs, budget, batch, name, pp, order, degrees, ckpt) -> Layout:
@@ -208,7 +243,7 @@ def run_layout(layout: Layout, model: ModelSpec, args, out: Path) -> None:
     write_plan(layout.result, path, model, seq_length=args.seq_length, num_gpus=WORLD)
     argv = [
         *model_flags(args), "--parallel-plan", str(path), "--data-path", "synthetic:webcode",
-        "--seed", "1234", "--hidden-dropout", "0", "--attention-dropout", "0", "--lr", "1e-4",
+        "--seed", "1234", *NO_DROPOUT, "--lr", "1e-4",
         "--lr-decay-style", "constant", "--log-interval", "1", "--split", "1,0,0",
         "--eval-iters", "0", "--log-peak-memory",
         "--train-iters", str(args.warmup + args.iterations + 1),
@@ -245,15 +280,16 @@ def report(layouts: list[Layout], searched: Layout) -> list[str]:
         lines.append(
             f"{layout.name:<22}{layout.tps:>10,.0f}{layout.measured_s:>9.3f}"
             f"{min(layout.seconds_rounds):>8.3f}-{max(layout.seconds_rounds):<5.3f}"
-            f"{r.iteration_time_s:>9.3f}{_error(layout.measured_s, r.iteration_time_s):>+8.1%}"
+            f"{layout.predicted_s:>9.3f}{layout.time_error:>+8.1%}"
             f"{layout.measured_peak / MiB:>10.1f}{layout.predicted_peak / MiB:>10.1f}"
-            f"{_error(layout.measured_peak, layout.predicted_peak):>+8.1%}  "
+            f"{layout.memory_error:>+8.1%}  "
             f"m={r.num_microbatches}, partition {r.partition}"
         )
     lines.append(
-        "err = (predicted - measured) / measured; iter s: median over the rounds of each "
-        "round's median iteration (optimiser step included), range s: the rounds' lowest and "
-        "highest; peak MiB: the largest rank's traced peak tensor memory (median over the rounds)"
+        "err = (predicted - measured) / measured in each round (its cost tables against its "
+        "run), median over the rounds; iter s: median over the rounds of each round's median "
+        "iteration (optimiser step included), range s: the rounds' lowest and highest; pred: "
+        "median over the rounds; peak MiB: the largest rank's traced peak tensor memory"
     )
     return lines
 
@@ -262,8 +298,7 @@ def targets(layouts: list[Layout], searched: Layout) -> list[str]:
     ran = [x for x in [searched, *layouts] if not x.why_not]
     lines = []
     for x in ran:
-        mem = abs(_error(x.measured_peak, x.predicted_peak))
-        time_err = abs(_error(x.measured_s, x.result.iteration_time_s))
+        mem, time_err = abs(x.memory_error), abs(x.time_error)
         lines.append(
             f"{x.name}: memory error {mem:.1%} ({'ok' if mem <= 0.10 else 'MISS'}, target 10%); "
             f"time error {time_err:.1%} ({'ok' if time_err <= 0.15 else 'MISS'}, target 15%)"
@@ -295,8 +330,8 @@ def _record(x: Layout) -> dict:
         "tokens_per_s_rounds": x.tps_rounds,
         "measured_s_rounds": x.seconds_rounds,
         "measured_peak_bytes_rounds": x.peak_rounds,
-        "predicted_s": x.result.iteration_time_s if x.result else None,
-        "predicted_peak_bytes": x.predicted_peak if x.result else None,
+        "predicted_s_rounds": x.predicted_s_rounds,
+        "predicted_peak_bytes_rounds": x.predicted_peak_rounds,
     }
 
 
@@ -305,8 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     print(f"search vs run on {WORLD} CPU ranks; start {_load()} (the machine is shared)")
-    tables = profile(args, out)
-    data = read_cost_tables(tables)
+    data = read_cost_tables(profile(args, out / "round1"))
     model = ModelSpec.from_dict({**data[0]["model"], "name": "tiny-gpt"})
     inputs = profiled_cost_inputs(model, data, WORLD, seq_length=args.seq_length)
     batch = args.global_batch_size
@@ -328,10 +362,17 @@ def main(argv: list[str] | None = None) -> None:
             slower.why_not = f"skipped (--quick: {faster.name} is predicted faster)"
         layouts += [plain, ckpt]
     runnable = [x for x in [searched, *layouts] if not x.why_not]
+    profiled_round = 0
     for round_, layout in alternating(runnable, args.rounds):
+        if round_ != profiled_round:  # the host's speed drifts: every round profiles anew
+            data = read_cost_tables(profile(args, out / f"round{round_ + 1}"))
+            inputs = profiled_cost_inputs(model, data, WORLD, seq_length=args.seq_length)
+            profiled_round = round_
         if not layout.why_not:  # a failed run drops the layout from the later rounds
             print(f"  round {round_ + 1}:", end="", flush=True)
             run_layout(layout, model, args, out)
+            if not layout.why_not:
+                layout.price(inputs, batch)
     lines = [
         f"search vs run: {WORLD} CPU ranks (gloo, 1 thread each), {model.num_layers} layers, "
         f"hidden {model.hidden_size}, seq {args.seq_length}, global batch {batch}, budget "
