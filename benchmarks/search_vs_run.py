@@ -6,7 +6,9 @@ cost estimator, App. D "Estimation Performance"; issue #20's acceptance), on 4 C
    torchrun gives training ranks; the multi-rank ones also measure gloo's all-reduce
    bandwidth), with the runs' flags (dropout off). The 4 training ranks share the machine's
    cores, so the tables are measured the same way: 4 / TP profilers at once, 4 processes in
-   all. The host's speed drifts (the same layer's forward measured 9.3 and 10.4 ms alone 20
+   all; the TP-1 profile also measures a layer's CPU seconds beside 3 more processes
+   (`cpu_contention_factor`, which the search applies where ranks outnumber cores). The
+   host's speed drifts (the same layer's forward measured 9.3 and 10.4 ms alone 20
    minutes apart), so every round profiles anew and its runs are predicted from its tables.
 2. Set a per-rank memory budget that forbids plain DP: `--budget-fraction` (0.4) of the least
    peak the estimator gives uniform DP4 without recomputation over every micro-batch count
@@ -143,6 +145,8 @@ def profile(args: argparse.Namespace, out: Path) -> list[Path]:
                 "--microbatch-sizes", args.microbatch_sizes, "--repeats", str(args.repeats),
                 "--cpu-threads", "1", "--output", str(path),
             ]  # fmt: skip
+            if tp == 1 and copy == 0:  # the CPU seconds of a layer beside the 3 other ranks
+                cmd += ["--cpu-contention-ranks", str(WORLD)]
             proc = subprocess.Popen(
                 cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
             )

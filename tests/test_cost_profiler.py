@@ -175,6 +175,22 @@ def test_activation_bytes_are_saved_tensors_plus_output() -> None:
         assert saved <= measured <= saved + slack, (name, measured, saved)
 
 
+def test_cpu_contention_factor_times_a_layer_beside_forked_copies() -> None:
+    import multiprocessing
+
+    from megatron.dynapipe.cost_profiler import cpu_contention_factor
+
+    def factor() -> tuple[float, int]:
+        ratio = cpu_contention_factor(
+            _args(), SPEC.vocab_size, torch.device("cpu"), 3, 2, 64, warmup=1, repeats=3
+        )
+        return ratio, len(multiprocessing.active_children())
+
+    ratio, left = _in_one_rank(factor)
+    # CPU seconds of the same pass, beside 2 copies and alone: of one order, copies all gone
+    assert 0.5 < ratio < 4.0 and left == 0
+
+
 def test_memory_trace_replays_allocations() -> None:
     from megatron.dynapipe.memory import MemoryTrace, live_tensor_bytes
 
@@ -278,6 +294,7 @@ def _tool():
         (["--microbatch-sizes", "2,4"], "--microbatch-sizes"),
         (["--tensor-model-parallel-size", "2"], "--tensor-model-parallel-size"),
         (["--hidden-size", "30"], "--num-attention-heads"),
+        (["--cpu-contention-ranks", "-1"], "--cpu-contention-ranks"),
     ],
 )
 def test_tool_names_the_offending_flag(extra, flag, capsys, tmp_path) -> None:

@@ -223,6 +223,10 @@ def _bad_runtime(data):
     data[0]["runtime_s_per_microbatch"] = {"128": -1}
 
 
+def _bad_contention(data):
+    data[0]["cpu_contention_factor"] = {"2": 0}
+
+
 def _bad_host_cores(data):
     for d in data:
         d["host_cores"] = 0
@@ -252,6 +256,7 @@ def _seqlens(data):
         (_negative_sdp_time, "sdp_layer_backward_s['2'] must be a number >= 0, got -0.001"),
         (_bad_host_cores, "edited0.json host_cores must be a positive integer, got 0"),
         (_bad_runtime, "runtime_s_per_microbatch['128'] must be a finite number >= 0, got -1"),
+        (_bad_contention, "edited0.json cpu_contention_factor['2'] must be a positive number"),
     ],
 )
 def test_bad_tables_are_refused_in_one_line(tables, model_file, tmp_path, capsys, edit, named):
@@ -299,6 +304,24 @@ def test_ranks_outnumbering_the_cores_take_the_cpu_seconds_they_need(tables, tmp
     assert price(_on_cores(tables, tmp_path, [1, 1], 0.3)) == alone
 
 
+def test_cpu_contention_scales_the_tables_whose_processes_had_a_core(tables, tmp_path):
+    """2 ranks on 1 core: the TP-1 table (1 process on the core) is scaled by its measured
+    factor for 2 ranks, the TP-2 table (2 processes on 1 core: already contended) is not; a
+    factor for another rank count is not used."""
+
+    def measured(ranks: str):
+        def edit(data):
+            for d, tp in zip(data, (1, 2), strict=True):
+                d["host_cores"], d["cpu_busy_fraction"] = 1, {str(tp): 0.8}
+            data[0]["cpu_contention_factor"] = {ranks: 1.25}
+
+        return edit
+
+    inputs = _inputs(_edited(tables, tmp_path, measured("2")))
+    assert inputs.cpu_busy_fraction == {1: pytest.approx(1.0), 2: 0.8}
+    assert _inputs(_edited(tables, tmp_path, measured("4"))).cpu_busy_fraction == {1: 0.8, 2: 0.8}
+
+
 def test_fsdp2_measured_peak_replaces_the_gathered_weights(tables, tmp_path):
     def measured(data):
         data[1]["sdp_layer_transient_bytes"] = {"2": 5_000_000}
@@ -325,6 +348,9 @@ def test_fsdp2_time_counts_at_its_own_cpu_share(tables, tmp_path):
     t = Estimator(inputs, [LayerStrategy(1, ("sdp",), (2,), False)]).stage_tables(range(4), 0, 4, 1)
     fsdp = 0.003 + 0.007  # the table's FSDP2 forward + backward over 2 ranks
     assert t.cpu_nosync[0, 0] == pytest.approx(0.9 * (t.nosync[0, 0] - fsdp) + 0.25 * fsdp)
+    # profiled on 2 ranks and 1 core, FSDP2 kept the core busy 2 x 0.25 of its time: the
+    # other half of it the core stood idle waiting for a rank's collective
+    assert t.sync_idle[0, 0] == pytest.approx(0.5 * fsdp)
 
 
 def test_shared_cores_serve_the_ranks_with_work_left_equally(tables):
@@ -336,6 +362,8 @@ def test_shared_cores_serve_the_ranks_with_work_left_equally(tables):
     # two ranks a stage (works 0.5, 0.5, 1, 1): four at half a core for 1 s, then two alone
     assert shared_host_time(inputs, [0.5, 1.0], 2) == pytest.approx(1.5)
     assert shared_host_time(inputs, [1.0, 2.0], 1) == 0.0  # no more ranks than cores
+    # stages whose SDP collectives leave the cores idle: the longest idle is added
+    assert shared_host_time(inputs, [0.5, 1.0, 1.0, 2.0], 1, [0.1, 0.3]) == pytest.approx(3.05)
 
 
 def test_the_runtime_per_micro_batch_is_added_to_every_stage(tables, tmp_path):

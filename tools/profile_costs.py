@@ -92,6 +92,13 @@ def add_profile_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
         default=1,
         help="torch threads on the CPU; match the training ranks (torchrun: 1)",
     )
+    g.add_argument(
+        "--cpu-contention-ranks",
+        type=int,
+        default=0,
+        help="CPU, TP 1: the training ranks that will share this machine's cores (torchrun's "
+        "--nproc-per-node); also measure a layer's CPU seconds beside that many (0: not)",
+    )
     g.add_argument("--output", required=True, help="JSON cost table to write")
     return parser
 
@@ -117,6 +124,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parse_megatron_args(argv, add_profile_args, before_validation=one_rank)
     if args.seq_length is None:
         error("--seq-length is required (the longest sequence to profile)")
+    if args.cpu_contention_ranks < 0 or (
+        args.cpu_contention_ranks and args.tensor_model_parallel_size != 1
+    ):
+        error(
+            f"--cpu-contention-ranks {args.cpu_contention_ranks}: a rank count >= 0, measured "
+            "by the one-process (TP 1) profile"
+        )
     for name in ("warmup_runs", "repeats", "cpu_threads"):
         if getattr(args, name) < (0 if name == "warmup_runs" else 1):
             error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
@@ -163,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ProfileGrid,
         allreduce_bus_bandwidth,
         allreduce_latency_s,
+        cpu_contention_factor,
         decoder_layer_shapes,
         device_name,
         profile_cost_table,
@@ -212,6 +227,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             table["runtime_s_per_microbatch"] = overhead
             say(f"runtime per micro-batch beyond the layer and head: {overhead}")
+        ranks = args.cpu_contention_ranks
+        if ranks and device.type == "cpu":
+            capped = [p for p in grid.points() if p[0] * p[1] <= (grid.max_tokens or p[0] * p[1])]
+            b, s = max(capped, key=lambda point: point[0] * point[1])  # the longest pass
+            factor = cpu_contention_factor(
+                args, vocab_size, device, ranks, b, s, warmup=args.warmup_runs,
+                repeats=args.repeats,
+            )  # fmt: skip
+            table["cpu_contention_factor"] = {str(ranks): factor}
+            say(f"CPU seconds of a decoder layer at b={b}, s={s} beside {ranks - 1} more "
+                f"processes / alone: {factor:.3f}")  # fmt: skip
         if tp > 1:
             bandwidth = allreduce_bus_bandwidth(device)
             latency = allreduce_latency_s(device)

@@ -26,11 +26,15 @@ Prices every layer of a pipeline stage under every candidate strategy, for one m
 * ranks that share fewer CPU cores than there are ranks (profiled CPU tables; not in the
   paper, whose stages each own a GPU): Eq. 9's stages run side by side only as far as the cores
   allow; the ranks' CPU seconds, shared out over the cores as the operating system does
-  (`shared_host_time`), give another least iteration time, and the estimate is the larger.
+  (`shared_host_time`), give another least iteration time, and the estimate is the larger;
+  that sharing is fair only while no rank waits for another, so the time the cores stand idle
+  while SDP's collectives wait for the group's last rank (measured in FSDP2's profile) is
+  added.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,6 +70,9 @@ class StageTables:
     cpu_nosync: np.ndarray
     cpu_sync: np.ndarray
     busy: np.ndarray
+    # per micro-batch: the time the cores stand idle while an SDP layer's collectives wait for
+    # the last rank of the group (FSDP2's measured time beyond its ranks' CPU share)
+    sync_idle: np.ndarray
 
 
 def _layout_key(s: LayerStrategy) -> tuple:
@@ -171,6 +178,15 @@ class Estimator:
                 for s, b in zip(strategies, self.busy, strict=True)
             ]
         )
+        # FSDP2 on z ranks over c cores, profiled: of its wall time w the ranks were on a core
+        # z * busy * w core-seconds, so w (1 - z busy / c) of it no rank could use the cores
+        cores = inputs.host_cores
+        self.sdp_idle = np.array(
+            [
+                max(0.0, 1.0 - s.sdp * b / cores) if cores and s.sdp > 1 else 0.0
+                for s, b in zip(strategies, self.sdp_busy, strict=True)
+            ]
+        )
 
     def stage_tables(
         self, layers: range, stage: int, microbatch: int, num_micro: int
@@ -231,6 +247,7 @@ class Estimator:
             cpu_nosync=self.busy * (nosync - fsdp) + self.sdp_busy * fsdp,
             cpu_sync=self.busy * (sync - fsdp) + self.sdp_busy * fsdp,
             busy=self.busy,
+            sync_idle=self.sdp_idle * fsdp,
         )
 
     def _extras(self, stage: int, b: float) -> tuple[float, float]:
@@ -298,6 +315,11 @@ def stage_cpu_s(t: StageTables, chosen: list[int], num_micro: int) -> float:
     return float(total)
 
 
+def stage_sync_idle_s(t: StageTables, chosen: list[int], num_micro: int) -> float:
+    """Seconds per iteration the cores stand idle while the stage's SDP collectives wait."""
+    return num_micro * float(sum(t.sync_idle[layer, j] for layer, j in enumerate(chosen)))
+
+
 def pipeline_time(nosync: list[float], sync: list[float], num_micro: int) -> float:
     """Eq. 9: (m - 1) * max_i C_nosync(M_i) + sum_i C(M_i)."""
     return (num_micro - 1) * max(nosync) + sum(sync)
@@ -309,15 +331,22 @@ def shares_cores(inputs: CostInputs, ranks: int) -> bool:
     return 0 < inputs.host_cores < ranks
 
 
-def shared_host_time(inputs: CostInputs, stage_cpu: list[float], ranks_per_stage: int) -> float:
+def shared_host_time(
+    inputs: CostInputs,
+    stage_cpu: list[float],
+    ranks_per_stage: int,
+    sync_idle: Sequence[float] = (),
+) -> float:
     """The iteration time of ranks sharing `inputs.host_cores` CPU cores, each rank doing its
     stage's CPU work (`stage_cpu_s`). The cores are shared equally by the ranks with work
     left (the operating system's fair share): while n ranks have work, each advances at
     min(1, cores / n), so the iteration ends when the most loaded rank is done. With the
     ranks' works sorted w_1 <= ... <= w_R, that is sum_k (w_k - w_{k-1}) max(1, (R - k + 1) /
     cores): the total over the cores when every rank stays busy to the end, the largest work
-    when the cores outnumber the ranks. 0 where each rank has a device of its own (no
-    `host_cores`) or the ranks do not outnumber the cores."""
+    when the cores outnumber the ranks. Plus the longest time a stage's cores stand idle
+    while its SDP collectives wait for the group's last rank (`sync_idle`, per stage:
+    `stage_sync_idle_s`; fair sharing assumes ranks never wait on each other). 0 where each
+    rank has a device of its own (no `host_cores`) or the ranks do not outnumber the cores."""
     ranks = ranks_per_stage * len(stage_cpu)
     if not shares_cores(inputs, ranks):
         return 0.0
@@ -326,4 +355,4 @@ def shared_host_time(inputs: CostInputs, stage_cpu: list[float], ranks_per_stage
     for k, work in enumerate(works):
         elapsed += (work - done) * max(1.0, (ranks - k) / inputs.host_cores)
         done = work
-    return float(elapsed)
+    return float(elapsed + max(sync_idle, default=0.0))

@@ -56,6 +56,7 @@ from .estimator import (
     shared_host_time,
     shares_cores,
     stage_cpu_s,
+    stage_sync_idle_s,
     stage_times,
 )
 from .layer_dp import StagePlan, StageSolver
@@ -288,11 +289,12 @@ class _PipelineSearch:
         per_stage = [float((m - 1) * a + b) for a, b in zip(nosync, sync, strict=True)]
         total = pipeline_time(nosync, sync, m)
         if shares_cores(self.inputs, self.est.group * self.pp):
-            cpu = [
-                stage_cpu_s(self.tables(stage, a, b, mb, m), p.chosen, m)
-                for stage, ((a, b), p) in enumerate(zip(bounds, plans, strict=True))
-            ]
-            total = max(total, shared_host_time(self.inputs, cpu, self.est.group))
+            cpu, idle = [], []
+            for stage, ((a, b), p) in enumerate(zip(bounds, plans, strict=True)):
+                tables = self.tables(stage, a, b, mb, m)
+                cpu.append(stage_cpu_s(tables, p.chosen, m))
+                idle.append(stage_sync_idle_s(tables, p.chosen, m))
+            total = max(total, shared_host_time(self.inputs, cpu, self.est.group, idle))
         return _Evaluated(float(total), list(partition), plans, memory, per_stage)
 
     def _stage_time(self, mb: int, m: int) -> StageCost:
@@ -788,7 +790,7 @@ def price_plan(
         raise PlanningError(f"strategies {bad} cannot run micro-batches of {mb} on these inputs")
     index = {s: j for j, s in enumerate(unique)}
     est = Estimator(cost_inputs, unique)
-    nosync, sync, memory, cpu, start = [], [], [], [], 0
+    nosync, sync, memory, cpu, idle, start = [], [], [], [], [], 0
     for stage, n in enumerate(partition):
         tables = est.stage_tables(range(start, start + n), stage, mb, m)
         chosen = [index[s] for s in strategies[start : start + n]]
@@ -797,11 +799,12 @@ def price_plan(
         sync.append(b)
         memory.append(float(peak_memory(tables, chosen)))
         cpu.append(stage_cpu_s(tables, chosen, m))
+        idle.append(stage_sync_idle_s(tables, chosen, m))
         start += n
     per_stage = [float((m - 1) * a + b) for a, b in zip(nosync, sync, strict=True)]
     total = max(
         float(pipeline_time(nosync, sync, m)),
-        shared_host_time(cost_inputs, cpu, est.group),
+        shared_host_time(cost_inputs, cpu, est.group, idle),
     )
     return PlanPrice(global_batch_size / total, total, per_stage, memory)
 

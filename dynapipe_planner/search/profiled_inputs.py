@@ -51,6 +51,10 @@ micro-batch size whose point was measured, per component and TP degree):
   outnumber the cores (`estimator.shared_host_time`). A table without them (a GPU's) turns
   the bound off; a multi-rank table also holds the share of FSDP2's added time its rank was on
   a core (`sdp_layer_cpu_busy_fraction`: its gathers and reduce-scatter wait on the others);
+  the TP-1 table may hold how many more CPU seconds a layer's pass takes beside as many
+  processes as the job has ranks (`cpu_contention_factor`: {"ranks": factor}; 1.12-1.17 for 4
+  on 2 cores), which scales the CPU seconds of the tables whose profiling processes each had
+  a core, when the job's ranks outnumber the cores;
 * the runtime's own cost per micro-batch (not in §V, which prices layers alone): the TP-1
   table's `runtime_s_per_microbatch` at s (a one-layer model through the executor's forward
   step, loss and backward, less its layer and output layer), added to every stage's
@@ -65,7 +69,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -291,8 +295,13 @@ def profiled_cost_inputs(
     latency = _per_group(tables, "allreduce_latency_s").get(2, 0.0)
     sdp_forward = _per_group(tables, "sdp_layer_forward_s", allow_zero=True)
     sdp_backward = _per_group(tables, "sdp_layer_backward_s", allow_zero=True)
-    busy = _per_group(tables, "cpu_busy_fraction")
-    sdp_busy = _per_group(tables, "sdp_layer_cpu_busy_fraction", allow_zero=True)
+    cores = _host_cores(tables)
+    contended = _contended(tables, num_gpus, cores)
+    busy = {tp: f * contended(tp) for tp, f in _per_group(tables, "cpu_busy_fraction").items()}
+    sdp_busy = {
+        z: f * contended(z)
+        for z, f in _per_group(tables, "sdp_layer_cpu_busy_fraction", allow_zero=True).items()
+    }
     sdp_transient = _per_group(tables, "sdp_layer_transient_bytes", allow_zero=True)
     runtime = _runtime_s(tables, seq_length)
     allreduce, p2p = _topology(measured_bw, num_gpus, tables)
@@ -322,7 +331,7 @@ def profiled_cost_inputs(
         output_forward_s_per_microbatch=head_fixed,
         sdp_forward_s=sdp_forward,
         sdp_backward_s=sdp_backward,
-        host_cores=_host_cores(tables),
+        host_cores=cores,
         runtime_s_per_microbatch=runtime,
         cpu_busy_fraction=busy,
         sdp_cpu_busy_fraction=sdp_busy,
@@ -355,6 +364,15 @@ def _runtime_s(tables: list[dict[str, Any]], seq_length: int) -> float:
             )
         return float(value)
     return 0.0
+
+
+def _contended(tables: list[dict[str, Any]], ranks: int, cores: int) -> Callable[[int], float]:
+    """The factor on the CPU seconds of a table measured on `n` processes: the TP-1 table's
+    `cpu_contention_factor` for the job's `ranks` where they outnumber the `cores` and the
+    `n` profiling processes did not (each had a core; more than the cores already paid it),
+    else 1."""
+    factor = _per_group(tables, "cpu_contention_factor").get(ranks, 1.0)
+    return lambda n: factor if cores and ranks > cores >= n else 1.0
 
 
 def _host_cores(tables: list[dict[str, Any]]) -> int:

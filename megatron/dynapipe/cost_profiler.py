@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import multiprocessing
 import os
 import statistics
 import time
@@ -393,6 +394,61 @@ def cpu_busy_fraction(measured: list[PointCost]) -> float:
     bounds a plan's time by the CPU seconds its ranks need (`estimator.shared_host_time`)."""
     wall = sum(c.forward_s + c.backward_s for c in measured)
     return sum(c.cpu_s for c in measured) / wall
+
+
+def cpu_contention_factor(
+    args: argparse.Namespace,
+    vocab_size: int,
+    device: torch.device,
+    ranks: int,
+    b: int,
+    s: int,
+    *,
+    warmup: int = 2,
+    repeats: int = 7,
+) -> float:
+    """How many more CPU seconds a TP-1 decoder layer's forward + backward at (b, s) takes
+    while `ranks - 1` more processes run the same passes on this machine than alone: ranks
+    that outnumber the cores evict each other's caches at every switch (on the 2-core CPU,
+    9.4 ms alone and 11.2 ms beside three more). The others are forked copies of this
+    process (no collectives: TP 1); the medians of `repeats` passes after `warmup`."""
+    components, _keep = _components(args, vocab_size, device, "none")
+    layer = next(c for c in components if c.name == "decoder_layer")
+    inputs, grad = layer.make_inputs(b, s)
+
+    def one_pass() -> None:
+        torch.autograd.backward(layer.forward(*inputs), grad)
+        for tensor in inputs:
+            tensor.grad = None
+
+    def cpu_s() -> float:
+        for _ in range(warmup):
+            one_pass()
+        times = []
+        for _ in range(repeats):
+            started = time.process_time()
+            one_pass()
+            times.append(time.process_time() - started)
+        return statistics.median(times)
+
+    alone = cpu_s()
+    context = multiprocessing.get_context("fork")
+    stop = context.Event()
+    others = [context.Process(target=_passes_until, args=(one_pass, stop)) for _ in range(1, ranks)]
+    for process in others:
+        process.start()
+    try:
+        together = cpu_s()
+    finally:
+        stop.set()
+        for process in others:
+            process.join()
+    return together / alone
+
+
+def _passes_until(one_pass: Callable[[], None], stop) -> None:
+    while not stop.is_set():
+        one_pass()
 
 
 def _describe(cost: PointCost | None) -> str:
