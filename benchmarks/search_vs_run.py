@@ -4,10 +4,12 @@ cost estimator, App. D "Estimation Performance"; issue #20's acceptance), on 4 C
 1. Profile cost tables of the model on this machine in this run: TP 1 on one process, TP 2 and
    TP 4 under torchrun on 2 and 4 processes (`tools/profile_costs.py`, one thread per rank as
    torchrun gives training ranks; the multi-rank ones also measure gloo's all-reduce
-   bandwidth), with the runs' flags (dropout off). The 4 training ranks share the machine's
-   cores, so the tables are measured the same way: 4 / TP profilers at once, 4 processes in
-   all; the TP-1 profile also measures a layer's CPU seconds beside 3 more processes
-   (`cpu_contention_factor`, which the search applies where ranks outnumber cores). The
+   bandwidth), with the runs' flags (dropout off), one profile at a time. The 4 training
+   ranks share the machine's 2 cores, and a layer's pass costs more CPU beside 3 more
+   processes than alone (caches evicted at every switch): the TP-1 profile measures that
+   factor (`cpu_contention_factor`), which the search applies to the tables whose processes
+   each had a core. (Running 4 / TP profilers at once, as earlier versions did, did not
+   make their timed passes overlap: the TP-1 tables measured a CPU share of 1.0.) The
    host's speed drifts (the same layer's forward measured 9.3 and 10.4 ms alone 20
    minutes apart), so every round profiles anew and its runs are predicted from its tables.
 2. Set a per-rank memory budget that forbids plain DP: `--budget-fraction` (0.4) of the least
@@ -122,43 +124,35 @@ def _load() -> str:
 
 
 def profile(args: argparse.Namespace, out: Path) -> list[Path]:
-    """One cost table per TP degree in `out`, measured now on this machine as the job's ranks
-    run: the 4 ranks share its cores, so 4 / TP profilers of TP degree TP run at once (every
-    process with one thread; their timed passes overlap only in part), and the first one's
-    table is kept."""
+    """One cost table per TP degree in `out`, measured now on this machine: TP t on t
+    processes of one thread each (as torchrun gives training ranks), one profile at a time;
+    the TP-1 profile also measures what a layer's CPU seconds become beside the job's other
+    ranks (`--cpu-contention-ranks`), which the search applies where they share cores."""
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     env = {**os.environ, "OMP_NUM_THREADS": "1", "KINETO_LOG_LEVEL": "6"}
     for tp in (1, 2, 4):
         started = time.perf_counter()
-        procs = []
-        for copy in range(WORLD // tp):
-            path = out / f"costs_tp{tp}{'' if copy == 0 else f'_copy{copy}'}.json"
-            launcher = [sys.executable]
-            if tp > 1:
-                launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(tp),
-                             "--master-port", str(free_port())]  # fmt: skip
-            cmd = [
-                *launcher, str(ROOT / "tools" / "profile_costs.py"), *model_flags(args),
-                *NO_DROPOUT,
-                "--tensor-model-parallel-size", str(tp), "--seqlens", str(args.seq_length),
-                "--microbatch-sizes", args.microbatch_sizes, "--repeats", str(args.repeats),
-                "--cpu-threads", "1", "--output", str(path),
-            ]  # fmt: skip
-            if tp == 1 and copy == 0:  # the CPU seconds of a layer beside the 3 other ranks
-                cmd += ["--cpu-contention-ranks", str(WORLD)]
-            proc = subprocess.Popen(
-                cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-            )
-            procs.append((cmd, proc, path))
-        for cmd, proc, _ in procs:
-            stdout, stderr = proc.communicate()
-            if proc.returncode != 0:
-                sys.exit(f"profiling TP {tp} failed:\n{' '.join(cmd)}\n{stderr[-3000:]}")
-            bandwidth = [line for line in stdout.splitlines() if "bandwidth" in line]
-        print(f"  profiled TP {tp}, {len(procs)} at once, in {time.perf_counter() - started:.0f} s"
-              f" ({_load()}){'; ' + bandwidth[0] if bandwidth else ''}", flush=True)  # fmt: skip
-        paths.append(procs[0][2])
+        path = out / f"costs_tp{tp}.json"
+        launcher = [sys.executable]
+        if tp > 1:
+            launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(tp),
+                         "--master-port", str(free_port())]  # fmt: skip
+        cmd = [
+            *launcher, str(ROOT / "tools" / "profile_costs.py"), *model_flags(args), *NO_DROPOUT,
+            "--tensor-model-parallel-size", str(tp), "--seqlens", str(args.seq_length),
+            "--microbatch-sizes", args.microbatch_sizes, "--repeats", str(args.repeats),
+            "--cpu-threads", "1", "--output", str(path),
+        ]  # fmt: skip
+        if tp == 1:
+            cmd += ["--cpu-contention-ranks", str(WORLD)]
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"profiling TP {tp} failed:\n{' '.join(cmd)}\n{proc.stderr[-3000:]}")
+        said = [x for x in proc.stdout.splitlines() if "bandwidth" in x or "CPU seconds" in x]
+        print(f"  profiled TP {tp} in {time.perf_counter() - started:.0f} s ({_load()})"
+              f"{'; ' + said[0] if said else ''}", flush=True)  # fmt: skip
+        paths.append(path)
     return paths
 
 
