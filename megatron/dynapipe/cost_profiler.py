@@ -422,14 +422,7 @@ def cpu_contention_factor(
             tensor.grad = None
 
     def cpu_s() -> float:
-        for _ in range(warmup):
-            one_pass()
-        times = []
-        for _ in range(repeats):
-            started = time.process_time()
-            one_pass()
-            times.append(time.process_time() - started)
-        return statistics.median(times)
+        return _median_s(one_pass, device, warmup, repeats, clock=time.process_time)
 
     alone = cpu_s()
     context = multiprocessing.get_context("fork")
@@ -525,19 +518,21 @@ def _median_s(
     repeats: int,
     *,
     barrier: bool = False,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> float:
-    """The median seconds of `repeats` calls of `run` after `warmup` untimed ones, the device
-    synchronised around each (and, with `barrier`, the world group aligned before each)."""
+    """The median seconds of `repeats` calls of `run` after `warmup` untimed ones by `clock`
+    (wall by default), the device synchronised around each (and, with `barrier`, the world
+    group aligned before each)."""
     times = []
     for i in range(warmup + repeats):
         _synchronize(device)
         if barrier:
             torch.distributed.barrier()
-        started = time.perf_counter()
+        started = clock()
         run()
         _synchronize(device)
         if i >= warmup:
-            times.append(time.perf_counter() - started)
+            times.append(clock() - started)
     return statistics.median(times)
 
 
