@@ -21,10 +21,10 @@ measures what a micro-batch costs the runtime beyond its layer and output layer
 every table records the cores it ran on and its passes' CPU share (`host_cores`,
 `cpu_busy_fraction`), which bound the search's time for ranks outnumbering the cores; with
 `--cpu-contention-ranks N` the one-process profile also measures how many more CPU seconds a
-decoder layer's pass takes beside N-1 forked copies of itself (`cpu_contention_factor`). It measures
-`embedding`, `decoder_layer` and `lm_head` over a grid of micro-batch sizes and sequence lengths,
-prints one line per grid point and writes the JSON documented in README "Cost tables"
-atomically (a failed run leaves no partial file). On the CPU,
+decoder layer's pass takes beside N-1 forked copies of itself (`cpu_contention_factor`). It
+measures `embedding`, `decoder_layer` and `lm_head` over a grid of micro-batch sizes and
+sequence lengths, prints one line per grid point and writes the JSON documented in README
+"Cost tables" atomically (a failed run leaves no partial file). On the CPU,
 set `--cpu-threads` to what each training rank uses (torchrun gives ranks 1 thread), or the
 times will not describe training.
 """

@@ -52,7 +52,7 @@ micro-batch size whose point was measured, per component and TP degree):
   the bound off; a multi-rank table also holds the share of FSDP2's added time its rank was on
   a core (`sdp_layer_cpu_busy_fraction`: its gathers and reduce-scatter wait on the others);
   the TP-1 table may hold how many more CPU seconds a layer's pass takes beside as many
-  processes as the job has ranks (`cpu_contention_factor`: {"ranks": factor}; 1.12-1.17 for 4
+  processes as the job has ranks (`cpu_contention_factor`: {"ranks": factor}; 1.09-1.35 for 4
   on 2 cores), which scales the CPU seconds of the tables whose profiling processes each had
   a core, when the job's ranks outnumber the cores;
 * the runtime's own cost per micro-batch (not in §V, which prices layers alone): the TP-1

@@ -409,9 +409,10 @@ def cpu_contention_factor(
 ) -> float:
     """How many more CPU seconds a TP-1 decoder layer's forward + backward at (b, s) takes
     while `ranks - 1` more processes run the same passes on this machine than alone: ranks
-    that outnumber the cores evict each other's caches at every switch (on the 2-core CPU,
-    9.4 ms alone and 11.2 ms beside three more). The others are forked copies of this
-    process (no collectives: TP 1); the medians of `repeats` passes after `warmup`."""
+    that outnumber the cores evict each other's caches at every switch (on the 2-core CPU, a
+    forward at b=4 took 9.4 ms CPU alone, 11.2 ms beside three more). The others are forked
+    copies of this process (no collectives: TP 1); the medians of `repeats` passes after
+    `warmup`."""
     components, _keep = _components(args, vocab_size, device, "none")
     layer = next(c for c in components if c.name == "decoder_layer")
     inputs, grad = layer.make_inputs(b, s)

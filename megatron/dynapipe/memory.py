@@ -17,7 +17,7 @@ table and the run are measured with the same instrument:
   holds a collective's tensors until the collective is done, and when the caller has already
   dropped them (a TP all-reduce's partial sums) the worker's
   release is the free; so is the release of the buffers a collective allocates for its worker
-  (gloo's reduce-scatter clones its input and output: 2 x 3 MiB per FSDP2 layer here).
+  (gloo's reduce-scatter clones its input: a 3 MiB copy per FSDP2 layer here).
   Replayed as reported, those blocks would stay live to the trace's end (measured: 6-14 MiB
   of TP4 partial sums per rank, a different amount on each rank of one TP group, by the race
   between the caller and the worker; 6-12 MiB of FSDP2's reduce-scatter copies on SDP4 ranks).
@@ -198,8 +198,8 @@ def _trace_events(
     free has negative bytes) in time order, the phase windows, and for every address a
     collective (`c10d::` op) took or allocated, when each such collective ended (in time
     order). What a collective allocates inside its op is its own buffer for the worker thread
-    (gloo's reduce-scatter clones its input and output, its all-gather allocates a staging
-    buffer), which the worker frees when the collective is done."""
+    (gloo's reduce-scatter clones its input, its all-gather allocates a staging buffer),
+    which the worker frees when the collective is done."""
     allocations, windows, collective_ends = [], [], {}
     stack = [(event, None) for event in tree]  # (event, end of the collective it is inside)
     while stack:
