@@ -5,10 +5,11 @@ cost estimator, App. D "Estimation Performance"; issue #20's acceptance), on 4 C
    TP 4 under torchrun on 2 and 4 processes (`tools/profile_costs.py`, one thread per rank as
    torchrun gives training ranks; the multi-rank ones also measure gloo's all-reduce
    bandwidth), with the runs' flags (dropout off), one profile at a time. The 4 training
-   ranks share the machine's 2 cores, and a layer's pass costs more CPU beside 3 more
-   processes than alone (caches evicted at every switch): the TP-1 profile measures that
-   factor (`cpu_contention_factor`), which the search applies to the tables whose processes
-   each had a core. (Running 4 / TP profilers at once, as earlier versions did, did not
+   ranks share the machine's 2 cores, and a layer's pass costs more CPU among them than
+   alone (caches evicted at every switch, most where ranks sleep and wake at every
+   hand-off): the TP-1 profile measures that factor as the first of 4 pipeline stages
+   (`cpu_contention_factor`), which the search applies to the strategies whose tables'
+   processes each had a core. (Running 4 / TP profilers at once, as earlier versions did, did not
    make their timed passes overlap: the TP-1 tables measured a CPU share of 1.0.) The
    host's speed drifts (the same layer's forward measured 9.3 and 10.4 ms alone 20
    minutes apart), so every round profiles anew and its runs are predicted from its tables.
@@ -151,7 +152,7 @@ def profile(args: argparse.Namespace, out: Path) -> list[Path]:
             sys.exit(f"profiling TP {tp} failed:\n{' '.join(cmd)}\n{proc.stderr[-3000:]}")
         said = [x for x in proc.stdout.splitlines() if "bandwidth" in x or "CPU seconds" in x]
         print(f"  profiled TP {tp} in {time.perf_counter() - started:.0f} s ({_load()})"
-              f"{'; ' + said[0] if said else ''}", flush=True)  # fmt: skip
+              f"{''.join('; ' + x for x in said)}", flush=True)  # fmt: skip
         paths.append(path)
     return paths
 

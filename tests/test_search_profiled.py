@@ -21,7 +21,15 @@ from dynapipe_planner.errors import PlanningError
 from dynapipe_planner.model_spec import ModelSpec
 from dynapipe_planner.search import LayerStrategy, price_plan
 from dynapipe_planner.search.cli import search_main
-from dynapipe_planner.search.estimator import Estimator, shared_host_time
+from dynapipe_planner.search.estimator import (
+    Estimator,
+    StageWork,
+    core_shares,
+    one_f_one_b,
+    shared_host_time,
+    stage_times,
+    stage_work,
+)
 from dynapipe_planner.search.plan_file import load_plan
 from dynapipe_planner.search.profiled_inputs import (
     affine_time,
@@ -224,7 +232,11 @@ def _bad_runtime(data):
 
 
 def _bad_contention(data):
-    data[0]["cpu_contention_factor"] = {"2": 0}
+    data[0]["cpu_contention_factor"] = {"2": {"1": 0}}
+
+
+def _contention_of_one_size(data):  # the format before factors per micro-batch size
+    data[0]["cpu_contention_factor"] = {"2": 1.2}
 
 
 def _bad_host_cores(data):
@@ -256,7 +268,8 @@ def _seqlens(data):
         (_negative_sdp_time, "sdp_layer_backward_s['2'] must be a number >= 0, got -0.001"),
         (_bad_host_cores, "edited0.json host_cores must be a positive integer, got 0"),
         (_bad_runtime, "runtime_s_per_microbatch['128'] must be a finite number >= 0, got -1"),
-        (_bad_contention, "edited0.json cpu_contention_factor['2'] must be a positive number"),
+        (_bad_contention, "edited0.json cpu_contention_factor['2']['1'] must be a positive"),
+        (_contention_of_one_size, "cpu_contention_factor['2'] must map micro-batch sizes"),
     ],
 )
 def test_bad_tables_are_refused_in_one_line(tables, model_file, tmp_path, capsys, edit, named):
@@ -283,8 +296,9 @@ def _on_cores(tables, tmp_path, cores: list[int | None], busy: float) -> list:
 
 
 def test_ranks_outnumbering_the_cores_take_the_cpu_seconds_they_need(tables, tmp_path):
-    """PP2 on 2 ranks: Eq. 9 runs the stages side by side, which one shared core cannot; the
-    estimate is then every stage's time x its busy share, summed, over the one core."""
+    """PP2 on 2 ranks: Eq. 9 runs the stages side by side, which one shared core cannot; with
+    ranks on the core all their time, some pass is always ready, so the estimate is every
+    stage's time summed over the one core."""
     pp2 = [LayerStrategy(2, (), (), False)] * 4
 
     def price(paths):
@@ -292,34 +306,44 @@ def test_ranks_outnumbering_the_cores_take_the_cpu_seconds_they_need(tables, tmp
 
     alone = price(tables)  # GPU-like tables: no host, Eq. 9
     assert _inputs(tables).host_cores == 0
-    one_core = price(_on_cores(tables, tmp_path, [1, 1], 0.9))
+    one_core = price(_on_cores(tables, tmp_path, [1, 1], 1.0))
     assert one_core.stage_time_s == alone.stage_time_s
-    assert sum(alone.stage_time_s) * 0.9 > alone.iteration_time_s  # the bound is the larger
-    assert one_core.iteration_time_s == pytest.approx(0.9 * sum(alone.stage_time_s), rel=1e-12)
+    assert sum(alone.stage_time_s) > alone.iteration_time_s  # the bound is the larger
+    assert one_core.iteration_time_s == pytest.approx(sum(alone.stage_time_s), rel=1e-9)
     assert one_core.throughput == pytest.approx(8 / one_core.iteration_time_s)
     # as many cores as ranks, or one table without host cores: Eq. 9 alone
     assert price(_on_cores(tables, tmp_path, [2, 4], 0.9)) == alone
     assert price(_on_cores(tables, tmp_path, [1, None], 0.9)) == alone
-    # a busy share small enough leaves Eq. 9 the larger
-    assert price(_on_cores(tables, tmp_path, [1, 1], 0.3)) == alone
+    # ranks on the core a small enough share of their time pass at their speed alone: the
+    # 1F1B run of equal stages then takes Eq. 9's time
+    low = price(_on_cores(tables, tmp_path, [1, 1], 0.3))
+    assert low.iteration_time_s == pytest.approx(alone.iteration_time_s, rel=1e-9)
 
 
-def test_cpu_contention_scales_the_tables_whose_processes_had_a_core(tables, tmp_path):
-    """2 ranks on 1 core: the TP-1 table (1 process on the core) is scaled by its measured
-    factor for 2 ranks, the TP-2 table (2 processes on 1 core: already contended) is not; a
-    factor for another rank count is not used."""
+def test_cpu_contention_scales_the_strategies_whose_processes_had_a_core(tables, tmp_path):
+    """2 ranks on 1 core: a TP-1 strategy (its profile's one process had the core) pays the
+    TP-1 table's factor for 2 ranks at its samples per rank, interpolated between the
+    measured micro-batch sizes; a TP-2 strategy (2 processes on 1 core: already contended)
+    does not; a factor for another rank count is not used."""
 
     def measured(ranks: str):
         def edit(data):
             for d, tp in zip(data, (1, 2), strict=True):
                 d["host_cores"], d["cpu_busy_fraction"] = 1, {str(tp): 0.8}
-            data[0]["cpu_contention_factor"] = {ranks: 1.25}
+            data[0]["cpu_contention_factor"] = {ranks: {"1": 1.1, "4": 1.4}}
 
         return edit
 
     inputs = _inputs(_edited(tables, tmp_path, measured("2")))
-    assert inputs.cpu_busy_fraction == {1: pytest.approx(1.0), 2: 0.8}
-    assert _inputs(_edited(tables, tmp_path, measured("4"))).cpu_busy_fraction == {1: 0.8, 2: 0.8}
+    assert inputs.cpu_contention_factor == {1: 1.1, 4: 1.4}
+    assert _inputs(_edited(tables, tmp_path, measured("4"))).cpu_contention_factor == {}
+    dp2, tp2 = LayerStrategy(1, ("dp",), (2,), False), LayerStrategy(1, ("tp",), (2,), False)
+    t = Estimator(inputs, [dp2, tp2]).stage_tables(range(4), 0, 4, 1)
+    # DP2 at b=4: 2 samples a rank, a third of the way from 1 to 4
+    assert t.cpu_nosync[0, 0] == pytest.approx(0.8 * 1.2 * t.nosync[0, 0])
+    assert t.cpu_nosync[0, 1] == pytest.approx(0.8 * t.nosync[0, 1])
+    t = Estimator(inputs, [dp2]).stage_tables(range(4), 0, 16, 1)  # 8 a rank: flat beyond 4
+    assert t.cpu_nosync[0, 0] == pytest.approx(0.8 * 1.4 * t.nosync[0, 0])
 
 
 def test_fsdp2_measured_peak_replaces_the_gathered_weights(tables, tmp_path):
@@ -353,17 +377,65 @@ def test_fsdp2_time_counts_at_its_own_cpu_share(tables, tmp_path):
     assert t.sync_idle[0, 0] == pytest.approx(0.5 * fsdp)
 
 
-def test_shared_cores_serve_the_ranks_with_work_left_equally(tables):
+def _work(forward: float, backward: float, busy: float = 1.0) -> StageWork:
+    """A stage's passes taking `forward` / `backward` seconds alone, on a core `busy` of it."""
+    return StageWork(forward, backward, backward, forward * busy, backward * busy, backward * busy)
+
+
+def test_one_f_one_b_warms_up_by_the_stages_after_it():
+    assert one_f_one_b(3, 0, 4) == [
+        ("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1), ("B", 2), ("B", 3)
+    ]  # fmt: skip
+    assert one_f_one_b(3, 2, 2) == [("F", 0), ("B", 0), ("F", 1), ("B", 1)]
+    assert one_f_one_b(4, 0, 2) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]  # m < P - 1
+
+
+def test_cores_go_max_min_fair():
+    assert core_shares([1.0, 1.0, 1.0, 1.0], 1, 2) == [0.5] * 4
+    # a rank on a core a quarter of its time leaves the rest to the other two
+    assert core_shares([1.0, 0.25, 1.0], 1, 2) == pytest.approx([0.875, 0.25, 0.875])
+    assert core_shares([0.5, 2.0], 2, 8) == [0.5, 1.0]  # never more than one core a rank
+
+
+def test_shared_cores_run_the_1f1b_passes_as_their_inputs_arrive(tables):
     inputs = dataclasses.replace(_inputs(tables), host_cores=2)
-    # 4 ranks (one per stage) on 2 cores, CPU works 0.5, 1, 1, 2 s: all four at half a core
-    # until the first is done (1 s), three at 2/3 until the next two are (0.75 s), then the
-    # last alone on a core (1 s); not the total over the cores (2.25) nor the largest (2)
-    assert shared_host_time(inputs, [0.5, 1.0, 1.0, 2.0], 1) == pytest.approx(2.75)
-    # two ranks a stage (works 0.5, 0.5, 1, 1): four at half a core for 1 s, then two alone
-    assert shared_host_time(inputs, [0.5, 1.0], 2) == pytest.approx(1.5)
-    assert shared_host_time(inputs, [1.0, 2.0], 1) == 0.0  # no more ranks than cores
+    # one stage of 4 ranks on 2 cores, nothing to wait for: their CPU seconds over the cores
+    assert shared_host_time(inputs, [_work(1.0, 2.0)], 4, 2) == pytest.approx(4 * 6 / 2)
+    # one micro-batch through 4 stages: one pass at a time, so one of the 2 cores is idle
+    # throughout (the total over the cores would say 4)
+    assert shared_host_time(inputs, [_work(1.0, 1.0)] * 4, 1, 1) == pytest.approx(8.0)
+    # 4 stages, 2 micro-batches, passes of 1 s: worked through on paper, 1F1B runs F0 on
+    # stage 0 (t=1), F0 on 1 beside F1 on 0 (2), F0 on 2 (3), F0 on 3 (4), B0 on 3 beside
+    # F1 on 2 (5), B0 on 2 beside F1 on 3 (6), B0 on 1 beside B1 on 3 (7), B0 on 0 beside
+    # B1 on 2 (8), B1 on 1 (9), B1 on 0 (10): never more passes ready than cores
+    assert shared_host_time(inputs, [_work(1.0, 1.0)] * 4, 1, 2) == pytest.approx(10.0)
+    assert shared_host_time(inputs, [_work(1.0, 2.0)] * 2, 1, 4) == 0.0  # no more ranks than cores
     # stages whose SDP collectives leave the cores idle: the longest idle is added
-    assert shared_host_time(inputs, [0.5, 1.0, 1.0, 2.0], 1, [0.1, 0.3]) == pytest.approx(3.05)
+    assert shared_host_time(inputs, [_work(1.0, 2.0)], 4, 2, [0.1, 0.3]) == pytest.approx(12.3)
+
+
+def test_shared_cores_pass_at_the_speed_alone_where_cores_are_left(tables):
+    """Ranks on a core part of the time (waiting on TP peers) take their time alone while
+    the cores go round; four ranks wanting more than the cores share their CPU seconds."""
+    inputs = dataclasses.replace(_inputs(tables), host_cores=2)
+    assert shared_host_time(inputs, [_work(1.0, 2.0, 0.4)], 4, 1) == pytest.approx(3.0)
+    assert shared_host_time(inputs, [_work(1.0, 2.0, 0.8)], 4, 1) == pytest.approx(3 * 0.8 * 2)
+
+
+def test_stage_work_splits_a_micro_batch_into_its_forward_and_backward(tables):
+    ckpt = LayerStrategy(2, ("tp",), (2,), True)
+    est = Estimator(dataclasses.replace(_inputs(tables), host_cores=1), [ckpt])
+    t = est.stage_tables(range(2, 4), 1, 4, 4)
+    nosync, sync = stage_times(t, [0, 0])
+    work = stage_work(t, [0, 0])
+    assert work.forward_s + work.backward_s == pytest.approx(nosync)
+    assert work.forward_s + work.last_backward_s == pytest.approx(sync)
+    # the layers' forwards and a third of the extras (the output layer, its 3 passes)
+    assert work.forward_s == pytest.approx(2 * t.forward[0, 0] + t.extra_time_nosync / 3)
+    # under CKPT the backward recomputes the forward: more than twice the forward's layers
+    assert work.backward_s > 2 * 2 * t.forward[0, 0]
+    busy = float(t.busy[0])
+    assert work.forward_cpu_s + work.backward_cpu_s == pytest.approx(busy * nosync)
 
 
 def test_the_runtime_per_micro_batch_is_added_to_every_stage(tables, tmp_path):

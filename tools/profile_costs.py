@@ -21,7 +21,8 @@ measures what a micro-batch costs the runtime beyond its layer and output layer
 every table records the cores it ran on and its passes' CPU share (`host_cores`,
 `cpu_busy_fraction`), which bound the search's time for ranks outnumbering the cores; with
 `--cpu-contention-ranks N` the one-process profile also measures how many more CPU seconds a
-decoder layer's pass takes beside N-1 forked copies of itself (`cpu_contention_factor`). It
+decoder layer's passes take as the first of N pipeline stages, the others forked copies of
+itself, at the grid's smallest and largest micro-batch (`cpu_contention_factor`). It
 measures `embedding`, `decoder_layer` and `lm_head` over a grid of micro-batch sizes and
 sequence lengths, prints one line per grid point and writes the JSON documented in README
 "Cost tables" atomically (a failed run leaves no partial file). On the CPU,
@@ -99,7 +100,8 @@ def add_profile_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
         type=int,
         default=0,
         help="CPU, TP 1: the training ranks that will share this machine's cores (torchrun's "
-        "--nproc-per-node); also measure a layer's CPU seconds beside that many (0: not)",
+        "--nproc-per-node); also measure a layer's CPU seconds as the first of that many "
+        "pipeline stages (0: not)",
     )
     g.add_argument("--output", required=True, help="JSON cost table to write")
     return parser
@@ -231,15 +233,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             say(f"runtime per micro-batch beyond the layer and head: {overhead}")
         ranks = args.cpu_contention_ranks
         if ranks and device.type == "cpu":
-            capped = [p for p in grid.points() if p[0] * p[1] <= (grid.max_tokens or p[0] * p[1])]
-            b, s = max(capped, key=lambda point: point[0] * point[1])  # the longest pass
-            factor = cpu_contention_factor(
-                args, vocab_size, device, ranks, b, s, warmup=args.warmup_runs,
-                repeats=args.repeats,
-            )  # fmt: skip
-            table["cpu_contention_factor"] = {str(ranks): factor}
-            say(f"CPU seconds of a decoder layer at b={b}, s={s} beside {ranks - 1} more "
-                f"processes / alone: {factor:.3f}")  # fmt: skip
+            factors = {}
+            for b, s in contention_points(grid):
+                factors[str(b)] = cpu_contention_factor(args, vocab_size, device, ranks, b, s)
+                say(f"CPU seconds of a decoder layer at b={b}, s={s} as the first of {ranks} "
+                    f"pipeline stages / alone: {factors[str(b)]:.3f}")  # fmt: skip
+            table["cpu_contention_factor"] = {str(ranks): factors}
         if tp > 1:
             bandwidth = allreduce_bus_bandwidth(device)
             latency = allreduce_latency_s(device)
@@ -263,6 +262,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         atomic_write(Path(args.output), (json.dumps(table, indent=1) + "\n").encode())
         say(f"wrote {args.output}")
     return 0
+
+
+def contention_points(grid) -> list[tuple[int, int]]:
+    """Where `--cpu-contention-ranks` measures: the smallest and the largest micro-batch of
+    the grid at the longest sequence each may take (a handful of passes is hand-off time, a
+    large one its compute; the search interpolates between them)."""
+    points = {}
+    for b, s in grid.points():
+        if not grid.max_tokens or b * s <= grid.max_tokens:
+            points[b] = max(points.get(b, 0), s)
+    sizes = sorted(points)
+    return [(b, points[b]) for b in sorted({sizes[0], sizes[-1]})] if sizes else []
 
 
 def _flag_value(argv: Sequence[str], flag: str, default: str) -> str:

@@ -32,13 +32,15 @@ _PER_TP_FIELDS = (
     "backward_s_per_microbatch",
 )
 
-# int-keyed dicts: by SDP group size, and by TP degree for `cpu_busy_fraction`
+# int-keyed dicts: by SDP group size, by TP degree for `cpu_busy_fraction`, by samples for
+# `cpu_contention_factor`
 _BY_GROUP_SIZE = (
     "sdp_forward_s",
     "sdp_backward_s",
     "sdp_cpu_busy_fraction",
     "sdp_transient_bytes",
     "cpu_busy_fraction",
+    "cpu_contention_factor",
 )
 # fields whose JSON form `to_dict` / `from_dict` convert (the rest are copied as they are)
 _CONVERTED = ("layer_types", "layer_kinds", "allreduce_bandwidth", "p2p_bandwidth", *_BY_GROUP_SIZE)
@@ -115,6 +117,10 @@ class CostInputs:
     # by SDP group size: the share of the time FSDP2 adds (`sdp_forward_s` + `sdp_backward_s`)
     # that the rank is on a core
     sdp_cpu_busy_fraction: dict[int, float] = field(default_factory=dict)
+    # by samples a rank holds: how much more CPU its passes take where the job's ranks
+    # outnumber the cores, for strategies whose profiles gave each process a core (TP and SDP
+    # degrees up to `host_cores`); interpolated between sizes, 1 where empty
+    cpu_contention_factor: dict[int, float] = field(default_factory=dict)
     output_activation_bytes_per_sample: float = 0.0
     seq_length: int = 0
     description: dict = field(default_factory=dict)

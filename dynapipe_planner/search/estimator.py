@@ -25,11 +25,11 @@ Prices every layer of a pipeline stage under every candidate strategy, for one m
 * the pipeline time of Eq. 9: (m - 1) * max_i C_nosync(M_i) + sum_i C(M_i);
 * ranks that share fewer CPU cores than there are ranks (profiled CPU tables; not in the
   paper, whose stages each own a GPU): Eq. 9's stages run side by side only as far as the cores
-  allow; the ranks' CPU seconds, shared out over the cores as the operating system does
-  (`shared_host_time`), give another least iteration time, and the estimate is the larger;
-  that sharing is fair only while no rank waits for another, so the time the cores stand idle
-  while SDP's collectives wait for the group's last rank (measured in FSDP2's profile) is
-  added.
+  allow; a fluid run of the stages' 1F1B passes, each pass waiting for its input and the cores
+  shared among the ranks with a pass ready as the operating system shares them
+  (`shared_host_time`), gives another iteration time (the bubbles' idle cores included), and
+  the estimate is the larger; the time the cores stand idle while SDP's collectives wait for
+  the group's last rank (measured in FSDP2's profile) is added.
 """
 
 from __future__ import annotations
@@ -65,8 +65,11 @@ class StageTables:
     extra_time_nosync: float  # p2p, embedding / output layer per micro-batch
     extra_time_sync: float
     extra_bytes: float  # embedding / output layer memory
-    # CPU seconds of a rank for `nosync` and `sync` (ranks on shared CPU cores), and the share
-    # of a strategy's time its rank is on a core (`cpu_busy_fraction` of its TP degree)
+    # one micro-batch's forward alone (s; the rest of `nosync` is its backward), the CPU
+    # seconds of a rank for `forward`, `nosync` and `sync` (ranks on shared CPU cores), and
+    # the share of a strategy's time its rank is on a core (`cpu_busy_fraction` of its TP)
+    forward: np.ndarray
+    cpu_forward: np.ndarray
     cpu_nosync: np.ndarray
     cpu_sync: np.ndarray
     busy: np.ndarray
@@ -181,6 +184,10 @@ class Estimator:
         # FSDP2 on z ranks over c cores, profiled: of its wall time w the ranks were on a core
         # z * busy * w core-seconds, so w (1 - z busy / c) of it no rank could use the cores
         cores = inputs.host_cores
+        # strategies whose profiles gave each process a core pay the contention among the
+        # job's ranks (`cpu_contention_factor`); the others' profiles already shared cores
+        self.tp_had_core = np.array([s.tp <= cores for s in strategies], dtype=bool)
+        self.sdp_had_core = np.array([s.sdp <= cores for s in strategies], dtype=bool)
         self.sdp_idle = np.array(
             [
                 max(0.0, 1.0 - s.sdp * b / cores) if cores and s.sdp > 1 else 0.0
@@ -232,6 +239,10 @@ class Estimator:
         once = per_layer[:, None, None] * (self.relayout * new_shard[None, :])[None, :, :]
         extra_t, extra_b = self._extras(stage, b)
         fsdp = self.sdp_measured_fwd[kinds] + self.sdp_measured_bwd[kinds]
+        fsdp_forward = self.sdp_measured_fwd[kinds]
+        contention = self._contention(n_local)
+        busy = self.busy * np.where(self.tp_had_core, contention, 1.0)
+        sdp_busy = self.sdp_busy * np.where(self.sdp_had_core, contention, 1.0)
         return StageTables(
             nosync=nosync,
             sync=sync,
@@ -244,11 +255,22 @@ class Estimator:
             extra_time_nosync=extra_t,
             extra_time_sync=extra_t,
             extra_bytes=extra_b,
-            cpu_nosync=self.busy * (nosync - fsdp) + self.sdp_busy * fsdp,
-            cpu_sync=self.busy * (sync - fsdp) + self.sdp_busy * fsdp,
-            busy=self.busy,
+            forward=np.where(bad, INF, forward),
+            cpu_forward=busy * (forward - fsdp_forward) + sdp_busy * fsdp_forward,
+            cpu_nosync=busy * (nosync - fsdp) + sdp_busy * fsdp,
+            cpu_sync=busy * (sync - fsdp) + sdp_busy * fsdp,
+            busy=busy,
             sync_idle=self.sdp_idle * fsdp,
         )
+
+    def _contention(self, samples: np.ndarray) -> np.ndarray:
+        """`cpu_contention_factor` at each strategy's samples per rank, linear between the
+        measured sizes and flat beyond them; 1 where nothing was measured."""
+        measured = sorted(self.inputs.cpu_contention_factor.items())
+        if not measured:
+            return np.ones_like(samples)
+        sizes, factors = zip(*measured, strict=True)
+        return np.interp(samples, sizes, factors)
 
     def _extras(self, stage: int, b: float) -> tuple[float, float]:
         """Per micro-batch: the runtime's own cost (profiled), p2p time and the embedding /
@@ -301,18 +323,46 @@ def stage_times(t: StageTables, chosen: list[int]) -> tuple[float, float]:
     return nosync, sync
 
 
-def stage_cpu_s(t: StageTables, chosen: list[int], num_micro: int) -> float:
-    """CPU seconds one rank of the stage spends per iteration on the chosen strategies: its
-    layers' `(m - 1)` micro-batches without sync and the last, and its per-micro-batch extras
-    and re-layouts at its layers' mean busy share."""
-    m = num_micro
+@dataclass(frozen=True)
+class StageWork:
+    """What one rank of a stage does per micro-batch, for the 1F1B run of ranks on shared
+    cores (`shared_host_time`): seconds alone and CPU seconds of its forward, of a backward
+    without gradient sync and of the last backward (with it)."""
+
+    forward_s: float
+    backward_s: float
+    last_backward_s: float
+    forward_cpu_s: float
+    backward_cpu_s: float
+    last_backward_cpu_s: float
+
+
+def stage_work(t: StageTables, chosen: list[int]) -> StageWork:
+    """The chosen strategies' `StageWork`: the layers' forwards, and the rest of `stage_times`
+    as the backward; the per-micro-batch extras (p2p, end layers, the runtime) go a third to
+    the forward (a layer's backward is about twice its forward), re-layouts half (the
+    activations one way, their gradients back), both at the layers' mean busy share."""
+    nosync, sync = stage_times(t, chosen)
     share = float(t.busy[chosen].mean()) if chosen else 1.0
-    total = ((m - 1) * t.extra_time_nosync + t.extra_time_sync) * share
+    forward = t.extra_time_nosync / 3.0
+    forward_cpu = forward * share
+    cpu_nosync = t.extra_time_nosync * share
+    cpu_sync = t.extra_time_sync * share
     for layer, j in enumerate(chosen):
-        total += (m - 1) * t.cpu_nosync[layer, j] + t.cpu_sync[layer, j]
+        forward += float(t.forward[layer, j])
+        forward_cpu += float(t.cpu_forward[layer, j])
+        cpu_nosync += float(t.cpu_nosync[layer, j])
+        cpu_sync += float(t.cpu_sync[layer, j])
         if layer:
-            total += m * t.transform_once[layer, chosen[layer - 1], j] * share
-    return float(total)
+            r = float(t.transform_once[layer, chosen[layer - 1], j])
+            forward += r / 2.0
+            forward_cpu += r / 2.0 * share
+            cpu_nosync += r * share
+            cpu_sync += r * share
+    return StageWork(
+        forward, nosync - forward, sync - forward, forward_cpu,
+        cpu_nosync - forward_cpu, cpu_sync - forward_cpu,
+    )  # fmt: skip
 
 
 def stage_sync_idle_s(t: StageTables, chosen: list[int], num_micro: int) -> float:
@@ -331,28 +381,96 @@ def shares_cores(inputs: CostInputs, ranks: int) -> bool:
     return 0 < inputs.host_cores < ranks
 
 
+def one_f_one_b(stages: int, stage: int, num_micro: int) -> list[tuple[str, int]]:
+    """The order 1F1B runs a stage's passes in: ("F" | "B", micro-batch). Stage i of P first
+    runs min(P - i - 1, m) forwards, then alternates a forward and a backward, then drains
+    the backwards."""
+    warmup = min(stages - stage - 1, num_micro)
+    order = [("F", k) for k in range(warmup)]
+    forwards = warmup
+    for k in range(num_micro):
+        if forwards < num_micro:
+            order.append(("F", forwards))
+            forwards += 1
+        order.append(("B", k))
+    return order
+
+
+def core_shares(demands: Sequence[float], ranks_each: int, cores: float) -> list[float]:
+    """The cores each of `ranks_each` ranks per entry gets when they all want to run:
+    max-min fair, as the operating system shares cores; a rank wants `demand` cores (its CPU
+    seconds per second alone, at most 1) and a rank wanting less than its fair share leaves
+    the rest to the others."""
+    shares = [0.0] * len(demands)
+    left, waiting = float(cores), ranks_each * len(demands)
+    for i in sorted(range(len(demands)), key=lambda i: demands[i]):
+        fair = left / waiting
+        shares[i] = min(demands[i], 1.0, fair)
+        left -= ranks_each * shares[i]
+        waiting -= ranks_each
+    return shares
+
+
 def shared_host_time(
     inputs: CostInputs,
-    stage_cpu: list[float],
+    works: Sequence[StageWork],
     ranks_per_stage: int,
+    num_micro: int,
     sync_idle: Sequence[float] = (),
 ) -> float:
-    """The iteration time of ranks sharing `inputs.host_cores` CPU cores, each rank doing its
-    stage's CPU work (`stage_cpu_s`). The cores are shared equally by the ranks with work
-    left (the operating system's fair share): while n ranks have work, each advances at
-    min(1, cores / n), so the iteration ends when the most loaded rank is done. With the
-    ranks' works sorted w_1 <= ... <= w_R, that is sum_k (w_k - w_{k-1}) max(1, (R - k + 1) /
-    cores): the total over the cores when every rank stays busy to the end, the largest work
-    when the cores outnumber the ranks. Plus the longest time a stage's cores stand idle
-    while its SDP collectives wait for the group's last rank (`sync_idle`, per stage:
-    `stage_sync_idle_s`; fair sharing assumes ranks never wait on each other). 0 where each
-    rank has a device of its own (no `host_cores`) or the ranks do not outnumber the cores."""
-    ranks = ranks_per_stage * len(stage_cpu)
-    if not shares_cores(inputs, ranks):
+    """The iteration time of the stages' ranks sharing `inputs.host_cores` CPU cores, each
+    rank running its stage's 1F1B passes (`works`, per micro-batch). A fluid run: a pass
+    starts when its input is there (the previous stage's forward, the next stage's
+    backward) and its rank's turn comes; while passes run, the cores are shared among their
+    ranks (`core_shares`), and a pass advances at the lesser of its speed alone and its
+    cores over its CPU seconds. Pipeline bubbles thus leave cores idle, and where every
+    rank keeps working it is their CPU seconds over the cores. Plus the longest time a
+    stage's cores stand idle while its SDP collectives wait for the group's last rank
+    (`sync_idle`, per stage: `stage_sync_idle_s`; fair sharing assumes ranks never wait on
+    each other). 0 where each rank has a device of its own (no `host_cores`) or the ranks
+    do not outnumber the cores."""
+    stages, m = len(works), num_micro
+    if not shares_cores(inputs, ranks_per_stage * stages):
         return 0.0
-    works = sorted(w for w in stage_cpu for _ in range(ranks_per_stage))
-    elapsed, done = 0.0, 0.0
-    for k, work in enumerate(works):
-        elapsed += (work - done) * max(1.0, (ranks - k) / inputs.host_cores)
-        done = work
+    order = [one_f_one_b(stages, i, m) for i in range(stages)]
+    turn = [0] * stages
+    progress = [0.0] * stages  # fraction of the current pass done
+    done: set[tuple[str, int, int]] = set()
+
+    def ready(i: int) -> bool:
+        if turn[i] == len(order[i]):
+            return False
+        kind, k = order[i][turn[i]]
+        if kind == "F":
+            return i == 0 or ("F", k, i - 1) in done
+        return ("B", k, i + 1) in done if i < stages - 1 else ("F", k, i) in done
+
+    def cost(i: int) -> tuple[float, float]:
+        kind, k = order[i][turn[i]]
+        w = works[i]
+        if kind == "F":
+            return w.forward_s, w.forward_cpu_s
+        if k == m - 1:
+            return w.last_backward_s, w.last_backward_cpu_s
+        return w.backward_s, w.backward_cpu_s
+
+    elapsed = 0.0
+    while any(turn[i] < len(order[i]) for i in range(stages)):
+        running = [i for i in range(stages) if ready(i)]
+        costs = [cost(i) for i in running]
+        demands = [cpu / wall if wall > 0 else 1.0 for wall, cpu in costs]
+        shares = core_shares(demands, ranks_per_stage, inputs.host_cores)
+        rates = [
+            share / cpu if cpu > 0 else (1.0 / wall if wall > 0 else INF)
+            for (wall, cpu), share in zip(costs, shares, strict=True)
+        ]
+        step = min((1.0 - progress[i]) / r for i, r in zip(running, rates, strict=True))
+        elapsed += step
+        for i, r in zip(running, rates, strict=True):
+            progress[i] += r * step
+            if progress[i] >= 1.0 - 1e-9:
+                kind, k = order[i][turn[i]]
+                done.add((kind, k, i))
+                turn[i] += 1
+                progress[i] = 0.0
     return float(elapsed + max(sync_idle, default=0.0))

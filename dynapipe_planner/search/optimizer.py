@@ -55,9 +55,9 @@ from .estimator import (
     pipeline_time,
     shared_host_time,
     shares_cores,
-    stage_cpu_s,
     stage_sync_idle_s,
     stage_times,
+    stage_work,
 )
 from .layer_dp import StagePlan, StageSolver
 from .partition import (
@@ -159,8 +159,11 @@ class _PipelineSearch:
             bwd_bytes=full.bwd_bytes[a:b],
             transform=full.transform[a:b],
             transform_once=full.transform_once[a:b],
+            forward=full.forward[a:b],
+            cpu_forward=full.cpu_forward[a:b],
             cpu_nosync=full.cpu_nosync[a:b],
             cpu_sync=full.cpu_sync[a:b],
+            sync_idle=full.sync_idle[a:b],
         )
 
     def time_bound(self, mb: int, m: int) -> float:
@@ -289,12 +292,12 @@ class _PipelineSearch:
         per_stage = [float((m - 1) * a + b) for a, b in zip(nosync, sync, strict=True)]
         total = pipeline_time(nosync, sync, m)
         if shares_cores(self.inputs, self.est.group * self.pp):
-            cpu, idle = [], []
+            works, idle = [], []
             for stage, ((a, b), p) in enumerate(zip(bounds, plans, strict=True)):
                 tables = self.tables(stage, a, b, mb, m)
-                cpu.append(stage_cpu_s(tables, p.chosen, m))
+                works.append(stage_work(tables, p.chosen))
                 idle.append(stage_sync_idle_s(tables, p.chosen, m))
-            total = max(total, shared_host_time(self.inputs, cpu, self.est.group, idle))
+            total = max(total, shared_host_time(self.inputs, works, self.est.group, m, idle))
         return _Evaluated(float(total), list(partition), plans, memory, per_stage)
 
     def _stage_time(self, mb: int, m: int) -> StageCost:
@@ -790,7 +793,7 @@ def price_plan(
         raise PlanningError(f"strategies {bad} cannot run micro-batches of {mb} on these inputs")
     index = {s: j for j, s in enumerate(unique)}
     est = Estimator(cost_inputs, unique)
-    nosync, sync, memory, cpu, idle, start = [], [], [], [], [], 0
+    nosync, sync, memory, works, idle, start = [], [], [], [], [], 0
     for stage, n in enumerate(partition):
         tables = est.stage_tables(range(start, start + n), stage, mb, m)
         chosen = [index[s] for s in strategies[start : start + n]]
@@ -798,13 +801,13 @@ def price_plan(
         nosync.append(a)
         sync.append(b)
         memory.append(float(peak_memory(tables, chosen)))
-        cpu.append(stage_cpu_s(tables, chosen, m))
+        works.append(stage_work(tables, chosen))
         idle.append(stage_sync_idle_s(tables, chosen, m))
         start += n
     per_stage = [float((m - 1) * a + b) for a, b in zip(nosync, sync, strict=True)]
     total = max(
         float(pipeline_time(nosync, sync, m)),
-        shared_host_time(cost_inputs, cpu, est.group, idle),
+        shared_host_time(cost_inputs, works, est.group, m, idle),
     )
     return PlanPrice(global_batch_size / total, total, per_stage, memory)
 

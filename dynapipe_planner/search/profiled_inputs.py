@@ -51,10 +51,12 @@ micro-batch size whose point was measured, per component and TP degree):
   outnumber the cores (`estimator.shared_host_time`). A table without them (a GPU's) turns
   the bound off; a multi-rank table also holds the share of FSDP2's added time its rank was on
   a core (`sdp_layer_cpu_busy_fraction`: its gathers and reduce-scatter wait on the others);
-  the TP-1 table may hold how many more CPU seconds a layer's pass takes beside as many
-  processes as the job has ranks (`cpu_contention_factor`: {"ranks": factor}; 1.09-1.35 for 4
-  on 2 cores), which scales the CPU seconds of the tables whose profiling processes each had
-  a core, when the job's ranks outnumber the cores;
+  the TP-1 table may hold how many more CPU seconds a layer's passes take as the first of as
+  many pipeline stages as the job has ranks (`cpu_contention_factor`: {"ranks": {"b": factor}}
+  at the grid's smallest and largest micro-batch; 1.23 at b=1 and 1.17 at b=4 for 4 ranks on
+  2 cores), which scales the CPU seconds of the strategies whose tables' profiling processes
+  each had a core (interpolated at their samples per rank), when the job's ranks outnumber
+  the cores;
 * the runtime's own cost per micro-batch (not in §V, which prices layers alone): the TP-1
   table's `runtime_s_per_microbatch` at s (a one-layer model through the executor's forward
   step, loss and backward, less its layer and output layer), added to every stage's
@@ -69,7 +71,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -296,12 +298,8 @@ def profiled_cost_inputs(
     sdp_forward = _per_group(tables, "sdp_layer_forward_s", allow_zero=True)
     sdp_backward = _per_group(tables, "sdp_layer_backward_s", allow_zero=True)
     cores = _host_cores(tables)
-    contended = _contended(tables, num_gpus, cores)
-    busy = {tp: f * contended(tp) for tp, f in _per_group(tables, "cpu_busy_fraction").items()}
-    sdp_busy = {
-        z: f * contended(z)
-        for z, f in _per_group(tables, "sdp_layer_cpu_busy_fraction", allow_zero=True).items()
-    }
+    busy = _per_group(tables, "cpu_busy_fraction")
+    sdp_busy = _per_group(tables, "sdp_layer_cpu_busy_fraction", allow_zero=True)
     sdp_transient = _per_group(tables, "sdp_layer_transient_bytes", allow_zero=True)
     runtime = _runtime_s(tables, seq_length)
     allreduce, p2p = _topology(measured_bw, num_gpus, tables)
@@ -335,6 +333,7 @@ def profiled_cost_inputs(
         runtime_s_per_microbatch=runtime,
         cpu_busy_fraction=busy,
         sdp_cpu_busy_fraction=sdp_busy,
+        cpu_contention_factor=_contention(tables, num_gpus, cores),
         sdp_transient_bytes=sdp_transient,
         output_activation_bytes_per_sample=head["activation_bytes"] / b_head,
         seq_length=seq_length,
@@ -366,13 +365,28 @@ def _runtime_s(tables: list[dict[str, Any]], seq_length: int) -> float:
     return 0.0
 
 
-def _contended(tables: list[dict[str, Any]], ranks: int, cores: int) -> Callable[[int], float]:
-    """The factor on the CPU seconds of a table measured on `n` processes: the TP-1 table's
-    `cpu_contention_factor` for the job's `ranks` where they outnumber the `cores` and the
-    `n` profiling processes did not (each had a core; more than the cores already paid it),
-    else 1."""
-    factor = _per_group(tables, "cpu_contention_factor").get(ranks, 1.0)
-    return lambda n: factor if cores and ranks > cores >= n else 1.0
+def _contention(tables: list[dict[str, Any]], ranks: int, cores: int) -> dict[int, float]:
+    """Micro-batch size -> the factor on the CPU seconds of the ranks whose profiling
+    processes each had a core: the TP-1 table's `cpu_contention_factor` for the job's
+    `ranks`, where they outnumber the `cores`; empty where they do not or nothing measured
+    it (the factor is then 1)."""
+    found: dict[int, dict[int, float]] = {}
+    for table in tables:
+        for key, per_size in (table.get("cpu_contention_factor") or {}).items():
+            name = f"cpu_contention_factor[{key!r}]"
+            if not isinstance(per_size, dict):
+                raise PlanningError(
+                    f"cost table {table['path']} {name} must map micro-batch sizes to factors "
+                    f"(profile again with --cpu-contention-ranks), got {per_size!r}"
+                )
+            sizes = _per_group([{"path": table["path"], name: per_size}], name)
+            try:
+                found[int(key)] = sizes
+            except ValueError:
+                raise PlanningError(
+                    f"cost table {table['path']} {name}: the key must be a rank count"
+                ) from None
+    return found.get(ranks, {}) if cores and ranks > cores else {}
 
 
 def _host_cores(tables: list[dict[str, Any]]) -> int:

@@ -404,45 +404,81 @@ def cpu_contention_factor(
     b: int,
     s: int,
     *,
-    warmup: int = 2,
-    repeats: int = 7,
+    rounds: int = 3,
 ) -> float:
-    """How many more CPU seconds a TP-1 decoder layer's forward + backward at (b, s) takes
-    while `ranks - 1` more processes run the same passes on this machine than alone: ranks
-    that outnumber the cores evict each other's caches at every switch (on the 2-core CPU, a
-    forward at b=4 took 9.4 ms CPU alone, 11.2 ms beside three more). The others are forked
-    copies of this process (no collectives: TP 1); the medians of `repeats` passes after
-    `warmup`."""
+    """How many more CPU seconds a TP-1 decoder layer's passes at (b, s) take as the first of
+    `ranks` pipeline stages on this machine's cores than alone. Ranks that outnumber the
+    cores evict each other's caches, and more so where they sleep and wake at every hand-off,
+    as pipeline stages do (copies that only computed side by side read 1.0-1.1; the same
+    copies as a pipeline 1.2 at b=1, 1.17 at b=4, as the ranks of a PP4 run on 2 cores). The
+    other stages are forked copies of this process (no collectives: TP 1) that run the 1F1B
+    order of 4 x `ranks` micro-batches, one layer each, handing over through pipes; stage 0's
+    CPU seconds over its passes, against the same passes alone, alternated `rounds` times
+    (the host's speed drifts within minutes), as the ratio of their sums."""
+    from dynapipe_planner.search.estimator import one_f_one_b
+
     components, _keep = _components(args, vocab_size, device, "none")
     layer = next(c for c in components if c.name == "decoder_layer")
     inputs, grad = layer.make_inputs(b, s)
-
-    def one_pass() -> None:
-        torch.autograd.backward(layer.forward(*inputs), grad)
-        for tensor in inputs:
-            tensor.grad = None
-
-    def cpu_s() -> float:
-        return _median_s(one_pass, device, warmup, repeats, clock=time.process_time)
-
-    alone = cpu_s()
+    num_micro = 4 * ranks
     context = multiprocessing.get_context("fork")
-    stop = context.Event()
-    others = [context.Process(target=_passes_until, args=(one_pass, stop)) for _ in range(1, ranks)]
-    for process in others:
-        process.start()
-    try:
-        together = cpu_s()
-    finally:
-        stop.set()
+
+    def stage(i: int, links: dict[str, Any]) -> float:
+        """Stage i's 1F1B passes, each waiting for its input from the stage it comes from."""
+        outputs: dict[int, torch.Tensor] = {}
+        busy = 0.0
+        for kind, k in one_f_one_b(ranks, i, num_micro):
+            if links.get(kind + "_in") is not None:
+                links[kind + "_in"].recv()
+            started = time.process_time()
+            if kind == "F":
+                outputs[k] = layer.forward(*inputs)
+            else:
+                torch.autograd.backward(outputs.pop(k), grad)
+                for tensor in inputs:
+                    tensor.grad = None
+            busy += time.process_time() - started
+            if links.get(kind + "_out") is not None:
+                links[kind + "_out"].send(k)
+        return busy
+
+    def only(links: dict[str, Any], ends: list[Any]) -> dict[str, Any]:
+        """Close every pipe end but `links`, so that a stage that dies ends its
+        neighbours' waits (EOFError) instead of hanging them."""
+        for end in ends:
+            if all(end is not mine for mine in links.values()):
+                end.close()
+        return links
+
+    def forked_stage(i: int, links: dict[str, Any], ends: list[Any]) -> None:
+        stage(i, only(links, ends))
+
+    def pipeline() -> float:
+        forward = [context.Pipe(duplex=False) for _ in range(ranks - 1)]  # i -> i + 1
+        backward = [context.Pipe(duplex=False) for _ in range(ranks - 1)]  # i + 1 -> i
+        ends = [end for pair in forward + backward for end in pair]
+        others = []
+        for i in range(1, ranks):
+            links = {"F_in": forward[i - 1][0], "B_out": backward[i - 1][1]}
+            if i < ranks - 1:
+                links.update(F_out=forward[i][1], B_in=backward[i][0])
+            others.append(context.Process(target=forked_stage, args=(i, links, ends)))
         for process in others:
-            process.join()
-    return together / alone
+            process.start()
+        try:
+            return stage(0, only({"F_out": forward[0][1], "B_in": backward[0][0]}, ends))
+        finally:
+            for process in others:
+                process.join()
+            for end in ends:
+                end.close()
 
-
-def _passes_until(one_pass: Callable[[], None], stop) -> None:
-    while not stop.is_set():
-        one_pass()
+    stage(0, {})  # warm-up
+    alone = beside = 0.0
+    for _ in range(rounds):
+        alone += stage(0, {})
+        beside += pipeline()
+    return beside / alone
 
 
 def _describe(cost: PointCost | None) -> str:
