@@ -219,7 +219,9 @@ def test_the_runtime_runs_what_the_flags_cannot_say(dp_only, tmp_path):
     path = tmp_path / "plan.json"
     flags = parallel_plan_flags(dp_only, MODEL, 1024, str(path))
     assert flags.expressible and flags.command_line().endswith(f"--parallel-plan {path}")
-    write_plan(dp_only, path, MODEL, seq_length=1024, num_gpus=8)
+    written = write_plan(dp_only, path, MODEL, seq_length=1024, num_gpus=8)
+    # the file says how the runtime runs it, as the CLI prints it: with itself
+    assert written["runtime"] == {"expressible": True, "flags": flags.flags, "notes": []}
     plan = load_plan(path)
     assert plan.partition == tuple(dp_only.partition) and plan.checkpointed_layers == (1,)
     assert plan.strategies == tuple(dp_only.strategies) and plan.data_degree == 8 // dp_only.pp

@@ -31,7 +31,7 @@ from ..errors import PlanningError
 from ..model_spec import MODEL_PRESETS, load_model_spec
 from .cost_inputs import analytic_cost_inputs
 from .optimizer import SearchResult, search
-from .plan_file import megatron_flags, parallel_plan_flags, runtime_flags, write_plan
+from .plan_file import megatron_flags, runtime_command, write_plan
 from .profiled_inputs import profiled_cost_inputs, read_cost_tables
 from .runnable import runnable_search
 
@@ -194,9 +194,7 @@ def search_main(argv: Sequence[str] | None = None) -> int:
     )
     print(f"{model.name} on {args.num_gpus} {where}, sequence length {args.seq_length}")
     print(summary(result))
-    runtime = runtime_flags(result, model, args.seq_length)
-    if not runtime.expressible:  # the plan file itself runs what the flags cannot say
-        runtime = parallel_plan_flags(result, model, args.seq_length, args.output)
+    runtime = runtime_command(result, model, args.seq_length, args.output)
     megatron = megatron_flags(result, model)
     for name, flags in (("Megatron-LM", megatron), ("pretrain_gpt.py", runtime)):
         if flags.expressible:

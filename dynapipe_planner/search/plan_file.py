@@ -175,15 +175,27 @@ def runtime_flags(result: SearchResult, model: ModelSpec, seq_length: int) -> Fl
     )
 
 
-def plan_dict(result: SearchResult, model: ModelSpec, *, seq_length: int, **job) -> dict:
-    """The plan file's JSON object; `job` adds free-form job facts (GPU, GPUs per node ...)."""
+def runtime_command(
+    result: SearchResult, model: ModelSpec, seq_length: int, path: str | None
+) -> Flags:
+    """How `pretrain_gpt.py` runs the plan: its flags where they say it
+    (`runtime_flags`), else the plan file at `path` (`parallel_plan_flags`), else why not."""
+    flags = runtime_flags(result, model, seq_length)
+    return flags if flags.expressible else parallel_plan_flags(result, model, seq_length, path)
+
+
+def plan_dict(
+    result: SearchResult, model: ModelSpec, *, seq_length: int, path: str | None = None, **job
+) -> dict:
+    """The plan file's JSON object (to be written at `path`); `job` adds free-form job facts
+    (GPU, GPUs per node ...)."""
     layers, start = [], 0
     for stage, stage_strategies in enumerate(result.stage_strategies()):
         for offset, s in enumerate(stage_strategies):
             layers.append({"layer": start + offset, "stage": stage, **s.to_dict()})
         start += len(stage_strategies)
     megatron = megatron_flags(result, model)
-    runtime = runtime_flags(result, model, seq_length)
+    runtime = runtime_command(result, model, seq_length, path)
     return {
         "version": PLAN_VERSION,
         "kind": "galvatron-bmw" if result.bi_objective else "galvatron-base",
@@ -221,7 +233,7 @@ def write_plan(
     result: SearchResult, path: str | Path, model: ModelSpec, *, seq_length: int, **job
 ) -> dict:
     """Write the plan file atomically (a failed run leaves no half-written file)."""
-    data = plan_dict(result, model, seq_length=seq_length, **job)
+    data = plan_dict(result, model, seq_length=seq_length, path=str(path), **job)
     atomic_write(Path(path), (json.dumps(data, indent=1) + "\n").encode())
     return data
 
