@@ -161,6 +161,28 @@ def test_layer_costs_are_the_tables_entries_scaled(tables):
     assert t.extra_bytes == pytest.approx((800_000 + 600_000) / 2 + 6e6 * 0.5 / 2 * 4 / 2)
 
 
+def test_the_output_layer_is_priced_at_the_last_layers_tp_degree(tables, tmp_path):
+    """A TP-2 table's own output layer (vocabulary-parallel, its all-reduces inside) prices
+    the last layer of a TP-2 strategy on the last stage; a strategy whose TP degree has none
+    takes the TP-1 layer's time split over the stage's ranks."""
+
+    def measured(data):
+        data[1]["entries"].append(_entry(2, "lm_head", 1.5, 300_000))
+
+    inputs = _inputs(_edited(tables, tmp_path, measured))
+    # lm_head at TP 2: 1.5 x (0.036, 0.066, 0.129) forward + backward at b = 1, 2, 4
+    line = affine_time([(b, 1.5 * x / 3) for b, x in ((1, 0.036), (2, 0.066), (4, 0.129))])
+    assert inputs.output_forward_s_per_microbatch_by_tp[2] == pytest.approx(line[0])
+    assert inputs.output_forward_s_per_sample_by_tp[2] == pytest.approx(line[1])
+    tp2, dp2 = LayerStrategy(1, ("tp",), (2,), False), LayerStrategy(1, ("dp",), (2,), False)
+    t = Estimator(inputs, [tp2, dp2]).stage_tables(range(4), 0, 4, 1)
+    head = t.nosync[3] - t.nosync[2]  # the decoder layers are alike: the last adds the head
+    assert head[0] == pytest.approx(3 * (line[0] + line[1] * 4))
+    assert head[1] == pytest.approx(3 * (0.001 + 0.005 * 4 / 2))  # TP 1's, over 2 ranks
+    assert t.forward[3] - t.forward[2] == pytest.approx(head / 3)
+    assert (t.sync[3] - t.sync[2]) == pytest.approx(head)
+
+
 def test_affine_time_is_the_least_squares_line_kept_non_negative():
     assert affine_time([(1, 3.0), (2, 5.0), (4, 9.0)]) == pytest.approx((1.0, 2.0))
     assert affine_time([(2, 4.0)]) == pytest.approx((0.0, 2.0))  # one size: per sample (§V)
@@ -430,8 +452,8 @@ def test_stage_work_splits_a_micro_batch_into_its_forward_and_backward(tables):
     work = stage_work(t, [0, 0])
     assert work.forward_s + work.backward_s == pytest.approx(nosync)
     assert work.forward_s + work.last_backward_s == pytest.approx(sync)
-    # the layers' forwards and a third of the extras (the output layer, its 3 passes)
-    assert work.forward_s == pytest.approx(2 * t.forward[0, 0] + t.extra_time_nosync / 3)
+    # the layers' forwards (the last with the output layer's) and a third of the extras
+    assert work.forward_s == pytest.approx(t.forward[:, 0].sum() + t.extra_time_nosync / 3)
     # under CKPT the backward recomputes the forward: more than twice the forward's layers
     assert work.backward_s > 2 * 2 * t.forward[0, 0]
     busy = float(t.busy[0])

@@ -32,8 +32,8 @@ _PER_TP_FIELDS = (
     "backward_s_per_microbatch",
 )
 
-# int-keyed dicts: by SDP group size, by TP degree for `cpu_busy_fraction`, by samples for
-# `cpu_contention_factor`
+# int-keyed dicts: by SDP group size, by TP degree for `cpu_busy_fraction` and the output
+# layer's times, by samples for `cpu_contention_factor`
 _BY_GROUP_SIZE = (
     "sdp_forward_s",
     "sdp_backward_s",
@@ -41,6 +41,8 @@ _BY_GROUP_SIZE = (
     "sdp_transient_bytes",
     "cpu_busy_fraction",
     "cpu_contention_factor",
+    "output_forward_s_per_sample_by_tp",
+    "output_forward_s_per_microbatch_by_tp",
 )
 # fields whose JSON form `to_dict` / `from_dict` convert (the rest are copied as they are)
 _CONVERTED = ("layer_types", "layer_kinds", "allreduce_bandwidth", "p2p_bandwidth", *_BY_GROUP_SIZE)
@@ -98,6 +100,11 @@ class CostInputs:
     output_param_bytes: float = 0.0  # last stage (untied output layer)
     output_forward_s_per_sample: float = 0.0
     output_forward_s_per_microbatch: float = 0.0  # profiled: see LayerTypeCosts
+    # the output layer measured at a TP degree (vocabulary-parallel, its all-reduces inside),
+    # per sample on the rank and per micro-batch; a degree missing: the two above, split over
+    # the stage's GPUs
+    output_forward_s_per_sample_by_tp: dict[int, float] = field(default_factory=dict)
+    output_forward_s_per_microbatch_by_tp: dict[int, float] = field(default_factory=dict)
     # Measured time FSDP2 adds to an SDP layer (TP 1) sharded over a group of this many GPUs,
     # per micro-batch: its forward (all-gather) and its backward (all-gather, reduce-scatter,
     # their copies and hooks); where a size is missing, §V's bytes over the bandwidth.

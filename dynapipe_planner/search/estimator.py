@@ -172,6 +172,24 @@ class Estimator:
                 else:
                     self.relayout[i, j] = 1.0
         self.stage_bw = inputs.bandwidth(self.group, 1) if self.group > 1 else INF
+        # the output layer, on the last layer's columns of the last stage: measured at the
+        # strategy's TP degree on its data-parallel share of the micro-batch, else the TP-1
+        # time split evenly over the stage's GPUs (like a vocabulary-parallel layer)
+        by_tp = inputs.output_forward_s_per_sample_by_tp
+        self.head_per_sample = np.array(
+            [by_tp.get(s.tp, inputs.output_forward_s_per_sample) for s in strategies]
+        )
+        self.head_per_micro = np.array(
+            [
+                inputs.output_forward_s_per_microbatch_by_tp.get(
+                    s.tp, inputs.output_forward_s_per_microbatch
+                )
+                for s in strategies
+            ]
+        )
+        self.head_split = np.array(
+            [s.data_degree if s.tp in by_tp else self.group for s in strategies], dtype=np.float64
+        )
         # share of a layer's time its rank is on a CPU core (1 where not measured), and of the
         # time FSDP2 adds to an SDP layer (its collectives wait on the other ranks)
         self.busy = np.array([inputs.cpu_busy_fraction.get(s.tp, 1.0) for s in strategies])
@@ -216,6 +234,11 @@ class Estimator:
         nosync = nosync + self.sdp_measured_bwd[kinds]
         sync = forward + overlapped(bwd_compute, 2.0 * gather + self.dp_allreduce[kinds], slow)
         sync = sync + bwd_tp + self.sdp_measured_bwd[kinds]
+        if stage == self.pp - 1 and len(layers) and layers.stop == inputs.num_layers:
+            head = 3.0 * (self.head_per_micro + self.head_per_sample * b / self.head_split)
+            forward[-1] += head / 3.0  # the output layer's forward: a third, as in §V
+            nosync[-1] += head
+            sync[-1] += head
         in_flight = min(self.pp - stage, m)
         stored = np.where(
             self.ckpt,
@@ -273,11 +296,13 @@ class Estimator:
         return np.interp(samples, sizes, factors)
 
     def _extras(self, stage: int, b: float) -> tuple[float, float]:
-        """Per micro-batch: the runtime's own cost (profiled), p2p time and the embedding /
-        output layer of the end stages.
+        """Per micro-batch: the runtime's own cost (profiled) and p2p time; the embedding /
+        output layer's memory on the end stages (the output layer's time is on the last
+        layer's columns: it depends on the strategy's TP degree).
 
-        The embedding and output layers are split evenly over the stage's GPUs (like a
-        vocabulary-parallel layer), and their communication is not priced.
+        The embedding and output layers' states are split evenly over the stage's GPUs (like a
+        vocabulary-parallel layer); their communication is priced where measured (a profiled
+        TP-t output layer), else not.
         """
         inputs, n = self.inputs, self.group
         time = inputs.runtime_s_per_microbatch
@@ -292,8 +317,6 @@ class Estimator:
         if stage == self.pp - 1:
             nbytes += inputs.output_param_bytes * inputs.model_state_factor / n
             nbytes += inputs.output_activation_bytes_per_sample * b / n
-            per_sample = inputs.output_forward_s_per_sample * b / n
-            time += 3.0 * (inputs.output_forward_s_per_microbatch + per_sample)
         return time, nbytes
 
 

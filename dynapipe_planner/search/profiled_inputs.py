@@ -27,7 +27,9 @@ micro-batch size whose point was measured, per component and TP degree):
 * embedding and output layer: their TP-1 `static_bytes` / `model_state_factor` as parameter
   bytes; `output_forward_s_per_sample` and `output_forward_s_per_microbatch` = the line
   (as above) of `lm_head`'s forward + backward, divided by 3, so that the estimator's forward
-  + twice-forward backward of the output layer is the measured pair,
+  + twice-forward backward of the output layer is the measured pair (per TP degree from each
+  TP-t table's `lm_head`: vocabulary-parallel, its all-reduces inside; 1.5-2.5x the TP-1
+  time over 2 ranks on the 2-core CPU),
   `output_activation_bytes_per_sample` = its activations / b_ref. The embedding's time is not
   priced (a lookup);
 * communication: the all-reduce bus bandwidth each multi-rank table measured for its group
@@ -286,11 +288,15 @@ def profiled_cost_inputs(
     state_factor = _static(layer_entry, layer_where) / param_bytes
     if state_factor <= 0:
         raise PlanningError(f"{layer_where}: static_bytes must be positive")
+    head_fixed, head_per_sample = {}, {}
+    for tp in degrees:
+        if (tp, "lm_head") in entries:
+            _, _, head_rows = _point(*entries[tp, "lm_head"], seq_length)
+            head_fixed[tp], head_per_sample[tp] = affine_time(
+                [(n, (r["forward_s"] + r["backward_s"]) / 3.0) for n, r in head_rows]
+            )
     head_entry, head_where = entries[1, "lm_head"]
-    b_head, head, head_rows = _point(head_entry, head_where, seq_length)
-    head_fixed, head_per_sample = affine_time(
-        [(n, (r["forward_s"] + r["backward_s"]) / 3.0) for n, r in head_rows]
-    )
+    b_head, head, _ = _point(head_entry, head_where, seq_length)
     embedding_bytes = _static(*entries[1, "embedding"]) / state_factor
     _point(*entries[1, "embedding"], seq_length)  # checked like the others, time not priced
     measured_bw = _per_group(tables, "allreduce_bus_bandwidth")
@@ -325,8 +331,10 @@ def profiled_cost_inputs(
         link_latency_s=latency,
         embedding_param_bytes=embedding_bytes,
         output_param_bytes=_static(head_entry, head_where) / state_factor,
-        output_forward_s_per_sample=head_per_sample,
-        output_forward_s_per_microbatch=head_fixed,
+        output_forward_s_per_sample=head_per_sample[1],
+        output_forward_s_per_microbatch=head_fixed[1],
+        output_forward_s_per_sample_by_tp=head_per_sample,
+        output_forward_s_per_microbatch_by_tp=head_fixed,
         sdp_forward_s=sdp_forward,
         sdp_backward_s=sdp_backward,
         host_cores=cores,
