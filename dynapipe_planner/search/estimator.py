@@ -62,7 +62,7 @@ class StageTables:
     bwd_bytes: np.ndarray  # O_b: backward peak on top of the stored activations
     transform: np.ndarray  # (L, S, S): R(previous strategy, this strategy) for all micro-batches
     transform_once: np.ndarray  # (L, S, S): R for one micro-batch
-    extra_time_nosync: float  # p2p, embedding / output layer per micro-batch
+    extra_time_nosync: float  # the runtime's own and p2p time per micro-batch
     extra_time_sync: float
     extra_bytes: float  # embedding / output layer memory
     # one micro-batch's forward alone (s; the rest of `nosync` is its backward), the CPU
@@ -206,6 +206,8 @@ class Estimator:
         # job's ranks (`cpu_contention_factor`); the others' profiles already shared cores
         self.tp_had_core = np.array([s.tp <= cores for s in strategies], dtype=bool)
         self.sdp_had_core = np.array([s.sdp <= cores for s in strategies], dtype=bool)
+        self.contention_sizes = sorted(inputs.cpu_contention_factor)
+        self.contention_factors = [inputs.cpu_contention_factor[n] for n in self.contention_sizes]
         self.sdp_idle = np.array(
             [
                 max(0.0, 1.0 - s.sdp * b / cores) if cores and s.sdp > 1 else 0.0
@@ -289,11 +291,9 @@ class Estimator:
     def _contention(self, samples: np.ndarray) -> np.ndarray:
         """`cpu_contention_factor` at each strategy's samples per rank, linear between the
         measured sizes and flat beyond them; 1 where nothing was measured."""
-        measured = sorted(self.inputs.cpu_contention_factor.items())
-        if not measured:
+        if not self.contention_sizes:
             return np.ones_like(samples)
-        sizes, factors = zip(*measured, strict=True)
-        return np.interp(samples, sizes, factors)
+        return np.interp(samples, self.contention_sizes, self.contention_factors)
 
     def _extras(self, stage: int, b: float) -> tuple[float, float]:
         """Per micro-batch: the runtime's own cost (profiled) and p2p time; the embedding /
@@ -362,7 +362,7 @@ class StageWork:
 
 def stage_work(t: StageTables, chosen: list[int]) -> StageWork:
     """The chosen strategies' `StageWork`: the layers' forwards, and the rest of `stage_times`
-    as the backward; the per-micro-batch extras (p2p, end layers, the runtime) go a third to
+    as the backward; the per-micro-batch extras (p2p, the runtime) go a third to
     the forward (a layer's backward is about twice its forward), re-layouts half (the
     activations one way, their gradients back), both at the layers' mean busy share."""
     nosync, sync = stage_times(t, chosen)

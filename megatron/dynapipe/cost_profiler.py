@@ -41,6 +41,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from dynapipe_planner.cost.profiled import FORMAT
 from dynapipe_planner.megatron_model import spec_from_args
+from dynapipe_planner.search.estimator import one_f_one_b
 
 from .data.microbatches import MicroBatchTensors
 from .memory import (
@@ -409,14 +410,13 @@ def cpu_contention_factor(
     """How many more CPU seconds a TP-1 decoder layer's passes at (b, s) take as the first of
     `ranks` pipeline stages on this machine's cores than alone. Ranks that outnumber the
     cores evict each other's caches, and more so where they sleep and wake at every hand-off,
-    as pipeline stages do (copies that only computed side by side read 1.0-1.1; the same
-    copies as a pipeline 1.2 at b=1, 1.17 at b=4, as the ranks of a PP4 run on 2 cores). The
+    as pipeline stages do (on the 2-core CPU with 4 ranks, copies that only computed side by
+    side read 1.03-1.09; as a pipeline 1.28-1.34 at b=1 and 1.15-1.18 at b=8, near a PP4
+    run's layers: 4.6 ms CPU a forward at b=1, 3.5 alone). The
     other stages are forked copies of this process (no collectives: TP 1) that run the 1F1B
     order of 4 x `ranks` micro-batches, one layer each, handing over through pipes; stage 0's
     CPU seconds over its passes, against the same passes alone, alternated `rounds` times
     (the host's speed drifts within minutes), as the ratio of their sums."""
-    from dynapipe_planner.search.estimator import one_f_one_b
-
     components, _keep = _components(args, vocab_size, device, "none")
     layer = next(c for c in components if c.name == "decoder_layer")
     inputs, grad = layer.make_inputs(b, s)
@@ -555,21 +555,20 @@ def _median_s(
     repeats: int,
     *,
     barrier: bool = False,
-    clock: Callable[[], float] = time.perf_counter,
 ) -> float:
-    """The median seconds of `repeats` calls of `run` after `warmup` untimed ones by `clock`
-    (wall by default), the device synchronised around each (and, with `barrier`, the world
-    group aligned before each)."""
+    """The median wall seconds of `repeats` calls of `run` after `warmup` untimed ones, the
+    device synchronised around each (and, with `barrier`, the world group aligned before
+    each)."""
     times = []
     for i in range(warmup + repeats):
         _synchronize(device)
         if barrier:
             torch.distributed.barrier()
-        started = clock()
+        started = time.perf_counter()
         run()
         _synchronize(device)
         if i >= warmup:
-            times.append(clock() - started)
+            times.append(time.perf_counter() - started)
     return statistics.median(times)
 
 
