@@ -320,7 +320,8 @@ def _on_cores(tables, tmp_path, cores: list[int | None], busy: float) -> list:
 def test_ranks_outnumbering_the_cores_take_the_cpu_seconds_they_need(tables, tmp_path):
     """PP2 on 2 ranks: Eq. 9 runs the stages side by side, which one shared core cannot; with
     ranks on the core all their time, some pass is always ready, so the estimate is every
-    stage's time summed over the one core."""
+    stage's time summed over the one core, plus the receiving end of each transfer (a
+    stage's time holds its sends only)."""
     pp2 = [LayerStrategy(2, (), (), False)] * 4
 
     def price(paths):
@@ -328,10 +329,16 @@ def test_ranks_outnumbering_the_cores_take_the_cpu_seconds_they_need(tables, tmp
 
     alone = price(tables)  # GPU-like tables: no host, Eq. 9
     assert _inputs(tables).host_cores == 0
-    one_core = price(_on_cores(tables, tmp_path, [1, 1], 1.0))
+    on_one_core = _on_cores(tables, tmp_path, [1, 1], 1.0)
+    one_core = price(on_one_core)
     assert one_core.stage_time_s == alone.stage_time_s
     assert sum(alone.stage_time_s) > alone.iteration_time_s  # the bound is the larger
-    assert one_core.iteration_time_s == pytest.approx(sum(alone.stage_time_s), rel=1e-9)
+    est = Estimator(_inputs(on_one_core), pp2[:1])
+    stages = [est.stage_tables(range(2 * i, 2 * i + 2), i, 2, 4) for i in (0, 1)]
+    receives = [t.extra_cpu - t.extra_time_nosync for t in stages]
+    assert receives[0] == receives[1] > 0  # one transfer each way per micro-batch
+    expected = sum(alone.stage_time_s) + 4 * sum(receives)
+    assert one_core.iteration_time_s == pytest.approx(expected, rel=1e-9)
     assert one_core.throughput == pytest.approx(8 / one_core.iteration_time_s)
     # as many cores as ranks, or one table without host cores: Eq. 9 alone
     assert price(_on_cores(tables, tmp_path, [2, 4], 0.9)) == alone
@@ -360,10 +367,15 @@ def test_cpu_contention_scales_the_strategies_whose_processes_had_a_core(tables,
     assert inputs.cpu_contention_factor == {1: 1.1, 4: 1.4}
     assert _inputs(_edited(tables, tmp_path, measured("4"))).cpu_contention_factor == {}
     dp2, tp2 = LayerStrategy(1, ("dp",), (2,), False), LayerStrategy(1, ("tp",), (2,), False)
-    t = Estimator(inputs, [dp2, tp2]).stage_tables(range(4), 0, 4, 1)
+    dp2_ckpt = LayerStrategy(1, ("dp",), (2,), True)
+    t = Estimator(inputs, [dp2, tp2, dp2_ckpt]).stage_tables(range(4), 0, 4, 1)
     # DP2 at b=4: 2 samples a rank, a third of the way from 1 to 4
     assert t.cpu_nosync[0, 0] == pytest.approx(0.8 * 1.2 * t.nosync[0, 0])
     assert t.cpu_nosync[0, 1] == pytest.approx(0.8 * t.nosync[0, 1])
+    # the recomputed forward runs warm, right before its backward: the factor spares it
+    recompute = t.forward[0, 2]
+    assert t.nosync[0, 2] == pytest.approx(t.nosync[0, 0] + recompute)
+    assert t.cpu_nosync[0, 2] == pytest.approx(0.8 * (1.2 * t.nosync[0, 0] + recompute))
     t = Estimator(inputs, [dp2]).stage_tables(range(4), 0, 16, 1)  # 8 a rank: flat beyond 4
     assert t.cpu_nosync[0, 0] == pytest.approx(0.8 * 1.4 * t.nosync[0, 0])
 
@@ -457,7 +469,10 @@ def test_stage_work_splits_a_micro_batch_into_its_forward_and_backward(tables):
     # under CKPT the backward recomputes the forward: more than twice the forward's layers
     assert work.backward_s > 2 * 2 * t.forward[0, 0]
     busy = float(t.busy[0])
-    assert work.forward_cpu_s + work.backward_cpu_s == pytest.approx(busy * nosync)
+    # a transfer's CPU at both ends: the stage's time holds its one send, its CPU the receive
+    assert t.extra_cpu > t.extra_time_nosync
+    own = nosync - t.extra_time_nosync + t.extra_cpu
+    assert work.forward_cpu_s + work.backward_cpu_s == pytest.approx(busy * own)
 
 
 def test_the_runtime_per_micro_batch_is_added_to_every_stage(tables, tmp_path):

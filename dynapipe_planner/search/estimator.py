@@ -64,6 +64,7 @@ class StageTables:
     transform_once: np.ndarray  # (L, S, S): R for one micro-batch
     extra_time_nosync: float  # the runtime's own and p2p time per micro-batch
     extra_time_sync: float
+    extra_cpu: float  # their CPU seconds (a transfer's at both ends)
     extra_bytes: float  # embedding / output layer memory
     # one micro-batch's forward alone (s; the rest of `nosync` is its backward), the CPU
     # seconds of a rank for `forward`, `nosync` and `sync` (ranks on shared CPU cores), and
@@ -262,12 +263,18 @@ class Estimator:
         per_layer = 2.0 * boundary * b / self.stage_bw
         new_shard = 1.0 / self.data
         once = per_layer[:, None, None] * (self.relayout * new_shard[None, :])[None, :, :]
-        extra_t, extra_b = self._extras(stage, b)
+        extra_t, extra_cpu, extra_b = self._extras(stage, b)
         fsdp = self.sdp_measured_fwd[kinds] + self.sdp_measured_bwd[kinds]
         fsdp_forward = self.sdp_measured_fwd[kinds]
+        # the contention among the job's ranks (where a strategy's profile gave its process
+        # a core) falls on the passes that follow a hand-off: a recomputed forward runs right
+        # before its backward, on warm caches, at the single-process price (4 pipeline stages
+        # on 2 cores: a checkpointed layer read 1.17-1.19 its passes alone, recompute
+        # included, a plain one 1.20-1.29, about the same extra seconds a micro-batch)
         contention = self._contention(n_local)
         busy = self.busy * np.where(self.tp_had_core, contention, 1.0)
         sdp_busy = self.sdp_busy * np.where(self.sdp_had_core, contention, 1.0)
+        recompute = np.where(self.ckpt, fwd_compute + tp_pass, 0.0)
         return StageTables(
             nosync=nosync,
             sync=sync,
@@ -279,11 +286,12 @@ class Estimator:
             transform_once=once,
             extra_time_nosync=extra_t,
             extra_time_sync=extra_t,
+            extra_cpu=extra_cpu,
             extra_bytes=extra_b,
             forward=np.where(bad, INF, forward),
             cpu_forward=busy * (forward - fsdp_forward) + sdp_busy * fsdp_forward,
-            cpu_nosync=busy * (nosync - fsdp) + sdp_busy * fsdp,
-            cpu_sync=busy * (sync - fsdp) + sdp_busy * fsdp,
+            cpu_nosync=busy * (nosync - fsdp - recompute) + self.busy * recompute + sdp_busy * fsdp,
+            cpu_sync=busy * (sync - fsdp - recompute) + self.busy * recompute + sdp_busy * fsdp,
             busy=busy,
             sync_idle=self.sdp_idle * fsdp,
         )
@@ -295,29 +303,33 @@ class Estimator:
             return np.ones_like(samples)
         return np.interp(samples, self.contention_sizes, self.contention_factors)
 
-    def _extras(self, stage: int, b: float) -> tuple[float, float]:
-        """Per micro-batch: the runtime's own cost (profiled) and p2p time; the embedding /
-        output layer's memory on the end stages (the output layer's time is on the last
-        layer's columns: it depends on the strategy's TP degree).
+    def _extras(self, stage: int, b: float) -> tuple[float, float, float]:
+        """Per micro-batch: the runtime's own cost (profiled) and p2p time, the CPU seconds of
+        both (a transfer occupies a core at each end: the sender's and the receiver's rank
+        copy it through their sockets); the embedding / output layer's memory on the end
+        stages (the output layer's time is on the last layer's columns: it depends on the
+        strategy's TP degree).
 
         The embedding and output layers' states are split evenly over the stage's GPUs (like a
         vocabulary-parallel layer); their communication is priced where measured (a profiled
         TP-t output layer), else not.
         """
         inputs, n = self.inputs, self.group
-        time = inputs.runtime_s_per_microbatch
+        time = cpu = inputs.runtime_s_per_microbatch
         nbytes = 0.0
         if self.pp > 1:
             bw = inputs.p2p_bandwidth[self.pp]
             first = inputs.layer_types[inputs.layer_kinds[0]]
-            sends = (stage > 0) + (stage < self.pp - 1)
-            time += sends * (b * first.boundary_bytes_per_sample / n / bw + inputs.link_latency_s)
+            sends = (stage > 0) + (stage < self.pp - 1)  # as many receives
+            transfer = b * first.boundary_bytes_per_sample / n / bw + inputs.link_latency_s
+            time += sends * transfer
+            cpu += 2 * sends * transfer
         if stage == 0:
             nbytes += inputs.embedding_param_bytes * inputs.model_state_factor / n
         if stage == self.pp - 1:
             nbytes += inputs.output_param_bytes * inputs.model_state_factor / n
             nbytes += inputs.output_activation_bytes_per_sample * b / n
-        return time, nbytes
+        return time, cpu, nbytes
 
 
 def peak_memory(t: StageTables, chosen: list[int]) -> float:
@@ -368,9 +380,8 @@ def stage_work(t: StageTables, chosen: list[int]) -> StageWork:
     nosync, sync = stage_times(t, chosen)
     share = float(t.busy[chosen].mean()) if chosen else 1.0
     forward = t.extra_time_nosync / 3.0
-    forward_cpu = forward * share
-    cpu_nosync = t.extra_time_nosync * share
-    cpu_sync = t.extra_time_sync * share
+    forward_cpu = t.extra_cpu / 3.0 * share
+    cpu_nosync = cpu_sync = t.extra_cpu * share
     for layer, j in enumerate(chosen):
         forward += float(t.forward[layer, j])
         forward_cpu += float(t.cpu_forward[layer, j])
