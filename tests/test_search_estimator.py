@@ -12,7 +12,12 @@ from dynapipe_planner.cluster import get_gpu
 from dynapipe_planner.errors import PlanningError
 from dynapipe_planner.model_spec import MODEL_PRESETS
 from dynapipe_planner.search import CostInputs, analytic_cost_inputs, strategy_space
-from dynapipe_planner.search.estimator import Estimator, overlapped
+from dynapipe_planner.search.estimator import (
+    Estimator,
+    overlapped,
+    peak_memory,
+    stage_fwd_bytes,
+)
 
 GPU = get_gpu("A100-40GB")
 
@@ -84,6 +89,27 @@ def test_1f1b_stage_keeps_p_minus_i_microbatches(inputs):
     assert per_stage == pytest.approx([4 * one, 3 * one, 2 * one, one])
     few = [est.stage_tables(range(6), i, 16, 2).fwd_bytes[0, j] for i in range(4)]
     assert few == pytest.approx([2 * one, 2 * one, 2 * one, one])
+
+
+def test_stage_input_is_held_per_microbatch_in_flight_and_the_gradient_received(inputs):
+    """A layer's activations hold its output, not its input: the stage's input (received, or
+    the embedding's output) is kept for every micro-batch in flight, and all but the last
+    stage hold the output gradient a backward receives; on the first layer's row only."""
+    strategies = strategy_space(16)[4]
+    est = Estimator(inputs, strategies)
+    idx = _by_name(strategies)
+    j = idx["PP4+DP4"]  # 4 samples of a micro-batch of 16 on each GPU
+    (decoder,) = inputs.layer_types
+    one = 4 * decoder.boundary_bytes_per_sample
+    for stage, held in enumerate([4 + 1, 3 + 1, 2 + 1, 1]):
+        t = est.stage_tables(range(6), stage, 16, 8)
+        assert t.input_bytes[:, j] == pytest.approx([held * one] * 6)
+        fwd = stage_fwd_bytes(t)
+        np.testing.assert_array_equal(fwd[1:], t.fwd_bytes[1:])
+        assert fwd[0, j] == pytest.approx(t.fwd_bytes[0, j] + held * one)
+        chosen = [j] * 6
+        without = dataclasses.replace(t, input_bytes=0 * t.input_bytes)
+        assert peak_memory(t, chosen) == pytest.approx(peak_memory(without, chosen) + held * one)
 
 
 def test_cost_inputs_can_be_built_directly():

@@ -60,6 +60,10 @@ class StageTables:
     fwd_bytes: np.ndarray  # O_f: activations kept, times micro-batches in flight
     state_bytes: np.ndarray  # O_ms: weights, gradients, optimiser states
     bwd_bytes: np.ndarray  # O_b: backward peak on top of the stored activations
+    # what each layer would add as the stage's first: its input, kept for each micro-batch in
+    # flight (a layer's profiled activations hold its output, not its input), and on all but
+    # the last stage the output gradient a backward receives (`stage_fwd_bytes` adds it)
+    input_bytes: np.ndarray
     transform: np.ndarray  # (L, S, S): R(previous strategy, this strategy) for all micro-batches
     transform_once: np.ndarray  # (L, S, S): R for one micro-batch
     extra_time_nosync: float  # the runtime's own and p2p time per micro-batch
@@ -243,12 +247,11 @@ class Estimator:
             nosync[-1] += head
             sync[-1] += head
         in_flight = min(self.pp - stage, m)
-        stored = np.where(
-            self.ckpt,
-            np.array([inputs.layer_types[k].boundary_bytes_per_sample for k in kinds])[:, None],
-            self.act_per_sample[kinds],
-        )
+        boundary = np.array([inputs.layer_types[k].boundary_bytes_per_sample for k in kinds])
+        stored = np.where(self.ckpt, boundary[:, None], self.act_per_sample[kinds])
         fwd_bytes = in_flight * n_local * stored
+        held = in_flight + (stage < self.pp - 1)
+        input_bytes = held * boundary[:, None] * n_local
         bwd_bytes = n_local * (
             self.work_per_sample[kinds] + np.where(self.ckpt, self.act_per_sample[kinds], 0.0)
         )
@@ -258,7 +261,6 @@ class Estimator:
         nosync = np.where(bad, INF, nosync)
         sync = np.where(bad, INF, sync)
         objective = np.where(bad, INF, (m - 1) * np.where(bad, 0.0, nosync) + sync)
-        boundary = np.array([inputs.layer_types[k].boundary_bytes_per_sample for k in kinds])
         # Forward and backward each move the missing activations (and their gradients).
         per_layer = 2.0 * boundary * b / self.stage_bw
         new_shard = 1.0 / self.data
@@ -282,6 +284,7 @@ class Estimator:
             fwd_bytes=fwd_bytes,
             state_bytes=state_bytes,
             bwd_bytes=bwd_bytes,
+            input_bytes=input_bytes,
             transform=once * m,
             transform_once=once,
             extra_time_nosync=extra_t,
@@ -332,13 +335,24 @@ class Estimator:
         return time, cpu, nbytes
 
 
+def stage_fwd_bytes(t: StageTables) -> np.ndarray:
+    """`t.fwd_bytes` with the stage's input on its first layer (the layers of `t` are the
+    stage's, first to last)."""
+    held = t.fwd_bytes.copy()
+    if len(held):
+        held[0] += t.input_bytes[0]
+    return held
+
+
 def peak_memory(t: StageTables, chosen: list[int]) -> float:
-    """Eq. 2 for the chosen strategy of each layer, plus the end stages' extra bytes."""
+    """Eq. 2 for the chosen strategy of each layer, plus the stage's input and the end
+    stages' extra bytes."""
     running = 0.0
     peak = 0.0
     states = 0.0
+    fwd_bytes = stage_fwd_bytes(t)
     for layer, j in enumerate(chosen):
-        running += t.fwd_bytes[layer, j]
+        running += fwd_bytes[layer, j]
         peak = max(peak, running + t.bwd_bytes[layer, j])
         states += t.state_bytes[layer, j]
     return peak + states + t.extra_bytes

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _core
-from .estimator import StageTables
+from .estimator import StageTables, stage_fwd_bytes
 
 INF = float("inf")
 
@@ -182,7 +182,7 @@ def _peak(fwd, bwd, states, chosen) -> float:
 
 def memory_weights(tables: StageTables, granularity: float) -> np.ndarray:
     """Forward memory of each (layer, strategy) in bins, rounded to the nearest bin."""
-    raw = np.floor((tables.fwd_bytes + tables.state_bytes) / granularity + 0.5)
+    raw = np.floor((stage_fwd_bytes(tables) + tables.state_bytes) / granularity + 0.5)
     return np.where(np.isfinite(tables.objective), raw, 0).astype(np.int64)
 
 
@@ -223,11 +223,12 @@ def solve_stage(
     b_up = float(np.max(np.where(finite, tables.bwd_bytes, 0.0)))
     unchecked = _unchecked_bins(limit, b_up, layers, granularity)
     objective = np.where(finite, tables.objective, INF)
+    fwd_bytes = stage_fwd_bytes(tables)
     cost, chosen, e = layer_dp_reference(
         objective.tolist(),
         weight.tolist(),
         tables.transform.tolist(),
-        tables.fwd_bytes.tolist(),
+        fwd_bytes.tolist(),
         tables.bwd_bytes.tolist(),
         tables.state_bytes.tolist(),
         budget,
@@ -236,7 +237,7 @@ def solve_stage(
     )
     if not chosen or not cost < INF:
         return None
-    peak = _peak(tables.fwd_bytes, tables.bwd_bytes, tables.state_bytes, chosen)
+    peak = _peak(fwd_bytes, tables.bwd_bytes, tables.state_bytes, chosen)
     return StagePlan(cost, list(chosen), e, peak + tables.extra_bytes)
 
 
@@ -247,6 +248,7 @@ class StageSolver:
 
     def __init__(self, tables: StageTables, memory_budget: float, granularity: float):
         self.tables = tables
+        self.fwd_bytes = stage_fwd_bytes(tables)
         self.granularity = granularity
         self.limit = memory_budget - tables.extra_bytes
         self._dp = None
@@ -258,7 +260,7 @@ class StageSolver:
             np.where(finite, tables.objective, INF),
             memory_weights(tables, granularity),
             tables.transform,
-            tables.fwd_bytes,
+            self.fwd_bytes,
             tables.bwd_bytes,
             tables.state_bytes,
             _budget_bins(self.limit, memory_budget, granularity),
@@ -274,5 +276,6 @@ class StageSolver:
         if not chosen or not cost < INF:
             return None
         t = self.tables
-        peak = _peak(t.fwd_bytes[:layers], t.bwd_bytes[:layers], t.state_bytes[:layers], chosen)
+        fwd = self.fwd_bytes[:layers]
+        peak = _peak(fwd, t.bwd_bytes[:layers], t.state_bytes[:layers], chosen)
         return StagePlan(cost, list(chosen), e, peak + t.extra_bytes)

@@ -157,6 +157,7 @@ class _PipelineSearch:
             fwd_bytes=full.fwd_bytes[a:b],
             state_bytes=full.state_bytes[a:b],
             bwd_bytes=full.bwd_bytes[a:b],
+            input_bytes=full.input_bytes[a:b],
             transform=full.transform[a:b],
             transform_once=full.transform_once[a:b],
             forward=full.forward[a:b],
