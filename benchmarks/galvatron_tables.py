@@ -193,7 +193,7 @@ Where these numbers differ from the paper's Table II, and why:
   CKPT's larger batches rarely beat its 33% recomputation. The paper's large CKPT gains
   (Galvatron -> Galvatron-Base) come from measured GPU efficiency growing with the batch and
   from PCIe-bound communication; on two A100 nodes (--num-gpus 16) PP and the bi-objective
-  partition do pay (BMW over Base by up to 12%).
+  partition do pay (BMW over Base by up to 14%).
 - Our search also tries m = P, 2P, 4P, 8P micro-batches (gradient accumulation without PP),
   which lets every row reach large batches without CKPT; --microbatch-counts 1 removes that.
 - Model states take 18 bytes per parameter (bf16 weights, fp32 gradients and Adam), PP is
