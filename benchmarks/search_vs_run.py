@@ -12,9 +12,9 @@ cost estimator, App. D "Estimation Performance"; issue #20's acceptance), on 4 C
    processes each had a core, on the passes after a hand-off (not on a recomputed forward,
    which runs warm, right before its backward). (Running 4 / TP profilers at once, as
    earlier versions did, did not make their timed passes overlap: the TP-1 tables measured
-   a CPU share of 1.0.) The
-   host's speed drifts (the same layer's forward measured 9.3 and 10.4 ms alone 20
-   minutes apart), so every round profiles anew and its runs are predicted from its tables.
+   a CPU share of 1.0.) The host's speed drifts (the same layer's forward measured 9.3 and
+   10.4 ms alone 20 minutes apart), so every round profiles anew and its runs are predicted
+   from its tables.
 2. Set a per-rank memory budget that forbids plain DP: `--budget-fraction` (0.5) of the least
    peak the estimator gives uniform DP4 without recomputation over every micro-batch count
    (low enough that every uniform layout either checkpoints all its layers or runs small
