@@ -8,7 +8,8 @@ Each run is one `torchrun` with `OMP_NUM_THREADS=1` per rank (the machine is sha
 stdout holds one line per iteration, in the homogeneous form (`iteration 3/8 | lm loss ... |
 tokens/s ... | ... | iteration 412 ms (predicted 9 ms on A100-80GB) ...`) or the heterogeneous
 one, which names the strategy and splits the time into pull, propagation, push and optimiser;
-`predicted` (the planner's iteration time, ms) is None where no planner ran
+`predicted` (the planner's iteration time, ms, or under `--parallel-plan` the search's:
+`(search predicted 1,152 ms on cpu ...)`) is None where no planner ran
 (`--baseline megatron-1f1b`). Configurations are run in
 alternating order between rounds (`alternating`) because load drifts on a shared machine.
 """
@@ -35,7 +36,7 @@ HETERO = re.compile(
 HOMOGENEOUS = re.compile(
     r"iteration +(?P<it>\d+)/\d+ \| lm loss (?P<loss>[\d.]+) \| tokens/s (?P<tps>[\d,]+) \| "
     r"(?:padding eff (?P<eff>[\d.]+) \| micro-batches (?P<mbs>\d+) \| )?"
-    r".*?\| iteration (?P<ms>[\d,]+) ms(?: \(predicted (?P<predicted>[\d,.]+) ms)?"
+    r".*?\| iteration (?P<ms>[\d,]+) ms(?: \((?:search )?predicted (?P<predicted>[\d,.]+) ms)?"
 )
 
 PEAK_MEMORY = re.compile(r"\| peak memory (?P<peak_mib>[\d,.]+) MiB")

@@ -219,10 +219,12 @@ def test_the_runtime_runs_what_the_flags_cannot_say(dp_only, tmp_path):
     path = tmp_path / "plan.json"
     flags = parallel_plan_flags(dp_only, MODEL, 1024, str(path))
     assert flags.expressible and flags.command_line().endswith(f"--parallel-plan {path}")
-    written = write_plan(dp_only, path, MODEL, seq_length=1024, num_gpus=8)
+    written = write_plan(dp_only, path, MODEL, seq_length=1024, num_gpus=8, gpu="A100-40GB")
     # the file says how the runtime runs it, as the CLI prints it: with itself
     assert written["runtime"] == {"expressible": True, "flags": flags.flags, "notes": []}
     plan = load_plan(path)
+    # the job's iteration line gives the search's prediction and what it priced
+    assert (plan.predicted_iteration_s, plan.priced_on) == (dp_only.iteration_time_s, "A100-40GB")
     assert plan.partition == tuple(dp_only.partition) and plan.checkpointed_layers == (1,)
     assert plan.strategies == tuple(dp_only.strategies) and plan.data_degree == 8 // dp_only.pp
     check_job(plan, MODEL, 8, 1024)
@@ -252,8 +254,12 @@ def test_the_runtime_runs_what_the_flags_cannot_say(dp_only, tmp_path):
         (lambda d: d["layers"][5].update(ckpt="yes"), "layers[5]: 'ckpt' must be true or"),
         (lambda d: d.update(num_microbatches=0), "'num_microbatches' must be a positive"),
         (lambda d: d.update(num_gpus=16), "layer 0 (PP2+DP4) uses 4 GPU(s) per stage"),
+        (
+            lambda d: d["predicted"].update(iteration_time_s=-1),
+            "predicted iteration_time_s must be a positive number, got -1",
+        ),
     ],
-    ids=["version", "layers", "partition", "degree", "ckpt", "microbatches", "gpus"],
+    ids=["version", "layers", "partition", "degree", "ckpt", "microbatches", "gpus", "predicted"],
 )
 def test_a_bad_plan_file_is_named(dp_only, tmp_path, edit, named):
     data = json.loads(json.dumps(write_plan(dp_only, tmp_path / "p.json", MODEL, seq_length=1024)))

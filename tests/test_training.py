@@ -195,6 +195,12 @@ def test_iteration_line_says_when_the_planner_budget_ran_out(monkeypatch) -> Non
     assert [(r["it"], r["tps"], r["ms"], r["predicted"]) for r in rows] == [
         ("2", "2,333", "6,691", "8.0")
     ]
+    # a searched plan file's job: the search's prediction, for the devices it priced
+    plan = ExecutionPlan(1, 1, [], [], stats)
+    work = Iteration(lambda: None, plan.stats, 4, waited_s=0.0007, plan=plan)
+    searched = iteration_line(2, 10, work, 5.15391, 15610, 6.691, "A100-80GB", (), (1.152, "cpu"))
+    assert "iteration 6,691 ms (search predicted 1,152.0 ms on cpu) | planning 0.8 ms" in searched
+    assert iteration_rows(searched)[0]["predicted"] == "1,152.0"
 
 
 def test_log_peak_memory_traces_the_last_iteration_on_every_rank(capfd) -> None:

@@ -22,6 +22,7 @@ gives the `pretrain_gpt.py` command for such a plan.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -246,7 +247,8 @@ class PlanFileError(PlanningError):
 class SearchedPlan:
     """A plan file as a training job reads it: the model it was searched for, the pipeline
     partition, every layer's strategy, and the batch (`microbatch_size` samples per
-    micro-batch over all data-parallel ranks together, as the search counts them)."""
+    micro-batch over all data-parallel ranks together, as the search counts them); the
+    search's predicted iteration time and the devices it priced (None where not recorded)."""
 
     path: str
     model: ModelSpec
@@ -257,6 +259,8 @@ class SearchedPlan:
     global_batch_size: int
     num_microbatches: int
     microbatch_size: int
+    predicted_iteration_s: float | None = None
+    priced_on: str | None = None
 
     @property
     def pp(self) -> int:
@@ -291,6 +295,26 @@ def _field(data: dict, key: str, kind: type, where: str) -> object:
     if not isinstance(value, kind):
         raise PlanFileError(f"{where}: {key!r} must be a {kind.__name__}, got {value!r}")
     return value
+
+
+def _prediction(data: dict, where: str) -> tuple[float | None, str | None]:
+    """The file's predicted iteration time (s) and the devices it was priced for."""
+    predicted = data.get("predicted")
+    seconds = predicted.get("iteration_time_s") if isinstance(predicted, dict) else None
+    if seconds is not None and (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, (int, float))
+        or not math.isfinite(seconds)
+        or seconds <= 0
+    ):
+        raise PlanFileError(
+            f"{where}: predicted iteration_time_s must be a positive number, got {seconds!r}"
+        )
+    device = data.get("gpu")
+    return (
+        None if seconds is None else float(seconds),
+        device if isinstance(device, str) else None,
+    )
 
 
 def _layer_strategy(entry: object, pp: int, where: str) -> LayerStrategy:
@@ -350,6 +374,7 @@ def load_plan(path: str | Path) -> SearchedPlan:
         _field(data, "global_batch_size", int, where),
         _field(data, "num_microbatches", int, where),
         _field(data, "microbatch_size", int, where),
+        *_prediction(data, where),
     )
     for i, s in enumerate(plan.strategies):
         if s.group_size * plan.pp != plan.num_gpus:

@@ -29,12 +29,14 @@ def iteration_line(
     measured_s: float,
     gpu: str,
     checkpointed: tuple[int, ...] = (),
+    searched: tuple[float, str | None] | None = None,
 ) -> str:
     """Iteration `iteration` (counted from 1) of `train_iters`: the loss per real token,
     `tokens` real tokens over the measured `measured_s` (the whole step: passes, gradient sync
     and optimiser). `recompute`: the recomputation mode, or the layers a searched plan
     checkpoints (`checkpointed`); with a planner, `predicted` is the plan's iteration time on
-    `gpu`, `planning` the planner's time for this plan (spent ahead of training when planner
+    `gpu`, or for a searched plan file the search's (`searched`: seconds and the devices it
+    priced), `planning` the planner's time for this plan (spent ahead of training when planner
     workers run) and `waited` how long the printing rank waited for the plan; "planner
     budget exhausted" follows only when the micro-batch DP ran out of its wall-clock budget
     (the plan is then the best partition found, not the optimum)."""
@@ -50,9 +52,15 @@ def iteration_line(
         f"iteration {measured_s * 1e3:,.0f} ms"
     )
     if work.plan is not None:
+        if searched is not None:
+            seconds, device = searched
+            predicted = f"search predicted {seconds * 1e3:,.1f} ms" + (
+                f" on {device}" if device else ""
+            )
+        else:
+            predicted = f"predicted {stats['predicted_iteration_s'] * 1e3:,.1f} ms on {gpu}"
         line += (
-            f" (predicted {stats['predicted_iteration_s'] * 1e3:,.1f} ms on "
-            f"{gpu}) | planning {stats['planning_time_s'] * 1e3:,.1f} ms "
+            f" ({predicted}) | planning {stats['planning_time_s'] * 1e3:,.1f} ms "
             f"(waited {work.waited_s * 1e3:,.1f} ms)"
         )
         if stats.get("budget_exhausted"):

@@ -110,6 +110,9 @@ def _train(
 ) -> list[float]:
     rank = dist.get_rank()
     checkpointed = plan.checkpointed_layers if plan else ()
+    searched = None  # the plan file's own prediction, in place of the per-iteration planner's
+    if plan is not None and plan.predicted_iteration_s is not None:
+        searched = (plan.predicted_iteration_s, plan.priced_on)
     for note in args.dynapipe_notes:
         log_rank0(rank, note)
     if rank == 0 and args.save:
@@ -173,6 +176,7 @@ def _train(
                     measured_s,
                     args.dynapipe_gpu,
                     checkpointed,
+                    searched,
                 )
                 lr = optimizer.param_groups[0]["lr"]
                 line += f" | learning rate {lr:.3E}"
