@@ -19,13 +19,13 @@ import pytest
 
 from dynapipe_planner.errors import PlanningError
 from dynapipe_planner.model_spec import ModelSpec
+from dynapipe_planner.schedule.one_f_one_b import one_f_one_b_passes
 from dynapipe_planner.search import LayerStrategy, price_plan
 from dynapipe_planner.search.cli import search_main
 from dynapipe_planner.search.estimator import (
     Estimator,
     StageWork,
     core_shares,
-    one_f_one_b,
     shared_host_time,
     stage_times,
     stage_work,
@@ -417,11 +417,11 @@ def _work(forward: float, backward: float, busy: float = 1.0) -> StageWork:
 
 
 def test_one_f_one_b_warms_up_by_the_stages_after_it():
-    assert one_f_one_b(3, 0, 4) == [
+    assert one_f_one_b_passes(3, 4)[0] == [
         ("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1), ("B", 2), ("B", 3)
     ]  # fmt: skip
-    assert one_f_one_b(3, 2, 2) == [("F", 0), ("B", 0), ("F", 1), ("B", 1)]
-    assert one_f_one_b(4, 0, 2) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]  # m < P - 1
+    assert one_f_one_b_passes(3, 2)[2] == [("F", 0), ("B", 0), ("F", 1), ("B", 1)]
+    assert one_f_one_b_passes(4, 2)[0] == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]  # m < P - 1
 
 
 def test_cores_go_max_min_fair():

@@ -37,3 +37,11 @@ def one_f_one_b(num_stages: int, num_microbatches: int) -> list[list[int]]:
     """1F1B op orders per stage, computed by the C++ core (same result as the reference)."""
     _check_sizes(num_stages, num_microbatches)
     return _core.one_f_one_b(num_stages, num_microbatches)
+
+
+def one_f_one_b_passes(num_stages: int, num_microbatches: int) -> list[list[tuple[str, int]]]:
+    """`one_f_one_b` per stage as ("F" | "B", micro-batch) pairs."""
+    return [
+        [("B" if code % 2 else "F", code // 2) for code in order]
+        for order in one_f_one_b(num_stages, num_microbatches)
+    ]

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..schedule.one_f_one_b import one_f_one_b_passes
 from .cost_inputs import CostInputs
 from .space import LayerStrategy
 
@@ -277,6 +278,7 @@ class Estimator:
         busy = self.busy * np.where(self.tp_had_core, contention, 1.0)
         sdp_busy = self.sdp_busy * np.where(self.sdp_had_core, contention, 1.0)
         recompute = np.where(self.ckpt, fwd_compute + tp_pass, 0.0)
+        on_cores = self.busy * recompute + sdp_busy * fsdp  # CPU of the recompute and FSDP2
         return StageTables(
             nosync=nosync,
             sync=sync,
@@ -293,8 +295,8 @@ class Estimator:
             extra_bytes=extra_b,
             forward=np.where(bad, INF, forward),
             cpu_forward=busy * (forward - fsdp_forward) + sdp_busy * fsdp_forward,
-            cpu_nosync=busy * (nosync - fsdp - recompute) + self.busy * recompute + sdp_busy * fsdp,
-            cpu_sync=busy * (sync - fsdp - recompute) + self.busy * recompute + sdp_busy * fsdp,
+            cpu_nosync=busy * (nosync - fsdp - recompute) + on_cores,
+            cpu_sync=busy * (sync - fsdp - recompute) + on_cores,
             busy=busy,
             sync_idle=self.sdp_idle * fsdp,
         )
@@ -347,12 +349,11 @@ def stage_fwd_bytes(t: StageTables) -> np.ndarray:
 def peak_memory(t: StageTables, chosen: list[int]) -> float:
     """Eq. 2 for the chosen strategy of each layer, plus the stage's input and the end
     stages' extra bytes."""
-    running = 0.0
+    running = float(t.input_bytes[0, chosen[0]]) if chosen else 0.0
     peak = 0.0
     states = 0.0
-    fwd_bytes = stage_fwd_bytes(t)
     for layer, j in enumerate(chosen):
-        running += fwd_bytes[layer, j]
+        running += t.fwd_bytes[layer, j]
         peak = max(peak, running + t.bwd_bytes[layer, j])
         states += t.state_bytes[layer, j]
     return peak + states + t.extra_bytes
@@ -429,21 +430,6 @@ def shares_cores(inputs: CostInputs, ranks: int) -> bool:
     return 0 < inputs.host_cores < ranks
 
 
-def one_f_one_b(stages: int, stage: int, num_micro: int) -> list[tuple[str, int]]:
-    """The order 1F1B runs a stage's passes in: ("F" | "B", micro-batch). Stage i of P first
-    runs min(P - i - 1, m) forwards, then alternates a forward and a backward, then drains
-    the backwards."""
-    warmup = min(stages - stage - 1, num_micro)
-    order = [("F", k) for k in range(warmup)]
-    forwards = warmup
-    for k in range(num_micro):
-        if forwards < num_micro:
-            order.append(("F", forwards))
-            forwards += 1
-        order.append(("B", k))
-    return order
-
-
 def core_shares(demands: Sequence[float], ranks_each: int, cores: float) -> list[float]:
     """The cores each of `ranks_each` ranks per entry gets when they all want to run:
     max-min fair, as the operating system shares cores; a rank wants `demand` cores (its CPU
@@ -480,7 +466,7 @@ def shared_host_time(
     stages, m = len(works), num_micro
     if not shares_cores(inputs, ranks_per_stage * stages):
         return 0.0
-    order = [one_f_one_b(stages, i, m) for i in range(stages)]
+    order = one_f_one_b_passes(stages, m)
     turn = [0] * stages
     progress = [0.0] * stages  # fraction of the current pass done
     done: set[tuple[str, int, int]] = set()

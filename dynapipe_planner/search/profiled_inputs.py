@@ -55,7 +55,7 @@ micro-batch size whose point was measured, per component and TP degree):
   a core (`sdp_layer_cpu_busy_fraction`: its gathers and reduce-scatter wait on the others);
   the TP-1 table may hold how many more CPU seconds a layer's passes take as the first of as
   many pipeline stages as the job has ranks (`cpu_contention_factor`: {"ranks": {"b": factor}}
-  at the grid's smallest and largest micro-batch; 1.28-1.34 at b=1 and 1.15-1.18 at b=8 for 4
+  at the grid's smallest and largest micro-batch; 1.28-1.39 at b=1 and 1.14-1.21 at b=8 for 4
   ranks on 2 cores), which scales the CPU seconds of the strategies whose tables' profiling
   processes each had a core (interpolated at their samples per rank), when the job's ranks
   outnumber the cores;

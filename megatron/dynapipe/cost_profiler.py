@@ -41,7 +41,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from dynapipe_planner.cost.profiled import FORMAT
 from dynapipe_planner.megatron_model import spec_from_args
-from dynapipe_planner.search.estimator import one_f_one_b
+from dynapipe_planner.schedule.one_f_one_b import one_f_one_b_passes
 
 from .data.microbatches import MicroBatchTensors
 from .memory import (
@@ -411,7 +411,7 @@ def cpu_contention_factor(
     `ranks` pipeline stages on this machine's cores than alone. Ranks that outnumber the
     cores evict each other's caches, and more so where they sleep and wake at every hand-off,
     as pipeline stages do (on the 2-core CPU with 4 ranks, copies that only computed side by
-    side read 1.03-1.09; as a pipeline 1.28-1.34 at b=1 and 1.15-1.18 at b=8, near a PP4
+    side read 1.03-1.09; as a pipeline 1.28-1.39 at b=1 and 1.14-1.21 at b=8, near a PP4
     run's layers: 4.6 ms CPU a forward at b=1, 3.5 alone). The
     other stages are forked copies of this process (no collectives: TP 1) that run the 1F1B
     order of 4 x `ranks` micro-batches, one layer each, handing over through pipes; stage 0's
@@ -420,14 +420,14 @@ def cpu_contention_factor(
     components, _keep = _components(args, vocab_size, device, "none")
     layer = next(c for c in components if c.name == "decoder_layer")
     inputs, grad = layer.make_inputs(b, s)
-    num_micro = 4 * ranks
+    orders = one_f_one_b_passes(ranks, 4 * ranks)
     context = multiprocessing.get_context("fork")
 
     def stage(i: int, links: dict[str, Any]) -> float:
         """Stage i's 1F1B passes, each waiting for its input from the stage it comes from."""
         outputs: dict[int, torch.Tensor] = {}
         busy = 0.0
-        for kind, k in one_f_one_b(ranks, i, num_micro):
+        for kind, k in orders[i]:
             if links.get(kind + "_in") is not None:
                 links[kind + "_in"].recv()
             started = time.process_time()
