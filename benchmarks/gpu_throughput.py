@@ -4,11 +4,11 @@ against Megatron's fixed-length windows, on this machine's GPUs (seed `dynapipe.
 One rank per GPU (`torchrun --nproc-per-node <GPUs> pretrain_gpt.py`, NCCL), bf16, a GPT of 24
 layers x 2,048 hidden (16 heads) at sequence length 8,192 with PP=2 over the GPUs (the rest data
 parallel), 65,536 tokens per iteration of a long-tailed dataset; DynaPipe planned with the
-analytic model of the GPU it runs on (`--dynapipe-gpu`, the planner's preset the device name
-names, else its default; pass `--dynapipe-args "--dynapipe-cost-model FILE"` for a table from
-`tools/profile_costs.py`). TransformerEngine (`pip install -e ".[gpu]"`) gives every packed row
-per-sample attention. Methods and measurement: `benchmarks/throughput.py`. Without CUDA it
-stops; `cpu_throughput.py` is the CPU benchmark.
+GPU's own costs (`--dynapipe-cost-model local`: a CUDA table profiled on first use and kept;
+`--dynapipe-args "--dynapipe-cost-model analytic"` plans with the analytic model of
+`--dynapipe-gpu`, the planner's preset the device name names). TransformerEngine (`pip
+install -e ".[gpu]"`) gives every micro-batch per-sample attention. Methods and measurement:
+`benchmarks/throughput.py`. Without CUDA it stops; `cpu_throughput.py` is the CPU benchmark.
 """
 
 from __future__ import annotations

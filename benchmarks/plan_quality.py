@@ -82,8 +82,8 @@ def replica_costs(plan: ExecutionPlan, costs: PipelineCosts) -> list[tuple[np.nd
         zeros = np.zeros(len(mbs))
         fwd, bwd, act, tra = costs.stage_costs_many(rows, seq, zeros)
         saved = np.array([m.attention_saved for m in mbs])
-        cut = saved[:, None] * costs.attention_coef[None, :]
-        out.append((fwd - cut / 3, bwd - 2 * cut / 3, act, tra, costs.p2p_times(rows, seq, zeros)))
+        fwd, bwd = costs.less_skipped_attention(fwd, bwd, saved)
+        out.append((fwd, bwd, act, tra, costs.p2p_times(rows, seq, zeros)))
     return out
 
 

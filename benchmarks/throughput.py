@@ -5,8 +5,8 @@ the same long-tailed data, dropout off. The two scripts differ only in their def
 
 Methods (seed `dynapipe.txt` §8 baselines):
 
-- DynaPipe: `--dynamic-micro-batching --pipeline-schedule adaptive`, with Megatron's
-  `--dataloader-inter-document-masking` so that its plans may hold packed rows.
+- DynaPipe: `--dynamic-micro-batching --pipeline-schedule adaptive` (every micro-batch a THD
+  sequence with per-sample attention, packed rows where its cost model prices them faster).
 - `packing-1f1b`: the same global batches packed first-fit-decreasing into rows of exactly
   `--seq-length` tokens, each micro-batch one THD sequence with per-sample attention, run by
   megatron-core's `get_forward_backward_func()`. Its first loss must equal DynaPipe's (same
@@ -20,10 +20,13 @@ Methods (seed `dynapipe.txt` §8 baselines):
 Each baseline's micro-batch size is the best measured of a grid. Measurement: each run's
 per-iteration log line gives real tokens / (forward-backward + optimiser step time); the first
 `--warmup-iters` iterations of each run are dropped and the median of the rest is reported, with
-padding efficiency. `--rounds N` repeats every method N times in alternating order and pools the
-iterations (load drifts on a shared machine); the 1-minute load average is printed around every
-run. Iteration i of DynaPipe, packing-1f1b and padding trains the same global batch, so their
-per-iteration ratios are printed too. Not a test.
+padding efficiency. CPU work is real tokens per CPU-second (user + system) of all the run's
+processes (ranks, torchrun, planner workers) between its iteration lines, which does not depend
+on what else the machine runs (`torchrun_runs.tree_cpu_s`). `--rounds N` repeats every method
+N times in alternating order and pools the iterations (load drifts on a shared machine); the
+1-minute load average is printed around every run. Iteration i of DynaPipe, packing-1f1b and
+padding trains the same global batch, so their per-iteration ratios are printed too. Not a
+test.
 """
 
 from __future__ import annotations
@@ -72,7 +75,11 @@ class Defaults:
 def parser(description: str, defaults: Defaults) -> argparse.ArgumentParser:
     """The benchmark's flags, with `defaults`."""
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--data-path", default="synthetic:flan", help="as pretrain_gpt.py's")
+    p.add_argument(
+        "--data-path",
+        default="synthetic:flan",
+        help="as pretrain_gpt.py's; 'builtin': its built-in corpus (no --data-path)",
+    )
     p.add_argument("--tokens-per-global-batch", type=int, default=defaults.tokens_per_global_batch)
     add_model_args(
         p,
@@ -132,7 +139,8 @@ def _model_args(args: argparse.Namespace) -> list[str]:
         *model_flags(args),
         "--pipeline-model-parallel-size", str(args.pipeline_model_parallel_size),
         "--tokens-per-global-batch", str(args.tokens_per_global_batch),
-        "--data-path", args.data_path, "--seed", str(args.seed),
+        *(["--data-path", args.data_path] if args.data_path != "builtin" else []),
+        "--seed", str(args.seed),
         "--hidden-dropout", "0", "--attention-dropout", "0",
         "--lr", "1e-3", "--lr-decay-style", "constant", "--log-interval", "1",
         "--split", "1,0,0", "--eval-iters", "0",  # every document trains, as before #16
@@ -151,12 +159,26 @@ def run_method(label: str, method_args: list[str], args: argparse.Namespace) -> 
     ]
     result = Run(label, iterations, iterations[0]["first_loss"], (load_before, os.getloadavg()[0]))
     tokens_per_s = ", ".join(f"{r['tps']:,.0f}" for r in result.iterations)
-    print(f"  {label:<32} tokens/s {tokens_per_s}", flush=True)
+    per_cpu_s = ", ".join(f"{cpu_work(r):,.0f}" for r in result.iterations)
+    print(
+        f"  {label:<32} tokens/s {tokens_per_s} | tokens/CPU-s {per_cpu_s} | load "
+        f"{result.load[0]:.1f} -> {result.load[1]:.1f}",
+        flush=True,
+    )
     return result
 
 
 def _median(runs: list[Run], key: str) -> float:
     return statistics.median(row[key] for run in runs for row in run.iterations)
+
+
+def cpu_work(row: dict[str, float]) -> float:
+    """Real tokens per CPU-second of one iteration (its tokens are tokens/s x its time)."""
+    return row["tps"] * row["ms"] / 1000 / row["cpu_s"]
+
+
+def _median_cpu_work(runs: list[Run]) -> float:
+    return statistics.median(cpu_work(row) for run in runs for row in run.iterations)
 
 
 def _where(args: argparse.Namespace) -> str:
@@ -182,7 +204,6 @@ def measure(args: argparse.Namespace) -> None:
             "--dynamic-micro-batching",
             "--pipeline-schedule",
             "adaptive",
-            "--dataloader-inter-document-masking",  # packed rows in DynaPipe's plans too
             *args.dynapipe_args.split(),
         ],
         **{
@@ -200,20 +221,34 @@ def measure(args: argparse.Namespace) -> None:
 
 
 def _report(runs: dict[str, list[Run]], baselines: list[str]) -> None:
-    print("method                           median tokens/s  padding eff  micro-batches  iter ms")
+    print(
+        "method                           median tokens/s  tokens/CPU-s  padding eff  "
+        "micro-batches  iter ms  predicted ms"
+    )
     for label, method_runs in runs.items():
         tps, eff = _median(method_runs, "tps"), _median(method_runs, "eff")
         mbs, ms = _median(method_runs, "mbs"), _median(method_runs, "ms")
-        print(f"{label:<32} {tps:>15,.0f}  {eff:>11.3f}  {mbs:>13.0f}  {ms:>7,.0f}")
+        work = _median_cpu_work(method_runs)
+        rows = [row for run in method_runs for row in run.iterations]
+        predicted = (
+            f"{statistics.median(row['predicted'] for row in rows):>12,.1f}"
+            if all("predicted" in row for row in rows)
+            else f"{'-':>12}"
+        )
+        print(
+            f"{label:<32} {tps:>15,.0f}  {work:>12,.0f}  {eff:>11.3f}  {mbs:>13.0f}  "
+            f"{ms:>7,.0f}  {predicted}"
+        )
     for baseline in baselines:
         best = max(
             (label for label in runs if label.startswith(baseline)),
             key=lambda k: _median(runs[k], "tps"),
         )
         ratio = _median(runs[DYNAPIPE], "tps") / _median(runs[best], "tps")
+        work = _median_cpu_work(runs[DYNAPIPE]) / _median_cpu_work(runs[best])
         print(
-            f"ratio: {ratio:.2f}x median real tokens/s of DynaPipe over the best {baseline} "
-            f"({best})"
+            f"ratio: {ratio:.2f}x median real tokens/s, {work:.2f}x tokens per CPU-second, of "
+            f"DynaPipe over the best {baseline} ({best})"
         )
         if baseline == "megatron-1f1b":
             continue  # other samples: neither the losses nor single iterations compare

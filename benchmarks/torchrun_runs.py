@@ -22,6 +22,8 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -102,28 +104,62 @@ def run(
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     started = time.perf_counter()
-    # A session of its own, so that a timeout kills the ranks too, not only torchrun.
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        print(f"  {label}: killed after {timeout_s:,.0f} s", flush=True)
-        raise RunTimedOut(f"{label} did not finish within {timeout_s:,.0f} s") from None
+    with tempfile.TemporaryFile("w+") as errors:
+        # A session of its own, so that a timeout kills the ranks too, not only torchrun; each
+        # iteration line is read as it comes, with the run's CPU seconds so far (`tree_cpu_s`).
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=errors, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        timer = threading.Timer(timeout_s, os.killpg, (proc.pid, signal.SIGKILL))
+        if timeout_s is not None:
+            timer.start()
+        lines, cpu_at_line = [], []
+        for line in proc.stdout:  # the CPU seconds spent by the time each line is printed
+            lines.append(line)
+            cpu_at_line.append(tree_cpu_s(proc.pid) if HOMOGENEOUS.search(line) else None)
+        proc.wait()
+        timer.cancel()
+        if timeout_s is not None and time.perf_counter() - started >= timeout_s:
+            print(f"  {label}: killed after {timeout_s:,.0f} s", flush=True)
+            raise RunTimedOut(f"{label} did not finish within {timeout_s:,.0f} s")
+        errors.seek(0)
+        stderr = errors.read()
+    stdout = "".join(lines)
     if proc.returncode != 0:
         raise SystemExit(f"{label} failed:\n{' '.join(cmd)}\n{stderr[-4000:]}")
     rows = iteration_rows(stdout)
     if len(rows) != warmup_iters + measured_iters:
         raise SystemExit(f"{label}: expected one line per iteration, got:\n{stdout}")
-    for row in rows:
+    marks = [cpu for cpu in cpu_at_line if cpu is not None]
+    for row, before, after in zip(rows, [None, *marks], marks, strict=False):
         row["first_loss"] = rows[0]["loss"]
+        row["cpu_s"] = None if before is None else f"{after - before:.4f}"
     load = os.getloadavg()[0]
     print(f"  ran {label} ({time.perf_counter() - started:,.0f} s, load {load:.1f})", flush=True)
     return rows[warmup_iters:]
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds (user + system) of process `root` and all its descendants (torchrun, its
+    ranks, which it starts in sessions of their own, the planner workers), including their
+    children that ended and were waited for: the CPU work a run has done so far, whatever else
+    the machine runs."""
+    parent, ticks = {}, {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        pid = int(stat.parent.name)
+        parent[pid] = int(fields[1])
+        ticks[pid] = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+    total, frontier = 0, [root]
+    while frontier:
+        pid = frontier.pop()
+        total += ticks.get(pid, 0)
+        frontier += [child for child, up in parent.items() if up == pid]
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def alternating[T](configs: Sequence[T], rounds: int) -> Iterator[tuple[int, T]]:

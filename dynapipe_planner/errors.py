@@ -8,6 +8,11 @@ class PlanningError(ValueError):
     """Input the planner cannot honour; the message names the offending item."""
 
 
+class CostModelError(PlanningError):
+    """A cost model priced a micro-batch at a time no run can take (negative or NaN): a fault
+    of the model, never a reason to skip the candidate that holds it."""
+
+
 class PlanCheckError(PlanningError):
     """A plan breaks an invariant of the ExecutionPlan contract (missing or repeated passes,
     data used before it is received, unwaited communication, memory above the limit)."""

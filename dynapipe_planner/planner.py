@@ -25,7 +25,7 @@ import numpy as np
 from .comm import plan_communication
 from .cost.analytic import RECOMPUTE_CHOICES, RECOMPUTE_MODES
 from .cost.table import PipelineCosts, mix_stages
-from .errors import PlanningError
+from .errors import CostModelError, PlanningError
 from .microbatch.baselines import (
     Group,
     groups_from_indices,
@@ -217,6 +217,8 @@ class IterationPlanner:
             try:
                 costs = self.costs(mode, lengths, longest)
                 cand = self._best_candidate(lengths, ids, order, costs, groups)
+            except CostModelError:
+                raise
             except PlanningError as e:
                 failures[str(mode)] = f"recompute={mode}: {e}"
                 if fallback:
@@ -231,6 +233,8 @@ class IterationPlanner:
             try:
                 costs = self.costs(mode, lengths, longest)
                 cand = self._best_candidate(lengths, ids, order, costs, None, True, to_beat)
+            except CostModelError:
+                raise
             except PlanningError as e:
                 failures[str(mode)] = f"recompute={mode}: {e}"
                 continue
@@ -321,6 +325,8 @@ class IterationPlanner:
                 if _work_bound(made, costs, self.config) >= bar:
                     continue  # cannot beat the best so far: skip its schedule search
                 cand = self._schedule(made, costs)
+            except CostModelError as e:
+                raise CostModelError(f"candidate {label}: {e}") from None
             except PlanningError as e:
                 errors.append(f"{label}: {e}")
                 continue
@@ -581,7 +587,8 @@ class IterationPlanner:
 def _priced(groups: list[Group], costs: PipelineCosts) -> tuple[np.ndarray, ...]:
     """Each micro-batch's rows, seqlen and target seqlen, and its [micro-batch, stage]
     forward, backward, stored-activation and transient costs; packed rows' attention saving
-    is taken off the times (a third from the forward, two thirds from the backward)."""
+    is taken off the times (`PipelineCosts.less_skipped_attention`). A time below zero or NaN
+    is the cost model's fault: `CostModelError`, naming the micro-batch."""
     shape = np.array([(g.num_rows, g.seqlen, g.tgt_seqlen) for g in groups], dtype=np.int64)
     rows, seq, tgt = shape.reshape(-1, 3).T
     # Micro-batches share few shapes (the packing baseline's all but one): each is priced once.
@@ -591,8 +598,15 @@ def _priced(groups: list[Group], costs: PipelineCosts) -> tuple[np.ndarray, ...]
     fwd, bwd, act, tra = (table[which] for table in priced)
     saved = np.array([g.attention_saved for g in groups])
     if saved.any():
-        cut = saved[:, None] * costs.attention_coef[None, :]
-        fwd, bwd = fwd - cut / 3, bwd - 2 * cut / 3
+        fwd, bwd = costs.less_skipped_attention(fwd, bwd, saved)
+    bad = ~(fwd >= 0) | ~(bwd >= 0)  # NaN fails both comparisons
+    if bad.any():
+        k, j = (int(x[0]) for x in np.nonzero(bad))
+        raise CostModelError(
+            f"a micro-batch of {len(groups[k].samples)} samples in {rows[k]} rows of {seq[k]} "
+            f"tokens is priced forward {fwd[k, j]:.4g} s, backward {bwd[k, j]:.4g} s on stage "
+            f"{j} (attention skipped {saved[k]:.4g} tokens^2): the cost model is invalid there"
+        )
     return rows, seq, tgt, fwd, bwd, act, tra
 
 

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from .cost.table import PipelineCosts
 from .errors import CommMismatchError, DeadlockError, PlanCheckError, PlanningError
 from .plan import (
@@ -356,8 +358,10 @@ class _Executor:
             forward, backward = c.forward, c.backward
             saved = self.attention_saved.get(mb, 0.0)
             if saved:  # packed rows: attention only inside each sample, as the planner priced it
-                cut = saved * self.costs[replica].attention_coef
-                forward, backward = forward - cut / 3, backward - 2 * cut / 3
+                packed = self.costs[replica].less_skipped_attention(
+                    forward[None], backward[None], np.array([saved])
+                )
+                forward, backward = packed[0][0], packed[1][0]
             cached = tuple(arr.tolist() for arr in (forward, backward, c.activation, c.transient))
             self.mb_costs[mb] = cached
         return cached

@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import unittest.mock
 import warnings
 from collections.abc import Callable
@@ -21,6 +23,12 @@ from types import ModuleType
 from typing import NamedTuple
 
 import pytest
+
+# Plans in tests must not depend on how fast this machine ran a profile: the runtime's tests plan
+# with the analytic model unless they name another (`--dynapipe-cost-model`); the local
+# profile's own tests set this back. Forked ranks and torchrun children inherit both.
+os.environ["DYNAPIPE_COST_MODEL"] = "analytic"
+os.environ.setdefault("DYNAPIPE_CACHE_DIR", tempfile.mkdtemp(prefix="dynapipe-cache-"))
 
 
 def _cuda_available() -> bool:

@@ -62,6 +62,7 @@ def datasets_provider(train_val_test_num_samples, vp_stage=None):
         reset_position_ids=args.reset_position_ids,
         reset_attention_mask=args.reset_attention_mask,
         eod_mask_loss=args.eod_mask_loss,
+        inter_document_masking=args.dataloader_inter_document_masking,
         mid_level_dataset_surplus=args.mid_level_dataset_surplus,
     )
     kind = MockGPTDataset if args.mock_data else GPTDataset

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_planner import make_planner
 
 from dynapipe_planner.cluster import GPU_PRESETS, ClusterSpec
 from dynapipe_planner.cost.analytic import AnalyticCostModel, geometric_grid
@@ -21,7 +22,8 @@ from dynapipe_planner.cost.table import (
     locate,
     split_layers,
 )
-from dynapipe_planner.errors import PlanningError
+from dynapipe_planner.errors import CostModelError, PlanningError
+from dynapipe_planner.microbatch.baselines import Group, packed_group
 from dynapipe_planner.microbatch.dp import dynamic_microbatches
 from dynapipe_planner.model_spec import MODEL_PRESETS, ModelSpec
 
@@ -640,3 +642,114 @@ def test_vectorised_costs_equal_the_scalar_path_bit_for_bit(name):
         scalar = (one.forward, one.backward, one.activation, one.transient)
         for got, want in zip(many, scalar, strict=True):
             assert got[m].tolist() == want.tolist()
+
+
+# ---- packed rows' prices --------------------------------------------------------------------
+
+
+def overfitted_table_entries() -> list[dict]:
+    """A decoder layer whose single-sample time is 1e-8 s^2 - 4e-6 s + 1.4e-3 (a quadratic
+    whose linear term is negative, as noise makes one) and grows as b^0.75 with the micro-batch
+    size: its fitted s^2 term alone exceeds the table at s = 512, so a packed row of many short
+    samples was priced below zero (as a profiled CPU table priced a 4,096-token row at -4 s)."""
+    b_grid, s_grid = [1, 2, 4, 8, 16, 32], S_GRID
+    b, s = np.meshgrid(np.array(b_grid, float), np.array(s_grid, float), indexing="ij")
+    single = 1e-8 * s**2 - 4e-6 * s + 1.4e-3
+    entries = gpt_entries()
+    for e in entries:
+        scale = 1.0 if e["component"] == "decoder_layer" else 0.01
+        e["microbatch_sizes"] = b_grid
+        for field in ("activation_bytes", "transient_bytes"):
+            e[field] = (np.ones_like(b) * 2**20).tolist()
+        for field, passes in (("forward_s", 1), ("backward_s", 2)):
+            e[field] = (scale * passes * b**0.75 * single).tolist()
+    return entries
+
+
+@pytest.fixture(
+    scope="module",
+    params=["analytic-none", "analytic-selective", "analytic-full", "profiled-overfitted"],
+)
+def any_costs(request, tmp_path_factory):
+    kind, what = request.param.split("-")
+    if kind == "analytic":
+        return analytic("gpt-1.3b", what, stages=2)
+    return load(tmp_path_factory.mktemp("t"), overfitted_table_entries(), stages=2).pipeline_costs()
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_packed_price_is_never_negative_nor_above_padding(any_costs, data) -> None:
+    """Any samples packed first-fit-decreasing into rows of their longest: each stage's forward
+    and backward times are >= 0 and the total <= the same samples padded one per row."""
+    longest = int(any_costs.s_grid[-1])
+    most = int(any_costs.b_grid[-1])
+    lengths = np.array(
+        data.draw(st.lists(st.integers(1, longest), min_size=1, max_size=most)), dtype=np.int64
+    )
+    group = Group(np.arange(len(lengths)), int(lengths.max()))
+    packed = packed_group(group, lengths)
+    rows = np.array([group.num_rows, packed.num_rows])
+    seq = np.full(2, group.seqlen)
+    fwd, bwd, _, _ = any_costs.stage_costs_many(rows, seq)
+    saved = np.array([0.0, packed.attention_saved])
+    fwd, bwd = any_costs.less_skipped_attention(fwd, bwd, saved)
+    assert np.all(fwd >= 0) and np.all(bwd >= 0), (fwd, bwd)
+    total = (fwd + bwd).sum(axis=1)
+    assert total[1] <= total[0] * (1 + 1e-12), total
+
+
+def test_profiled_attention_coefficient_is_bounded_by_what_the_tables_give_back(tmp_path):
+    """The overfitted table's s^2 term (1e-8 x 3 passes x 2 layers a stage) is cut to what
+    its tables give back at their tightest point: a row of 512 tokens of one-token samples is
+    then priced at >= 0 on every stage and pass, exactly 0 where the bound is tight."""
+    costs = load(tmp_path, overfitted_table_entries(), stages=2).pipeline_costs()
+    b, s = np.meshgrid(costs.b_grid, costs.s_grid, indexing="ij")
+    room = np.minimum(3 * costs.forward, 1.5 * costs.backward)[..., 0] / (b * s**2)
+    np.testing.assert_allclose(costs.attention_coef, room.min(axis=(1, 2)), rtol=1e-12)
+    assert np.all(costs.attention_coef < 6e-8)  # the fit to single samples
+    at = (slice(None), -1, -1, 0)  # 32 rows of 512
+    fwd, bwd = costs.less_skipped_attention(
+        costs.forward[at][None], costs.backward[at][None], np.array([32 * (512**2 - 512)])
+    )
+    assert np.all(fwd >= 0) and np.all(bwd >= 0)
+
+
+def test_an_invalid_price_is_an_error_naming_the_candidate() -> None:
+    """A cost table whose attention coefficient gives back more than a packed row costs (one
+    no cost model of ours builds) fails planning in one error naming the candidate, instead of
+    the candidate being dropped."""
+    planner = make_planner(MODEL_PRESETS["gpt-1.3b"], 2, 1, 80)
+    costs = planner.costs("none", np.array([4096]), 4096)
+    broken = dataclasses.replace(costs, attention_coef=costs.attention_coef * 1e3)
+    planner.costs = lambda *_args, **_kw: broken
+    lengths = np.array([100, 200, 300, 4000] * 8)
+    with pytest.raises(CostModelError, match=r"candidate .*: a micro-batch of \d+ samples"):
+        planner.plan(lengths)
+
+
+def test_a_cpu_clock_table_is_read_as_lines_over_the_microbatch_size(tmp_path):
+    """One rank's CPU seconds are affine in the samples at each length: a table timed with
+    `--clock cpu` gives the planner each length's least-squares line over b (a noisy point
+    at b = 2 no longer makes micro-batches of 2 look cheaper per sample); a wall-clock
+    table is read as measured."""
+    entries = gpt_entries()
+    b = np.array(B_GRID, dtype=float)[:, None]
+    for e in entries:
+        line = 1e-3 + 2e-3 * b * np.ones((1, len(S_GRID)))  # fixed + per sample
+        noisy = line.copy()
+        noisy[1] *= 0.7  # b = 2 read 30% low
+        e["forward_s"], e["backward_s"] = noisy.tolist(), (2 * noisy).tolist()
+    path = write_table(tmp_path, entries)
+    cluster = ClusterSpec(A100, num_stages=1)
+    as_measured = ProfiledCostModel.load(path, TINY_GPT, cluster).pipeline_costs()
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "profile": {"clock": "cpu"}}))
+    lines = ProfiledCostModel.load(path, TINY_GPT, cluster).pipeline_costs()
+    layers = TINY_GPT.num_layers + 2  # every layer, the embedding and the head alike here
+    fit = np.polyfit(B_GRID, [(1 + 2 * x) * (0.7 if x == 2 else 1) for x in B_GRID], 1)
+    expected = 1e-3 * np.polyval(fit, B_GRID) * layers
+    np.testing.assert_allclose(lines.forward[0, :, 0, 0], expected, rtol=1e-9)
+    np.testing.assert_allclose(
+        as_measured.forward[0, :, 0, 0], (1e-3 + 2e-3 * b[:, 0]) * [1, 0.7, 1] * layers
+    )

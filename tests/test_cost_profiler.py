@@ -27,6 +27,7 @@ from dynapipe_planner.cluster import ClusterSpec, get_gpu  # noqa: E402
 from dynapipe_planner.cost import ProfiledCostModel  # noqa: E402
 from dynapipe_planner.model_spec import ModelSpec  # noqa: E402
 from dynapipe_planner.planner import IterationPlanner, PlannerConfig  # noqa: E402
+from megatron.dynapipe.profile_grid import default_seqlens, local_grid  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ModelSpec("tiny", "gpt", 4, 32, 4, 128, 384, max_position_embeddings=64)
@@ -154,7 +155,12 @@ def _activation_against_saved_tensors() -> list[tuple[str, int, int, int]]:
     for component in components:
         measured = measure_point(component, 2, 32, device, warmup=1, repeats=1).activation_bytes
         args, _grad = component.make_inputs(2, 32)
-        skip = params | {a.untyped_storage().data_ptr() for a in args}
+        inputs = [  # a THD decoder's inputs include its sample boundaries
+            t
+            for a in args
+            for t in ([a] if torch.is_tensor(a) else [a.cu_seqlens_q, a.cu_seqlens_kv])
+        ]
+        skip = params | {t.untyped_storage().data_ptr() for t in inputs}
         saved: dict[int, int] = {}
 
         def pack(t: torch.Tensor, skip=skip, saved=saved) -> torch.Tensor:
@@ -307,7 +313,12 @@ def test_tool_names_the_offending_flag(extra, flag, capsys, tmp_path) -> None:
 
 
 def test_tool_default_grid() -> None:
-    assert _tool().default_seqlens(256) == [32, 48, 64, 96, 128, 192, 256]
+    assert default_seqlens(256) == [32, 48, 64, 96, 128, 192, 256]
+    # a job's local profile: sizes while 32-token samples fill at most the cap, lengths to 256
+    assert local_grid(256, 512) == ([1, 2, 4, 8, 16], default_seqlens(256), 512)
+    assert local_grid(1024, 10**6)[0] == [1, 2, 4, 8, 16, 32, 64]
+    # the cap is at least one sample of --seq-length
+    assert local_grid(1024, 100) == ([1, 2, 4, 8, 16, 32], default_seqlens(1024), 1024)
 
 
 def test_a_tp2_table_from_two_ranks_feeds_the_search(table_path: Path) -> None:

@@ -88,10 +88,11 @@ def test_blend_of_two_prefixes_with_split(through, prefixes, megatron_args, tmp_
     # The executor's micro-batch tensors read a blend as they read one dataset.
     train = splits.train
     batch = microbatch_tensors(MicroBatch(id=0, replica=0, samples=[0, 1], seqlen=8), train)
+    rows, labels = batch.tokens.reshape(2, 8), batch.labels.reshape(2, 8)  # one THD sequence
     for row, sample in enumerate((0, 1)):
         tokens = train.tokens(sample)
-        assert batch.tokens[row, : tokens.size - 1].tolist() == tokens[:-1].tolist()
-        assert batch.labels[row, : tokens.size - 1].tolist() == tokens[1:].tolist()
+        assert rows[row, : tokens.size - 1].tolist() == tokens[:-1].tolist()
+        assert labels[row, : tokens.size - 1].tolist() == tokens[1:].tolist()
 
 
 def test_weighted_blend_follows_megatron_blending_order(prefixes, megatron_args) -> None:

@@ -131,9 +131,11 @@ def test_megatron_global_batch_must_split_into_micro_batches(capsys) -> None:
     assert "global batch of 7 samples" in capsys.readouterr().err
 
 
-def test_fixed_length_samples_are_megatron_cores(tmp_path: Path) -> None:
+@pytest.mark.parametrize("documents", [False, True], ids=["windows", "inter-document-masking"])
+def test_fixed_length_samples_are_megatron_cores(tmp_path: Path, documents: bool) -> None:
     """The same documents written by megatron-core's IndexedDatasetBuilder and read by its
-    IndexedDataset give GPTDataset the same windows as our samples do."""
+    IndexedDataset give GPTDataset the same windows as our samples do (with each window's
+    document bounds under --dataloader-inter-document-masking)."""
     import argparse
 
     from megatron.core.datasets.gpt_dataset import GPTDataset
@@ -144,9 +146,10 @@ def test_fixed_length_samples_are_megatron_cores(tmp_path: Path) -> None:
 
     args = argparse.Namespace(
         seed=7, seq_length=16, reset_position_ids=True, reset_attention_mask=True,
-        eod_mask_loss=True,
+        eod_mask_loss=True, dataloader_inter_document_masking=documents,
     )  # fmt: skip
     ours = fixed_length_samples(DATA, args, 30, "train")
+    assert ("cu_seqlens" in ours[0]) == documents
     builder = IndexedDatasetBuilder(str(tmp_path / "docs.bin"), dtype=np.int32)
     for i in range(len(DATA)):
         builder.add_document(DATA.tokens(i), [len(DATA.tokens(i))])

@@ -271,7 +271,7 @@ def test_planner_runs_the_rows_the_dp_priced():
     long tail up to 8,192 tokens: there the DP's plan beats the packing baseline's.)"""
     rng = np.random.default_rng(4)
     lengths = np.clip(np.exp(rng.normal(np.log(300), 1.5, 200)), 8, 8192).astype(int)
-    planner = make_planner(MODEL_PRESETS["gpt-1.3b"], 2, 1, 36, dp_packing=True)
+    planner = make_planner(MODEL_PRESETS["gpt-1.3b"], 2, 1, 80, dp_packing=True)
     plan = planner.plan(lengths)
     check_plan(planner, plan, lengths)
     assert plan.stats["batching"] == "dp over packed rows"

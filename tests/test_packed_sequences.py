@@ -1,5 +1,6 @@
-"""Packed rows as megatron-core's THD sequences (`data.microbatches`, `packed_attention`): a
-packed micro-batch's loss and every gradient equal those of its samples run one by one, for a
+"""Micro-batches as megatron-core's THD sequences (`data.microbatches`, `packed_attention`): a
+packed or padded micro-batch's loss and every gradient equal those of its samples run one by
+one through megatron-core's own causal attention, for a
 GPT and a Llama shape (RoPE, grouped-query attention, SwiGLU), with tensor parallelism too, on
 CPU and in the GPU lane; attention gets sample boundaries and no dense mask; bad THD inputs are
 refused.
@@ -46,14 +47,20 @@ def _dataset():
     return in_memory_dataset("packed", documents, 16, vocab_size=VOCAB, eod_id=EOD, pad_id=PAD)
 
 
-def _loss_and_grads(model, batches) -> tuple[float, dict[str, torch.Tensor]]:
-    from megatron.dynapipe.pipeline.executor import gpt_forward_step
+def _loss_and_grads(model, batches, thd: bool = True) -> tuple[float, dict[str, torch.Tensor]]:
+    """Summed loss and gradients of `batches`; `thd` False runs each (one sample, no padding)
+    through megatron-core's own causal attention instead, without boundaries or a mask."""
+    from megatron.dynapipe.pipeline.executor import gpt_forward_step, masked_token_loss
 
     model.zero_grad(set_to_none=True)
     total = 0.0
     for batch in batches:
-        output, loss_func = gpt_forward_step(iter([batch]), model)
-        loss_sum, _, _ = loss_func(output)
+        if thd:
+            output, loss_func = gpt_forward_step(iter([batch]), model)
+            loss_sum, _, _ = loss_func(output)
+        else:
+            output = model(batch.tokens, batch.position_ids, None, labels=batch.labels)
+            loss_sum, _, _ = masked_token_loss(batch.loss_mask, output)
         loss_sum.backward()
         total += float(loss_sum)
     return total, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -84,34 +91,40 @@ def _packed_vs_alone(rank: int, world: int, shape: str) -> dict:
     dataset = _dataset()
     samples = [s for row in ROWS for s in row]
     packed = MicroBatch(0, 0, samples, SEQLEN, row_sizes=[len(r) for r in ROWS])
-    packed_loss, packed_grads = _loss_and_grads(model, [microbatch_tensors(packed, dataset)])
-    alone = [MicroBatch(1, 0, [s], LENGTHS[s]) for s in samples]
-    saw_packed = list(seen)
-    alone_loss, alone_grads = _loss_and_grads(
-        model, [microbatch_tensors(mb, dataset) for mb in alone]
-    )
-    worst = max(
-        float((packed_grads[n] - g).abs().max() / g.abs().max().clamp_min(1e-12))
-        for n, g in alone_grads.items()
-    )
+    padded = MicroBatch(1, 0, samples, SEQLEN)  # one sample per row, padded to 10
+    runs = {
+        name: _loss_and_grads(model, [microbatch_tensors(mb, dataset)])
+        for name, mb in (("packed", packed), ("padded", padded))
+    }
+    saw_thd = list(seen)
+    alone = [microbatch_tensors(MicroBatch(2, 0, [s], LENGTHS[s]), dataset) for s in samples]
+    alone_loss, alone_grads = _loss_and_grads(model, alone, thd=False)
     ps.destroy()
     return {
-        "loss": (packed_loss, alone_loss),
-        "worst_grad_rel": worst,
-        "same_params": sorted(packed_grads) == sorted(alone_grads),
-        "packed_attention_calls": saw_packed,
-    }
+        name: {
+            "loss": (loss, alone_loss),
+            "worst_grad_rel": max(
+                float((grads[n] - g).abs().max() / g.abs().max().clamp_min(1e-12))
+                for n, g in alone_grads.items()
+            ),
+            "same_params": sorted(grads) == sorted(alone_grads),
+        }
+        for name, (loss, grads) in runs.items()
+    } | {"thd_attention_calls": saw_thd}
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("tp", [1, 2])
-def test_packed_rows_train_as_their_samples_alone(shape: str, tp: int) -> None:
+def test_packed_and_padded_rows_train_as_their_samples_alone(shape: str, tp: int) -> None:
+    """Per-sample attention: packed rows and padded rows (each a sample and its padding) give
+    the loss and gradients of each sample run alone through megatron-core's causal attention."""
     for result in run_ranks(_packed_vs_alone, tp, shape):
-        packed, alone = result["loss"]
-        assert packed == pytest.approx(alone, rel=1e-5)
-        assert result["same_params"] and result["worst_grad_rel"] < 1e-4
+        for name in ("packed", "padded"):
+            ours, alone = result[name]["loss"]
+            assert ours == pytest.approx(alone, rel=1e-5), name
+            assert result[name]["same_params"] and result[name]["worst_grad_rel"] < 1e-4, name
         # every layer's attention got the sample boundaries and no [tokens x tokens] mask
-        assert result["packed_attention_calls"] == [(True, True)] * 2
+        assert result["thd_attention_calls"] == [(True, True)] * 4
 
 
 @pytest.mark.gpu
@@ -120,9 +133,10 @@ def test_packed_rows_on_gpu_train_as_their_samples_alone(shape: str) -> None:
     """On CUDA the model takes TransformerEngine's spec when it is installed: its attention
     must honour the THD boundaries the same way (the layers it runs are whatever it built)."""
     (result,) = run_ranks(_packed_vs_alone, 1, shape, backend="nccl")
-    packed, alone = result["loss"]
-    assert packed == pytest.approx(alone, rel=1e-4)
-    assert result["same_params"] and result["worst_grad_rel"] < 1e-3
+    for name in ("packed", "padded"):
+        ours, alone = result[name]["loss"]
+        assert ours == pytest.approx(alone, rel=1e-4), name
+        assert result[name]["same_params"] and result[name]["worst_grad_rel"] < 1e-3, name
 
 
 def test_packed_attention_refuses_what_it_cannot_compute() -> None:

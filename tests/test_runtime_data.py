@@ -72,25 +72,19 @@ def abc(tmp_path: Path):
     return jsonl_dataset(_write_jsonl(tmp_path / "abc.jsonl", records), max_seqlen=64)
 
 
-def _masked(*rows: str) -> torch.Tensor:
-    """An attention mask from rows of '.' (visible) and 'x' (masked)."""
-    return torch.tensor([[c == "x" for c in row] for row in rows])
-
-
 # ---------------------------------------------------------------- micro-batch tensors
 
 
 def test_padded_microbatch_tensors_exact(abc) -> None:
     assert abc.lengths().tolist() == [3, 2, 5]
     t = microbatch_tensors(MicroBatch(id=7, replica=0, samples=[1, 0], seqlen=4), abc)
-    assert t.tokens.tolist() == [[20, 21, PAD, PAD], [10, 11, 12, PAD]]
-    assert t.labels.tolist() == [[21, EOD, PAD, PAD], [11, 12, EOD, PAD]]
+    # one THD sequence of its rows: each row's sample, then its padding, attend within themselves
+    assert t.tokens.tolist() == [[20, 21, PAD, PAD, 10, 11, 12, PAD]]
+    assert t.labels.tolist() == [[21, EOD, PAD, PAD, 11, 12, EOD, PAD]]
     assert t.loss_mask.dtype == torch.float32
-    assert t.loss_mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 0]]
-    assert t.position_ids.tolist() == [[0, 1, 0, 1], [0, 1, 2, 0]]
-    assert t.attention_mask.shape == (2, 1, 4, 4) and t.attention_mask.dtype == torch.bool
-    assert torch.equal(t.attention_mask[0, 0], _masked(".xxx", "..xx", "xx.x", "xx.."))
-    assert torch.equal(t.attention_mask[1, 0], _masked(".xxx", "..xx", "...x", "xxx."))
+    assert t.loss_mask.tolist() == [[1, 1, 0, 0, 1, 1, 1, 0]]
+    assert t.position_ids.tolist() == [[0, 1, 0, 1, 0, 1, 2, 0]]
+    assert t.cu_seqlens.tolist() == [0, 2, 4, 7, 8] and t.row_length == 4
     assert t.num_tokens == 5
     assert t.tokens.dtype == t.labels.dtype == t.position_ids.dtype == torch.int64
     moved = t.to("cpu")
@@ -104,7 +98,6 @@ def test_packed_microbatch_is_one_thd_sequence(abc) -> None:
     assert t.labels.tolist() == [[11, 12, EOD, 21, EOD, PAD, 31, 32, 33, 34, EOD, PAD]]
     assert t.loss_mask.tolist() == [[1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 0]]
     assert t.position_ids.tolist() == [[0, 1, 2, 0, 1, 0, 0, 1, 2, 3, 4, 0]]
-    assert t.attention_mask is None  # no [tokens x tokens] mask for packed rows
     # sample 0 | sample 1 | row 0's padding | sample 2 | row 1's padding
     assert t.cu_seqlens.dtype == torch.int32 and t.cu_seqlens.tolist() == [0, 3, 5, 6, 11, 12]
     params = t.packed_seq_params("cpu")
@@ -123,8 +116,7 @@ def test_packed_microbatch_is_one_thd_sequence(abc) -> None:
     assert torch.equal(flat["tokens"], t.tokens) and flat["max_seqlen"].tolist() == [5]
     # the same samples padded one per row, in the same form: each row its sample and padding
     padded = microbatch_tensors(MicroBatch(id=4, replica=0, samples=[0, 1, 2], seqlen=6), abc)
-    assert "cu_seqlens" not in padded.megatron_batch("cpu")  # a 5-key dict without the flag
-    rows = padded.megatron_batch("cpu", documents=True)
+    rows = padded.megatron_batch("cpu")
     assert rows["attention_mask"] is None and rows["max_seqlen"].tolist() == [3, 4, 5]
     assert rows["cu_seqlens"][:, :4].tolist() == [[0, 3, 6, 6], [0, 2, 6, 6], [0, 5, 6, 6]]
 
@@ -138,12 +130,12 @@ def test_empty_rows_top_up_a_fixed_shape_microbatch(abc) -> None:
     mb = MicroBatch(id=3, replica=0, samples=[0, 1], seqlen=4)
     t = microbatch_tensors(mb, abc)
     full = with_empty_rows(t, 3, 4, PAD)
-    assert full.tokens.shape == (3, 4) and full.attention_mask.shape == (3, 1, 4, 4)
-    assert torch.equal(full.tokens[:2], t.tokens) and torch.equal(full.labels[:2], t.labels)
-    assert full.tokens[2].tolist() == full.labels[2].tolist() == [PAD] * 4
-    assert full.loss_mask[2].tolist() == [0, 0, 0, 0] and full.num_tokens == t.num_tokens
-    assert full.position_ids[2].tolist() == [0, 1, 2, 3]
-    assert torch.equal(full.attention_mask[2, 0], _masked(".xxx", "..xx", "...x", "...."))
+    assert full.tokens.shape == (1, 12)
+    assert torch.equal(full.tokens[:, :8], t.tokens) and torch.equal(full.labels[:, :8], t.labels)
+    assert full.tokens[0, 8:].tolist() == full.labels[0, 8:].tolist() == [PAD] * 4
+    assert full.loss_mask[0, 8:].tolist() == [0, 0, 0, 0] and full.num_tokens == t.num_tokens
+    assert full.position_ids[0, 8:].tolist() == [0, 1, 2, 3]
+    assert full.cu_seqlens.tolist() == [*t.cu_seqlens.tolist(), 12]
     assert with_empty_rows(t, 2, 4, PAD) is t
     with pytest.raises(DataError, match="more than 1"):
         with_empty_rows(t, 1, 4, PAD)
@@ -153,7 +145,7 @@ def test_empty_rows_extend_a_packed_microbatch_as_segments(abc) -> None:
     mb = MicroBatch(id=3, replica=0, samples=[0, 1], seqlen=6, row_sizes=[2])
     t = microbatch_tensors(mb, abc)
     full = with_empty_rows(t, 3, 6, PAD)
-    assert full.tokens.shape == (1, 18) and full.attention_mask is None
+    assert full.tokens.shape == (1, 18)
     assert full.tokens[0, 6:].tolist() == [PAD] * 12 and full.loss_mask[0, 6:].sum() == 0
     assert full.position_ids[0, 6:].tolist() == [*range(6), *range(6)]
     assert full.cu_seqlens.tolist() == [0, 3, 5, 6, 12, 18] and full.num_tokens == 5
@@ -191,7 +183,7 @@ def test_rank_microbatches_takes_only_its_replica(abc) -> None:
     plan = ExecutionPlan(num_stages=1, num_replicas=2, microbatches=mbs, ranks=[])
     batches = rank_microbatches(plan, 0, abc)
     assert sorted(batches) == [0, 2]
-    assert batches[2].tokens.shape == (2, 5) and batches[2].num_tokens == 7
+    assert batches[2].tokens.shape == (1, 10) and batches[2].num_tokens == 7
 
 
 # ---------------------------------------------------------------- datasets

@@ -179,18 +179,23 @@ def test_iteration_line_says_when_the_planner_budget_ran_out(monkeypatch) -> Non
         "predicted_iteration_s": 0.008, "planning_time_s": 0.0008,
     }  # fmt: skip
 
-    def line(exhausted: bool) -> str:
-        plan = ExecutionPlan(1, 1, [], [], {**stats, "budget_exhausted": exhausted})
+    analytic = {"cost_model": {"kind": "analytic", "cluster": {"gpu": "A100-80GB"}}}
+
+    def line(exhausted: bool, meta: dict = analytic) -> str:
+        plan = ExecutionPlan(1, 1, [], [], {**stats, "budget_exhausted": exhausted}, meta)
         work = Iteration(lambda: None, plan.stats, 4, waited_s=0.0007, plan=plan)
-        return iteration_line(2, 10, work, 5.15391, 15610, 6.691, "A100-80GB")
+        return iteration_line(2, 10, work, 5.15391, 15610, 6.691)
 
     expected = (
         "[####................] iteration  2/10 | lm loss 5.1539 | tokens/s 2,333 | "
         "padding eff 0.953 | micro-batches 4 | recompute none | iteration 6,691 ms "
-        "(predicted 8.0 ms on A100-80GB) | planning 0.8 ms (waited 0.7 ms)"
+        "(predicted 8.0 ms on A100-80GB, analytic) | planning 0.8 ms (waited 0.7 ms)"
     )
     assert line(False) == expected
     assert line(True) == expected + " | planner budget exhausted"
+    # a profiled table names the device it measured
+    profiled = {"cost_model": {"kind": "profiled", "device": "cpu", "path": "t.json"}}
+    assert "(predicted 8.0 ms on cpu, profiled) |" in line(False, profiled)
     rows = iteration_rows(line(True) + " | learning rate 1.000E-04")
     assert [(r["it"], r["tps"], r["ms"], r["predicted"]) for r in rows] == [
         ("2", "2,333", "6,691", "8.0")
@@ -198,7 +203,7 @@ def test_iteration_line_says_when_the_planner_budget_ran_out(monkeypatch) -> Non
     # a searched plan file's job: the search's prediction, for the devices it priced
     plan = ExecutionPlan(1, 1, [], [], stats)
     work = Iteration(lambda: None, plan.stats, 4, waited_s=0.0007, plan=plan)
-    searched = iteration_line(2, 10, work, 5.15391, 15610, 6.691, "A100-80GB", (), (1.152, "cpu"))
+    searched = iteration_line(2, 10, work, 5.15391, 15610, 6.691, (), (1.152, "cpu"))
     assert "iteration 6,691 ms (search predicted 1,152.0 ms on cpu) | planning 0.8 ms" in searched
     assert iteration_rows(searched)[0]["predicted"] == "1,152.0"
 

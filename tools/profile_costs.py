@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dynapipe_planner.plan import atomic_write
+from megatron.dynapipe.profile_grid import default_seqlens
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -52,17 +53,6 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated integers, got {text!r}"
         ) from None
-
-
-def default_seqlens(max_seqlen: int, smallest: int = 32) -> list[int]:
-    """Powers of two and the points halfway between them in log scale (x1.5), up to and
-    including `max_seqlen`: attention grows with s^2, so linear interpolation needs points
-    closer than an octave."""
-    points, p = [], smallest
-    while p < max_seqlen:
-        points += [p, p * 3 // 2]
-        p *= 2
-    return sorted({x for x in points if x < max_seqlen} | {max_seqlen})
 
 
 def add_profile_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -87,6 +77,14 @@ def add_profile_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
         help="skip points with more than this many tokens (b x s); they become null (0: none)",
     )
     g.add_argument("--recompute", nargs="+", choices=RECOMPUTE, default=["none"])
+    g.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="time passes in wall seconds (default; what dynapipe-search's CPU tables need, "
+        "with their cpu_busy_fraction) or, on the CPU, in the process's CPU seconds (what a "
+        "rank with its own core spends, unaffected by other jobs: DynaPipe's planner)",
+    )
     g.add_argument("--warmup-runs", type=int, default=1, help="untimed runs per point")
     g.add_argument("--repeats", type=int, default=3, help="timed runs per point (median)")
     g.add_argument(
@@ -223,9 +221,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             device,
             warmup=args.warmup_runs,
             repeats=args.repeats,
+            clock=args.clock,
             progress=say,
         )
-        if tp == 1:
+        if tp == 1 and args.clock == "wall":  # the search's term, in its tables' clock
             overhead = runtime_overhead_s(
                 args, vocab_size, device, table, warmup=args.warmup_runs, repeats=args.repeats
             )

@@ -11,6 +11,13 @@ File format (JSON, documented in README.md "Cost tables"):
                   "activation_bytes": [[...]], "transient_bytes": [[...]],
                   "static_bytes": 123456789}, ...]}
 
+A table whose passes were timed in CPU seconds (`"profile": {"clock": "cpu"}`: one rank's work
+on one core) is read with each sequence length's times as the least-squares line over the
+micro-batch sizes, `time(b) = per micro-batch + per sample x b` (`affine_time`): on one core a
+layer's work is that line, and the line averages out what single points carry of the machine's
+noise (on the shared 2-core CPU one decoder point read 1.3x its neighbours' per-sample time, and
+the planner chose micro-batches of that size for it).
+
 Components: `decoder_layer` (and `encoder_layer` for encoder-decoder models), `embedding` (first
 stage) and `lm_head` (last stage, with the loss). Values are indexed [microbatch size][seqlen]
 (plus [tgt seqlen] with a `tgt_seqlens` grid for encoder-decoder decoder entries); `null` marks a
@@ -46,6 +53,8 @@ class ProfiledCostModel:
     entries: tuple[dict[str, Any], ...]
     source: str = "cost table"
     dtype: str = "bf16"
+    device: str = "unknown device"  # the table's own word for what it measured
+    cpu_clock: bool = False  # passes timed in CPU seconds: times read as lines over b
 
     @classmethod
     def load(cls, path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> ProfiledCostModel:
@@ -61,12 +70,17 @@ class ProfiledCostModel:
         entries = data.get("entries")
         if not isinstance(entries, list) or not entries:
             raise PlanningError(f"cost table {path}: 'entries' must be a non-empty list")
-        return cls(model, cluster, tuple(entries), str(path), data.get("dtype", "bf16"))
+        device = str(data.get("device", "unknown device"))
+        profile = data.get("profile")
+        cpu_clock = isinstance(profile, dict) and profile.get("clock") == "cpu"
+        dtype = data.get("dtype", "bf16")
+        return cls(model, cluster, tuple(entries), str(path), dtype, device, cpu_clock)
 
     def describe(self) -> dict[str, Any]:
         return {
             "kind": "profiled",
             "path": self.source,
+            "device": self.device,
             "model": self.model.to_dict(),
             "cluster": cluster_to_dict(self.cluster),
         }
@@ -108,6 +122,8 @@ class ProfiledCostModel:
                 )
             if np.any(arr[np.isfinite(arr)] < 0):
                 raise PlanningError(f"{where}: {name} has negative values")
+            if self.cpu_clock and name in ("forward_s", "backward_s"):
+                arr = _lines_over_b(arr, np.array(e["microbatch_sizes"], dtype=np.float64))
             out.append(np.where(np.isnan(arr), np.inf, arr))
         return out
 
@@ -161,6 +177,37 @@ class ProfiledCostModel:
             recompute,
             self.dtype,
         )
+
+
+def affine_time(rows: list[tuple[int, float]]) -> tuple[float, float]:
+    """(per micro-batch, per sample): the least-squares line through measured (micro-batch
+    size, time) points, both >= 0: a negative intercept gives the line through the origin, a
+    negative slope the mean, per micro-batch."""
+    sizes = np.array([b for b, _ in rows], dtype=np.float64)
+    times = np.array([t for _, t in rows], dtype=np.float64)
+    if len(set(sizes)) < 2:
+        return 0.0, float(times @ sizes / (sizes @ sizes))
+    slope, intercept = np.polyfit(sizes, times, 1)
+    if intercept < 0:
+        return 0.0, float(times @ sizes / (sizes @ sizes))
+    if slope < 0:
+        return float(times.mean()), 0.0
+    return float(intercept), float(slope)
+
+
+def _lines_over_b(times: np.ndarray, b_grid: np.ndarray) -> np.ndarray:
+    """`times` [b, s, t] with each (s, t) column's measured points replaced by `affine_time`'s
+    line over b; points not measured (NaN) stay so."""
+    out = times.copy()
+    for k in np.ndindex(times.shape[1:]):
+        column = times[(slice(None), *k)]
+        measured = np.isfinite(column)
+        if measured.any():
+            fixed, per_sample = affine_time(
+                list(zip(b_grid[measured], column[measured], strict=True))
+            )
+            out[(measured, *k)] = fixed + per_sample * b_grid[measured]
+    return out
 
 
 def _fit_attention(total: np.ndarray, s_grid: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 from ..cluster import ClusterSpec
 from ..errors import PlanningError
 from ..model_spec import ModelSpec
-from .table import PipelineCosts, split_layers
+from .table import PipelineCosts, attention_forward_share, split_layers
 
 # (forward s, backward s, stored bytes, transient bytes), each an array over the (b, s, t) grid.
 Parts = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -83,7 +83,9 @@ def assemble_pipeline(
         activation=act,
         transient=tra,
         static=np.array([stage_static(kinds, j) for j, kinds in enumerate(layout)]),
-        attention_coef=attention_coef(layout, fwd + bwd),
+        attention_coef=bounded_attention_coef(
+            attention_coef(layout, fwd + bwd), fwd, bwd, grids, attention_forward_share(recompute)
+        ),
         hidden_size=model.hidden_size,
         memory_limit=float(cluster.memory_limit_bytes),
         p2p_bandwidth=np.array([cluster.p2p_bandwidth(j) for j in range(c - 1)]),
@@ -92,3 +94,25 @@ def assemble_pipeline(
         dtype=dtype,
         boundary_seq=tuple(boundary),
     )
+
+
+def bounded_attention_coef(
+    coef: np.ndarray,
+    forward: np.ndarray,
+    backward: np.ndarray,
+    grids: tuple[np.ndarray, np.ndarray, np.ndarray],
+    forward_share: float,
+) -> np.ndarray:
+    """Each stage's attention coefficient, at most what its tables can give back: a packed
+    micro-batch of r rows of L is priced at its table time less coef x the attention its
+    per-sample boundaries skip, at most r x L^2 tokens^2, `forward_share` of it from the
+    forward pass and the rest from the backward (`PipelineCosts.less_skipped_attention`). So
+    coef x b x s^2 x share must stay within each pass's time at every grid point (b, s); linear
+    interpolation between grid points keeps the bound (b x s^2 is linear in b and convex in s).
+    A packed price is then never negative, whatever a fit or a profile gave."""
+    b, s = np.meshgrid(grids[0], grids[1], indexing="ij")
+    square = (b * s**2)[None, :, :, None]
+    with np.errstate(invalid="ignore"):
+        room = np.minimum(forward / forward_share, backward / (1 - forward_share)) / square
+    bound = np.where(np.isfinite(room), room, np.inf).reshape(len(coef), -1).min(axis=1)
+    return np.minimum(np.maximum(np.asarray(coef, dtype=np.float64), 0.0), bound)

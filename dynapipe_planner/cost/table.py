@@ -85,6 +85,13 @@ def interp3(
     return v0 if wb == 0.0 else lerp(v0, along_s(kb + 1), wb)
 
 
+def attention_forward_share(recompute: str) -> float:
+    """The share of a micro-batch's attention time spent in its forward pass: a third (its
+    backward does twice the forward's work), a quarter where the backward pass recomputes
+    the attention first (selective or full recomputation)."""
+    return 1 / 4 if recompute in ("selective", "full") else 1 / 3
+
+
 @dataclass
 class StageCosts:
     """Costs of one micro-batch on every stage (arrays of length num_stages)."""
@@ -244,6 +251,22 @@ class PipelineCosts:
         k = np.asarray(inflight, dtype=np.float64).reshape(-1, 1, 1, 1)
         ratio = np.max((k * self.activation + self.transient) / avail.reshape(-1, 1, 1, 1), axis=0)
         return np.ascontiguousarray(time), np.ascontiguousarray(ratio)
+
+    def stage_recompute(self) -> tuple[str, ...]:
+        """Each stage's recomputation mode."""
+        if isinstance(self.recompute, str):
+            return (self.recompute,) * self.num_stages
+        return tuple(self.recompute)
+
+    def less_skipped_attention(
+        self, forward: np.ndarray, backward: np.ndarray, saved: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(M, C) forward and backward times of M micro-batches less the attention their
+        per-sample boundaries skip (`saved`, tokens^2 each: packed rows, seed hydraulis.txt
+        §6.1), split between the passes as `attention_forward_share` says."""
+        share = np.array([attention_forward_share(m) for m in self.stage_recompute()])
+        cut = np.asarray(saved, dtype=np.float64)[:, None] * self.attention_coef[None, :]
+        return forward - cut * share, backward - cut * (1 - share)
 
     def boundary_shape(self, stage: int, b: int, s: int, t: int = 0) -> list[int]:
         """[b, seq, hidden] of the activation stage `stage` sends to `stage + 1`.

@@ -79,7 +79,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cost.profiled import FIELDS, FORMAT
+from ..cost.profiled import FIELDS, FORMAT, affine_time
 from ..errors import PlanningError
 from ..model_spec import ModelSpec
 from .cost_inputs import CostInputs, LayerTypeCosts
@@ -183,21 +183,6 @@ def _point(
         raise PlanningError(f"{where}: no micro-batch measured at sequence length {seq_length}")
     rows = [(int(sizes[i]), {n: float(arrays[n][i, column]) for n in FIELDS}) for i in measured]
     return rows[-1][0], rows[-1][1], rows
-
-
-def affine_time(rows: list[tuple[int, float]]) -> tuple[float, float]:
-    """(per micro-batch, per sample): the least-squares line through measured (micro-batch
-    size, time) points, both >= 0 (module docstring)."""
-    sizes = np.array([b for b, _ in rows], dtype=np.float64)
-    times = np.array([t for _, t in rows], dtype=np.float64)
-    if len(set(sizes)) < 2:
-        return 0.0, float(times @ sizes / (sizes @ sizes))
-    slope, intercept = np.polyfit(sizes, times, 1)
-    if intercept < 0:
-        return 0.0, float(times @ sizes / (sizes @ sizes))
-    if slope < 0:
-        return float(times.mean()), 0.0
-    return float(intercept), float(slope)
 
 
 def _static(entry: dict, where: str) -> float:

@@ -106,11 +106,10 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument(
         "--dynapipe-packed-rows",
         choices=("on", "off"),
-        default=None,
-        help="let DynaPipe's plans run micro-batches as packed rows (THD sequences with "
-        "cu_seqlens) where the cost model prices them faster (default: in Megatron's loop on "
-        "with --dataloader-inter-document-masking, whose get_batch reads `cu_seqlens`, off "
-        "otherwise; on in DynaPipe's own loop)",
+        default="on",
+        help="let DynaPipe's plans pack several samples into a row where the cost model prices "
+        "that faster (every micro-batch runs as THD sequences with cu_seqlens, each sample "
+        "attending within itself)",
     )
     g.add_argument(
         "--dynapipe-gpu",
@@ -119,8 +118,11 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     )
     g.add_argument(
         "--dynapipe-cost-model",
-        default=None,
-        help="profiled cost table (JSON from tools/profile_costs.py) instead of the analytic model",
+        default=os.environ.get("DYNAPIPE_COST_MODEL", "local"),
+        help="what the planner prices plans with: 'local' (default; this machine's device, "
+        "profiled on first use and kept under $DYNAPIPE_CACHE_DIR, TP 1 jobs), 'analytic' (the "
+        "model of --dynapipe-gpu, for planning other clusters), or a cost table (JSON from "
+        "tools/profile_costs.py); $DYNAPIPE_COST_MODEL sets the default",
     )
     g.add_argument(
         "--planner-workers",
@@ -637,6 +639,8 @@ def _check_dynapipe(args: argparse.Namespace, given: dict[str, str]) -> None:
     args.dynapipe_plans = bool(
         args.dynamic_micro_batching or args.batching is not None or runs_in_own_loop(args)
     )
+    if args.dynapipe_plans:
+        per_sample_attention(args)
     if args.batching is None:
         args.batching = "dynamic" if args.dynamic_micro_batching else "padding"
     if args.seq_length is None:
@@ -647,6 +651,19 @@ def _check_dynapipe(args: argparse.Namespace, given: dict[str, str]) -> None:
         args.dynapipe_timeout = 60.0 * args.distributed_timeout_minutes  # Megatron's timeout
     _check_batch(args, given)
     _check_recompute(args, given)
+
+
+def per_sample_attention(args: argparse.Namespace) -> None:
+    """DynaPipe's micro-batches are THD sequences whose samples attend only within themselves
+    (`data.microbatches`): Megatron's `--dataloader-inter-document-masking` form, which a
+    Megatron-LM program's `get_batch` turns into `PackedSeqParams`. Turned on (noted once) so
+    the program reads them so, and, as Megatron's own check does for that flag, no attention
+    mask is made in the data loader (there is none to broadcast)."""
+    args.create_attention_mask_in_dataloader = False
+    if not args.dataloader_inter_document_masking:
+        args.dataloader_inter_document_masking = True
+        note = "per-sample attention: --dataloader-inter-document-masking on (THD micro-batches)"
+        args.dynapipe_notes.append(note)
 
 
 # What a --parallel-plan file decides, by destination: flags that would set it too are refused.

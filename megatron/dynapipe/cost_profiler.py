@@ -43,7 +43,7 @@ from dynapipe_planner.cost.profiled import FORMAT
 from dynapipe_planner.megatron_model import spec_from_args
 from dynapipe_planner.schedule.one_f_one_b import one_f_one_b_passes
 
-from .data.microbatches import MicroBatchTensors
+from .data.microbatches import MicroBatchTensors, thd_params
 from .memory import (
     MemoryTrace,
     live_tensor_bytes,
@@ -185,9 +185,10 @@ def _components(
         return (tokens(b, s), positions), hidden(b, s, False)
 
     def decoder_inputs(b, s):
-        causal = torch.ones(s, s, dtype=torch.bool, device=device).triu(1)
-        mask = causal.repeat(b, 1, 1, 1)  # [b, 1, s, s] as the runtime's data builds it
-        return (hidden(b, s, True), mask), hidden(b, s, False)
+        # b samples of s tokens as the runtime runs them: one THD sequence [b * s, 1, h] whose
+        # samples attend only within themselves (`data.microbatches`, `packed_attention`).
+        bounds = torch.arange(0, b * s + 1, s, dtype=torch.int32, device=device)
+        return (hidden(1, b * s, True), thd_params(bounds, s)), hidden(1, b * s, False)
 
     def head_inputs(b, s):
         loss_mask = torch.ones(b, s, dtype=torch.float32, device=device)
@@ -201,7 +202,9 @@ def _components(
         _Component("embedding", lambda t, p: first.embedding(t, p), embedding_inputs),
         _Component(
             "decoder_layer",
-            lambda x, mask: first.decoder(hidden_states=x, attention_mask=mask),
+            lambda x, params: first.decoder(
+                hidden_states=x, attention_mask=None, packed_seq_params=params
+            ),
             decoder_inputs,
         ),
         _Component("lm_head", head, head_inputs),
@@ -228,32 +231,46 @@ def _is_out_of_memory(err: BaseException) -> bool:
     )
 
 
+CLOCKS = ("wall", "cpu")
+
+
 def measure_point(
-    component: _Component, b: int, s: int, device: torch.device, warmup: int, repeats: int
+    component: _Component,
+    b: int,
+    s: int,
+    device: torch.device,
+    warmup: int,
+    repeats: int,
+    clock: str = "wall",
 ) -> PointCost | None:
-    """Time and memory of one component at micro-batch shape (b, s); None if out of memory."""
+    """Time and memory of one component at micro-batch shape (b, s); None if out of memory.
+    `clock` "cpu" times passes in the process's CPU seconds (the CPU only): the work of a
+    rank that has its own core, which other jobs on a shared machine do not inflate as they
+    do wall time."""
     try:
         args, grad = component.make_inputs(b, s)
 
         def backward(out: torch.Tensor) -> None:
             torch.autograd.backward(out, grad)
             for a in args:
-                a.grad = None  # the executor sends the input gradient away each time
+                if isinstance(a, torch.Tensor):
+                    a.grad = None  # the executor sends the input gradient away each time
 
         for _ in range(warmup):
             backward(component.forward(*args))
+        timer = time.process_time if clock == "cpu" and device.type == "cpu" else time.perf_counter
         forward_s, backward_s, cpu_s = [], [], []
         for _ in range(repeats):
             _synchronize(device)
             _align_tp_ranks()
-            t0, cpu0 = time.perf_counter(), time.process_time()
+            t0, cpu0 = timer(), time.process_time()
             out = component.forward(*args)
             _synchronize(device)
-            t1 = time.perf_counter()
+            t1 = timer()
             backward(out)
             _synchronize(device)
             forward_s.append(t1 - t0)
-            backward_s.append(time.perf_counter() - t1)
+            backward_s.append(timer() - t1)
             cpu_s.append(time.process_time() - cpu0)
             del out
         release_megatron_workspace()
@@ -296,12 +313,17 @@ def profile_cost_table(
     *,
     warmup: int = 1,
     repeats: int = 3,
+    clock: str = "wall",
     progress: Callable[[str], None] = lambda _line: None,
 ) -> dict[str, Any]:
     """The cost table (README "Cost tables") of the model `args` (Megatron's flags) describe,
     with `vocab_size` rows, for the TP degree of the parallel state (one rank, or the TP
     group of a TP-only job: every rank runs its shard, TP's all-reduces included in the
-    times; the numbers are this rank's). `progress` receives one line per measured point."""
+    times; the numbers are this rank's), its passes timed by `clock` (`measure_point`).
+    `progress` receives one line per measured point."""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
+    cpu_clock = clock == "cpu" and device.type == "cpu"
     statics = static_bytes(args, vocab_size, device)
     entries, measured = [], []
     total = len(recompute_modes) * len(COMPONENTS) * len(grid.points())
@@ -317,7 +339,7 @@ def profile_cost_table(
                     table[b, s] = None
                     progress(f"{where}: skipped (b*s > max tokens {grid.max_tokens}), null")
                     continue
-                cost = measure_point(component, b, s, device, warmup, repeats)
+                cost = measure_point(component, b, s, device, warmup, repeats, clock)
                 table[b, s] = cost
                 measured += [cost] if cost is not None else []
                 progress(f"{where}: {_describe(cost)}")
@@ -329,10 +351,15 @@ def profile_cost_table(
         "device": device_name(device),
         "dtype": dtype_name(args),
         "model": spec_from_args(args, vocab_size, "profiled_gpt").to_dict(),
-        "profile": {"warmup": warmup, "repeats": repeats, "max_tokens": grid.max_tokens},
+        "profile": {
+            "warmup": warmup,
+            "repeats": repeats,
+            "max_tokens": grid.max_tokens,
+            "clock": "cpu" if cpu_clock else "wall",
+        },
         "entries": entries,
     }
-    if device.type == "cpu" and measured:
+    if device.type == "cpu" and measured and not cpu_clock:  # the CPU share of wall time
         result["host_cores"] = len(os.sched_getaffinity(0))
         tp = str(mpu.get_tensor_model_parallel_world_size())
         result["cpu_busy_fraction"] = {tp: cpu_busy_fraction(measured)}
@@ -371,8 +398,9 @@ def runtime_overhead_s(
             labels=tokens.roll(-1, dims=1),
             loss_mask=torch.ones(1, s),
             position_ids=torch.arange(s).unsqueeze(0),
-            attention_mask=torch.ones(s, s, dtype=torch.bool).triu(1)[None, None],
             num_tokens=s,
+            cu_seqlens=torch.tensor([0, s], dtype=torch.int32),
+            row_length=s,
         )
         step = functools.partial(_one_sample_step, built.model, batch)
         whole = _median_s(step, device, warmup, repeats)

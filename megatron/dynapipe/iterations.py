@@ -105,10 +105,6 @@ class PlannedIterations:
     def __exit__(self, *exc: object) -> None:
         self.plans.__exit__(*exc)
 
-    def _documents(self) -> bool:
-        """Whether the program reads every batch as Megatron's inter-document-masking form."""
-        return bool(getattr(self.args, "dataloader_inter_document_masking", False))
-
     def _recipe(self):
         """The planner recipe on the planning rank, None elsewhere."""
         if dist.get_rank() != PLANNING_RANK:
@@ -144,7 +140,6 @@ class PlannedIterations:
         self._megatron_batches_on = device if forward_step_func is not None else None
         speeds = parse_device_speed(getattr(args, "device_speed", None), dist.get_world_size())
         executor.slowdown = speeds[dist.get_rank()]
-        executor.all_thd = forward_step_func is not None and self._documents()
         self.runner = executor
 
     def next(self, iteration: int) -> Iteration:
@@ -152,7 +147,7 @@ class PlannedIterations:
         plan, waited_s = self.plans.get(iteration, batch)
         batches = rank_microbatches(plan, ps.replica(), self.dataset)
         if self._megatron_batches_on is not None:
-            batches = _MegatronBatches(batches, self._megatron_batches_on, self._documents())
+            batches = _MegatronBatches(batches, self._megatron_batches_on)
         return Iteration(
             lambda: self.runner.run(plan, batches, iteration=iteration),
             plan.stats,
@@ -186,16 +181,14 @@ class PlannedIterations:
 
 
 class _MegatronBatches(Mapping[int, dict]):
-    """A rank's planned micro-batches as Megatron's batch dicts, built when first read; all in
-    the `--dataloader-inter-document-masking` form when `documents`."""
+    """A rank's planned micro-batches as Megatron's batch dicts, built when first read, in the
+    `--dataloader-inter-document-masking` form (which DynaPipe turns on)."""
 
-    def __init__(
-        self, batches: Mapping[int, MicroBatchTensors], device: torch.device, documents: bool
-    ) -> None:
-        self._batches, self._device, self._documents = batches, device, documents
+    def __init__(self, batches: Mapping[int, MicroBatchTensors], device: torch.device) -> None:
+        self._batches, self._device = batches, device
 
     def __getitem__(self, mb: int) -> dict:
-        return self._batches[mb].megatron_batch(self._device, self._documents)
+        return self._batches[mb].megatron_batch(self._device)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._batches)

@@ -27,19 +27,19 @@ def iteration_line(
     loss: float,
     tokens: int,
     measured_s: float,
-    gpu: str,
     checkpointed: tuple[int, ...] = (),
     searched: tuple[float, str | None] | None = None,
 ) -> str:
     """Iteration `iteration` (counted from 1) of `train_iters`: the loss per real token,
     `tokens` real tokens over the measured `measured_s` (the whole step: passes, gradient sync
     and optimiser). `recompute`: the recomputation mode, or the layers a searched plan
-    checkpoints (`checkpointed`); with a planner, `predicted` is the plan's iteration time on
-    `gpu`, or for a searched plan file the search's (`searched`: seconds and the devices it
-    priced), `planning` the planner's time for this plan (spent ahead of training when planner
-    workers run) and `waited` how long the printing rank waited for the plan; "planner
-    budget exhausted" follows only when the micro-batch DP ran out of its wall-clock budget
-    (the plan is then the best partition found, not the optimum)."""
+    checkpoints (`checkpointed`); with a planner, `predicted` is the plan's iteration time
+    under the cost model it was planned with (`priced_with`), or for a searched plan file the
+    search's (`searched`: seconds and the devices it priced), `planning` the planner's time
+    for this plan (spent ahead of training when planner workers run) and `waited` how long
+    the printing rank waited for the plan; "planner budget exhausted" follows only when the
+    micro-batch DP ran out of its wall-clock budget (the plan is then the best partition
+    found, not the optimum)."""
     stats = work.stats
     recompute = f"layers {list(checkpointed)}" if checkpointed else stats["recompute"]
     width = len(str(train_iters))
@@ -58,7 +58,10 @@ def iteration_line(
                 f" on {device}" if device else ""
             )
         else:
-            predicted = f"predicted {stats['predicted_iteration_s'] * 1e3:,.1f} ms on {gpu}"
+            predicted = (
+                f"predicted {stats['predicted_iteration_s'] * 1e3:,.1f} ms "
+                f"{priced_with(work.plan.meta)}"
+            )
         line += (
             f" ({predicted}) | planning {stats['planning_time_s'] * 1e3:,.1f} ms "
             f"(waited {work.waited_s * 1e3:,.1f} ms)"
@@ -66,6 +69,15 @@ def iteration_line(
         if stats.get("budget_exhausted"):
             line += " | planner budget exhausted"
     return line
+
+
+def priced_with(meta: dict) -> str:
+    """What a plan was priced with, from its `meta["cost_model"]`: "on cpu, profiled" (a cost
+    table, named by the device it measured), "on A100-80GB, analytic"."""
+    model = meta.get("cost_model", {})
+    if model.get("kind") == "profiled":
+        return f"on {model.get('device', 'unknown device')}, profiled"
+    return f"on {model.get('cluster', {}).get('gpu', 'an unknown device')}, analytic"
 
 
 def peak_memory_field(peaks: list[int]) -> str:

@@ -11,12 +11,12 @@ its loop:
   global batch of variable-length samples of the flags' data (`--data-path`, `--split`, the
   tokenizer), gets its plan (planned ahead by rank 0's workers, seed `dynapipe.txt` §3, §6),
   and runs this rank's instruction list with the program's `forward_step` (`PlanExecutor`);
-  each planned micro-batch reaches `forward_step` as the dict Megatron's data iterator yields:
-  padded micro-batches, and packed rows in Megatron's `--dataloader-inter-document-masking`
-  form when the program runs with that flag (its `get_batch` then turns
-  `cu_seqlens`/`max_seqlen` into `PackedSeqParams`), or `--dynapipe-packed-rows on` says it
-  does. The reports `forward_step`'s loss function returns go back to Megatron's `train_step`,
-  which reduces, logs and checkpoints as always. Parallel state is Megatron's
+  each planned micro-batch (padded or packed rows) reaches `forward_step` as the dict
+  Megatron's data iterator yields under `--dataloader-inter-document-masking`, which DynaPipe
+  turns on (`arguments.per_sample_attention`): its `get_batch` turns `cu_seqlens`/`max_seqlen`
+  into `PackedSeqParams`, so every sample attends only within itself. The reports
+  `forward_step`'s loss function returns go back to Megatron's `train_step`, which reduces,
+  logs and checkpoints as always. Parallel state is Megatron's
   (`adopt_megatron_groups`). Evaluation (`forward_only`) keeps Megatron's schedule on the
   program's validation data;
 - its `train_step` (`_logged_train_step`), guarded by DynaPipe's heartbeats (a failed step
@@ -90,7 +90,11 @@ class DynaPipeSchedule:
         forward_only: bool = False,
         **kwargs: Any,
     ) -> list[dict[str, torch.Tensor]]:
+        from megatron.training import get_args
+
         if forward_only:
+            if get_args().dataloader_inter_document_masking:
+                kwargs = thd_shape(kwargs)
             return self.megatron_schedule(
                 forward_step_func=forward_step_func,
                 data_iterator=data_iterator,
@@ -98,7 +102,6 @@ class DynaPipeSchedule:
                 forward_only=True,
                 **kwargs,
             )
-        from megatron.training import get_args
 
         args = get_args()
         if self.iterations is None:
@@ -133,8 +136,6 @@ class DynaPipeSchedule:
             raise ValueError("DynaPipe's schedules do not run virtual pipeline stages")
         ps.adopt_megatron_groups()
         use_packed_attention(model[0])
-        if args.dynapipe_packed_rows is None:  # only a program that reads cu_seqlens
-            args.dynapipe_packed_rows = "on" if args.dataloader_inter_document_masking else "off"
         splits = job_datasets(args)
         spec = spec_from_args(args, args.padded_vocab_size)
         _check_layer_split(model[0], args)
@@ -151,6 +152,17 @@ class DynaPipeSchedule:
         atexit.register(self.liveness.stop)
         iterations.bind(model[0], get_model_config(model[0]), ps.device(), forward_step_func)
         return iterations
+
+
+def thd_shape(schedule_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """megatron-core's schedule sends [seq_length, micro_batch_size, hidden] between stages;
+    under `--dataloader-inter-document-masking` a Megatron-LM program's `get_batch` flattens a
+    micro-batch's rows into one THD sequence, whose activations are [rows x seq_length, 1,
+    hidden]: the evaluation schedule is told that shape (same size, the layout the stages
+    compute in)."""
+    rows = schedule_kwargs.get("micro_batch_size", 1)
+    seq_length = schedule_kwargs["seq_length"] * rows
+    return {**schedule_kwargs, "seq_length": seq_length, "micro_batch_size": 1}
 
 
 def _log_step(
@@ -172,9 +184,7 @@ def _log_step(
     if loss is None:  # a step Megatron's rerun machinery cut short reports no loss
         return
     tokens = int(work.stats["tokens"])
-    line = iteration_line(
-        iteration, args.train_iters, work, float(loss), tokens, measured_s, args.dynapipe_gpu
-    )
+    line = iteration_line(iteration, args.train_iters, work, float(loss), tokens, measured_s)
     if peaks is not None:
         line += peak_memory_field(peaks)
     print(line, file=sys.stdout, flush=True)

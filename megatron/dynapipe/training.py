@@ -174,7 +174,6 @@ def _train(
                     loss,
                     tokens,
                     measured_s,
-                    args.dynapipe_gpu,
                     checkpointed,
                     searched,
                 )

@@ -68,6 +68,7 @@ def fixed_length_samples(
         reset_position_ids=args.reset_position_ids,
         reset_attention_mask=args.reset_attention_mask,
         eod_mask_loss=args.eod_mask_loss,
+        inter_document_masking=args.dataloader_inter_document_masking,
     )  # no blend: megatron-core builds the indices in memory, caching nothing
     documents = _SamplesAsDocuments(dataset)
     indices = np.arange(len(documents), dtype=np.int32)

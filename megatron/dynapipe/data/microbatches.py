@@ -1,13 +1,13 @@
 """The tensors of each micro-batch a plan asks for, built from its samples when the executor
 reads it.
 
-Each planned micro-batch is padded only to its own `seqlen`. A micro-batch of one sample per row
-is a [rows, seqlen] batch with causal attention masks. A packed micro-batch (the plan gives its
-`row_sizes`) reaches megatron-core as Megatron-LM runs packed sequences: its rows laid end to
-end as one sequence of rows x seqlen tokens, with the cumulative boundaries of its samples
-(`cu_seqlens`, megatron-core's THD format, `PackedSeqParams`), so attention is computed per
-sample (TransformerEngine on GPU, `packed_attention` on CPU) and no [tokens x tokens] mask is
-ever built. `attention_mask` follows megatron-core: True means masked out. Everything stays on
+Each planned micro-batch is padded only to its own `seqlen` and reaches megatron-core as
+Megatron-LM runs packed sequences: its rows (one sample each, or the samples a packed
+micro-batch's `row_sizes` put in them) laid end to end as one sequence of rows x seqlen tokens,
+with the cumulative boundaries of its samples and of each row's padding (`cu_seqlens`,
+megatron-core's THD format, `PackedSeqParams`). Attention is computed within each sample
+(TransformerEngine on GPU, `packed_attention` on CPU), never over a [tokens x tokens] mask: a
+padded micro-batch costs its samples' own attention, as a packed one does. Everything stays on
 CPU; the executor moves tensors to its device.
 """
 
@@ -28,23 +28,21 @@ from .base import DataError, SampleDataset
 
 @dataclass
 class MicroBatchTensors:
-    """The inputs of one planned micro-batch: shape [b, s] with b = rows and s = its seqlen, or
-    [1, b * s] for a packed micro-batch, whose `cu_seqlens` (int32) bound its segments.
+    """The inputs of one planned micro-batch of b rows of s tokens: shape [1, b * s], whose
+    `cu_seqlens` (int32) bound its segments.
 
     `position_ids` restart at 0 for every sample; the padding at a row's end counts as one more
-    sample (positions 0, 1, ... and causal attention among padding positions only), so no query
-    row of the attention mask is fully masked. `loss_mask` is 1.0 exactly on real labels, and
-    `num_tokens` counts them.
+    segment (positions 0, 1, ... and causal attention among padding positions only).
+    `loss_mask` is 1.0 exactly on real labels, and `num_tokens` counts them.
     """
 
     tokens: torch.Tensor  # int64
     labels: torch.Tensor  # int64; pad_id on padding
     loss_mask: torch.Tensor  # float32
     position_ids: torch.Tensor  # int64
-    attention_mask: torch.Tensor | None  # bool [b, 1, s, s], True = masked out; None if packed
     num_tokens: int
-    cu_seqlens: torch.Tensor | None = None  # int32 [segments + 1], packed micro-batches only
-    row_length: int | None = None  # tokens per packed row (s), packed micro-batches only
+    cu_seqlens: torch.Tensor  # int32 [segments + 1]
+    row_length: int  # tokens per row (s)
 
     def to(self, device: torch.device | str) -> MicroBatchTensors:
         """A copy with every tensor on `device`."""
@@ -55,45 +53,24 @@ class MicroBatchTensors:
         }
         return replace(self, **moved)
 
-    def packed_seq_params(self, device: torch.device | str) -> PackedSeqParams | None:
-        """megatron-core's THD parameters of a packed micro-batch (None otherwise)."""
-        if self.cu_seqlens is None:
-            return None
-        bounds = self.cu_seqlens.to(device)
-        longest = self._longest_segment()
-        return PackedSeqParams(
-            qkv_format="thd",
-            cu_seqlens_q=bounds,
-            cu_seqlens_kv=bounds,
-            max_seqlen_q=longest,
-            max_seqlen_kv=longest,
-        )
+    def packed_seq_params(self, device: torch.device | str) -> PackedSeqParams:
+        """megatron-core's THD parameters of the micro-batch."""
+        return thd_params(self.cu_seqlens.to(device), self._longest_segment())
 
-    def megatron_batch(
-        self, device: torch.device | str, documents: bool = False
-    ) -> dict[str, torch.Tensor | None]:
+    def megatron_batch(self, device: torch.device | str) -> dict[str, torch.Tensor | None]:
         """The dict a Megatron-LM data iterator yields (and its `get_batch` returns), on
-        `device`. A packed micro-batch (and, when `documents`, every micro-batch) comes as
-        megatron-core's GPTDataset yields samples under `--dataloader-inter-document-masking`:
-        [rows, s] tensors, each row's segment boundaries `cu_seqlens` [rows, s + 1] (int32,
-        padded with s) and longest segment `max_seqlen` [rows] (int32), no attention mask; a
-        padded row is its sample and its padding. So Megatron-LM's own `get_batch`
-        (`get_batch_on_this_tp_rank`, `flatten_batch_for_packed_sequences`) and the
+        `device`, as megatron-core's GPTDataset yields samples under
+        `--dataloader-inter-document-masking` (which DynaPipe turns on): [rows, s] tensors,
+        each row's segment boundaries `cu_seqlens` [rows, s + 1] (int32, padded with s) and
+        longest segment `max_seqlen` [rows] (int32), no attention mask. So Megatron-LM's own
+        `get_batch` (`get_batch_on_this_tp_rank`, `flatten_batch_for_packed_sequences`) and the
         `PackedSeqParams` its `forward_step` builds take DynaPipe's micro-batches unchanged."""
-        moved = self.to(device)
-        batch: dict[str, torch.Tensor | None] = {
-            "tokens": moved.tokens,
-            "labels": moved.labels,
-            "loss_mask": moved.loss_mask,
-            "attention_mask": moved.attention_mask,
-            "position_ids": moved.position_ids,
-        }
-        if self.cu_seqlens is None and not documents:
-            return batch
         bounds = self._row_bounds()
-        rows, s = len(bounds), self.tokens.numel() // len(bounds)
-        for key in ("tokens", "labels", "loss_mask", "position_ids"):
-            batch[key] = batch[key].reshape(rows, s)
+        rows, s = len(bounds), self.row_length
+        batch: dict[str, torch.Tensor | None] = {
+            key: getattr(self, key).to(device).reshape(rows, s)
+            for key in ("tokens", "labels", "loss_mask", "position_ids")
+        }
         batch["attention_mask"] = None
         per_row = torch.full((rows, s + 1), s, dtype=torch.int32)
         for row, local in enumerate(bounds):
@@ -104,19 +81,27 @@ class MicroBatchTensors:
         return batch
 
     def _row_bounds(self) -> list[list[int]]:
-        """Each row's segment boundaries, from 0 to the row's length: a packed row's samples
-        and padding; a padded row's sample and its padding (the real tokens come first)."""
-        if self.cu_seqlens is not None:
-            s, bounds = self.row_length, self.cu_seqlens.tolist()
-            rows = self.tokens.numel() // s
-            return [[b - r * s for b in bounds if r * s <= b <= (r + 1) * s] for r in range(rows)]
-        s = self.tokens.shape[1]
-        real = self.loss_mask.sum(dim=1).long().tolist()
-        return [[0, n, s] if 0 < n < s else [0, s] for n in real]
+        """Each row's segment boundaries, from 0 to the row's length: its samples, then its
+        padding."""
+        s, bounds = self.row_length, self.cu_seqlens.tolist()
+        rows = self.tokens.numel() // s
+        return [[b - r * s for b in bounds if r * s <= b <= (r + 1) * s] for r in range(rows)]
 
     def _longest_segment(self) -> int:
-        """Tokens in the longest segment (sample or padding) of a packed micro-batch."""
+        """Tokens in the longest segment (sample or padding)."""
         return int((self.cu_seqlens[1:] - self.cu_seqlens[:-1]).max())
+
+
+def thd_params(bounds: torch.Tensor, longest: int) -> PackedSeqParams:
+    """megatron-core's parameters of one THD sequence whose segments, bounded by `bounds`
+    (int32 cumulative lengths) and at most `longest` tokens long, attend within themselves."""
+    return PackedSeqParams(
+        qkv_format="thd",
+        cu_seqlens_q=bounds,
+        cu_seqlens_kv=bounds,
+        max_seqlen_q=longest,
+        max_seqlen_kv=longest,
+    )
 
 
 def _checked_rows(mb: MicroBatch, dataset: SampleDataset) -> list[list[int]]:
@@ -129,7 +114,8 @@ def _checked_rows(mb: MicroBatch, dataset: SampleDataset) -> list[list[int]]:
 
 
 def microbatch_tensors(mb: MicroBatch, dataset: SampleDataset) -> MicroBatchTensors:
-    """Tensors of plan micro-batch `mb`: one sample per row, or packed rows per `mb.row_sizes`."""
+    """Tensors of plan micro-batch `mb`: one sample per row, or packed rows per `mb.row_sizes`,
+    as one THD sequence."""
     rows = _checked_rows(mb, dataset)
     shape = (len(rows), mb.seqlen)
     tokens = np.full(shape, dataset.pad_id, dtype=np.int64)
@@ -150,33 +136,28 @@ def microbatch_tensors(mb: MicroBatch, dataset: SampleDataset) -> MicroBatchTens
         real[row, :cursor] = True
         position_ids[row, cursor:] = np.arange(mb.seqlen - cursor)
         segments[row, cursor:] = len(samples)
-    batch = MicroBatchTensors(
-        tokens=torch.from_numpy(tokens),
-        labels=torch.from_numpy(labels),
-        loss_mask=torch.from_numpy(real.astype(np.float32)),
-        position_ids=torch.from_numpy(position_ids),
-        attention_mask=None,
-        num_tokens=int(real.sum()),
-    )
-    if mb.row_sizes:
-        return _packed(batch, torch.from_numpy(segments))
-    return replace(batch, attention_mask=_causal_mask(torch.from_numpy(segments)))
+    return _thd(tokens, labels, real, position_ids, segments)
 
 
-def _packed(batch: MicroBatchTensors, segments: torch.Tensor) -> MicroBatchTensors:
-    """`batch` ([b, s], per-row segment ids) as one THD sequence of b * s tokens."""
+def _thd(
+    tokens: np.ndarray,
+    labels: np.ndarray,
+    real: np.ndarray,
+    position_ids: np.ndarray,
+    segments: np.ndarray,
+) -> MicroBatchTensors:
+    """[b, s] rows (with per-row segment ids) as one THD sequence of b * s tokens."""
     flat = segments.reshape(-1)
-    starts = torch.ones_like(flat, dtype=torch.bool)
+    starts = np.ones(flat.size, dtype=bool)
     starts[1:] = flat[1:] != flat[:-1]
     starts[:: segments.shape[1]] = True  # every row starts a segment, even after padding
-    bounds = [*starts.nonzero().flatten().tolist(), flat.numel()]
+    bounds = [*np.flatnonzero(starts).tolist(), flat.size]
     return MicroBatchTensors(
-        tokens=batch.tokens.reshape(1, -1),
-        labels=batch.labels.reshape(1, -1),
-        loss_mask=batch.loss_mask.reshape(1, -1),
-        position_ids=batch.position_ids.reshape(1, -1),
-        attention_mask=None,
-        num_tokens=batch.num_tokens,
+        tokens=torch.from_numpy(tokens.reshape(1, -1)),
+        labels=torch.from_numpy(labels.reshape(1, -1)),
+        loss_mask=torch.from_numpy(real.astype(np.float32).reshape(1, -1)),
+        position_ids=torch.from_numpy(position_ids.reshape(1, -1)),
+        num_tokens=int(real.sum()),
         cu_seqlens=torch.tensor(bounds, dtype=torch.int32),
         row_length=segments.shape[1],
     )
@@ -186,7 +167,7 @@ def with_empty_rows(
     batch: MicroBatchTensors, num_rows: int, seqlen: int, pad_id: int
 ) -> MicroBatchTensors:
     """`batch` topped up to `num_rows` rows of `seqlen` tokens with rows of padding only (no
-    label, no loss); a packed batch gets them as more segments of its one sequence.
+    label, no loss), as more segments of its one sequence.
 
     Fixed-shape schedules (megatron-core's) need every micro-batch to have the same number of
     rows; the last packed micro-batch of a global batch may have fewer. A filler row follows the
@@ -198,39 +179,23 @@ def with_empty_rows(
         raise DataError(f"micro-batch has {rows} rows, more than {num_rows}")
     if missing == 0:
         return batch
-    padding = torch.full((missing, seqlen), pad_id, dtype=torch.int64)
-    filler_segments = torch.zeros(missing, seqlen, dtype=torch.int64)
-    filler = MicroBatchTensors(
-        tokens=padding,
-        labels=padding,
-        loss_mask=torch.zeros(missing, seqlen, dtype=torch.float32),
-        position_ids=torch.arange(seqlen).expand(missing, seqlen),
-        attention_mask=None,
-        num_tokens=0,
-    )
-    if batch.cu_seqlens is None:
-        filler = replace(filler, attention_mask=_causal_mask(filler_segments))
-        return replace(batch, **_joined(batch, filler, dim=0))
-    filler = _packed(filler, filler_segments)
+    shape = (missing, seqlen)
+    padding = np.full(shape, pad_id, dtype=np.int64)
+    positions = np.broadcast_to(np.arange(seqlen), shape).copy()
+    filler = _thd(padding, padding, np.zeros(shape, bool), positions, np.zeros(shape, np.int64))
+    names = ("tokens", "labels", "loss_mask", "position_ids")
+    joined = {n: torch.cat([getattr(batch, n), getattr(filler, n)], dim=1) for n in names}
     bounds = torch.cat([batch.cu_seqlens, batch.cu_seqlens[-1] + filler.cu_seqlens[1:]])
-    return replace(batch, **_joined(batch, filler, dim=1), cu_seqlens=bounds)
-
-
-def _joined(batch: MicroBatchTensors, more: MicroBatchTensors, dim: int) -> dict:
-    """The tensors of `batch` followed by those of `more` along `dim`."""
-    names = ["tokens", "labels", "loss_mask", "position_ids"]
-    if batch.attention_mask is not None:
-        names.append("attention_mask")
-    return {name: torch.cat([getattr(batch, name), getattr(more, name)], dim=dim) for name in names}
+    return replace(batch, **joined, cu_seqlens=bounds)
 
 
 class RankMicroBatches(Mapping[int, MicroBatchTensors]):
     """The micro-batches of one pipeline by id, checked at once but built when read and not kept.
 
     The executor reads a micro-batch at its forward pass; autograd then keeps what the backward
-    needs (a [b, 1, s, s] attention mask among it) until that backward. Building every
-    micro-batch up front would hold all their masks for the whole iteration, memory the plan
-    never priced (seed `dynapipe.txt` §3: the executor loads each micro-batch by instruction).
+    needs until that backward. Building every micro-batch up front would hold all their inputs
+    for the whole iteration, memory the plan never priced (seed `dynapipe.txt` §3: the executor
+    loads each micro-batch by instruction).
     """
 
     def __init__(self, microbatches: Sequence[MicroBatch], dataset: SampleDataset) -> None:
@@ -254,15 +219,6 @@ def rank_microbatches(
 ) -> RankMicroBatches:
     """The micro-batches of pipeline `replica`, by micro-batch id (built when read)."""
     return RankMicroBatches([mb for mb in plan.microbatches if mb.replica == replica], dataset)
-
-
-def _causal_mask(segments: torch.Tensor) -> torch.Tensor:
-    """[b, 1, s, s], True = masked: position i sees j <= i of its own segment only (a row's
-    sample, or its padding)."""
-    seqlen = segments.shape[1]
-    causal = torch.ones(seqlen, seqlen, dtype=torch.bool).tril()
-    same_segment = segments[:, :, None] == segments[:, None, :]
-    return ~(same_segment & causal).unsqueeze(1)
 
 
 def _rows(mb: MicroBatch) -> list[list[int]]:

@@ -79,15 +79,15 @@ def gpt_forward_step(
     """Forward of one micro-batch of `data.microbatches` tensors through a GPTModel stage.
 
     Stages other than the first ignore the tokens (their input is the received activation) and
-    stages other than the last ignore the labels, as in megatron-core. A packed micro-batch runs
-    as one THD sequence with its samples' boundaries (`data.microbatches`).
+    stages other than the last ignore the labels, as in megatron-core. Every micro-batch runs as
+    one THD sequence with its samples' boundaries (`data.microbatches`), without a mask.
     """
     device = next(model.parameters()).device
     batch = next(data_iterator).to(device)
     output = model(
         batch.tokens,
         batch.position_ids,
-        batch.attention_mask,
+        None,
         labels=batch.labels,
         packed_seq_params=batch.packed_seq_params(device),
     )
@@ -147,9 +147,6 @@ class PlanExecutor:
         self._set_input_tensor = get_attr_wrapped_model(model, "set_input_tensor")
         # `--device-speed`: compute of this rank emulated this many times slower (device_speed).
         self.slowdown = 1.0
-        # Every micro-batch runs as a THD sequence, packed or not (a Megatron-LM program under
-        # --dataloader-inter-document-masking flattens each batch), so all travel as THD.
-        self.all_thd = False
         self._thd_forward: int | None = None  # the THD micro-batch whose forward pass runs
         try:
             decoder = get_attr_wrapped_model(model, "decoder")
@@ -286,13 +283,8 @@ class PlanExecutor:
             recompute = stage_mode(plan.stats, self.replica, self.stage)
             if recompute is not None:
                 apply_recompute(self.model, self.config, recompute)
-        packed = {
-            m.id
-            for m in plan.microbatches
-            if m.replica == self.replica and (m.row_sizes or self.all_thd)
-        }
         with torch.no_grad() if forward_only else contextlib.nullcontext():
-            result = self._run(instructions, batches, iteration, packed)
+            result = self._run(instructions, batches, iteration)
         if not forward_only:
             finalize = getattr(self.config, "finalize_model_grads_func", None)
             if finalize is not None:  # counts tokens once per pipeline, sums them over pipelines
@@ -306,9 +298,8 @@ class PlanExecutor:
         instructions: Sequence[Instruction],
         batches: Mapping[int, Any],
         iteration: int,
-        packed: set[int],
     ) -> IterationResult:
-        """`packed`: the ids of packed micro-batches, whose activations travel as THD."""
+        """Every micro-batch's activations travel as THD, [1, rows x seqlen, hidden]."""
         states: dict[int, _MicroBatchState] = {}
         reports: list[dict[str, torch.Tensor]] = []
         tokens = torch.zeros((), dtype=torch.int64)
@@ -318,7 +309,7 @@ class PlanExecutor:
         for index, ins in enumerate(instructions):
             state = states.setdefault(ins.mb, _MicroBatchState())
             if ins.op == "ForwardPass":
-                self._thd_forward = ins.mb if ins.mb in packed else None
+                self._thd_forward = ins.mb
                 try:
                     result = paced(self.slowdown, self._forward, ins, state, batches)
                 finally:
@@ -337,8 +328,7 @@ class PlanExecutor:
                     f"iteration {iteration + 1}, replica {self.replica} stage {self.stage}, "
                     f"instruction {index} ({ins.op} mb {ins.mb})"
                 )
-                shape = packed_shape(ins.shape) if ins.mb in packed else ins.shape
-                state.transfers[ins.op] = self._start(ins, shape, state, where)
+                state.transfers[ins.op] = self._start(ins, packed_shape(ins.shape), state, where)
             elif ins.op.startswith("Wait"):
                 self._wait(ins, state)
         return IterationResult(reports, int(tokens), loss_sum)

@@ -36,6 +36,7 @@ from dynapipe_planner.planner import PlannerConfig
 from dynapipe_planner.service import PlannerRecipe, PlanningService
 
 from ..data.sampler import GlobalBatchSampler
+from ..local_costs import local_cost_table
 from ..model_flags import dtype_name
 from .plan_distribution import PlanChannel, new_job_secret, open_plan_store
 
@@ -56,10 +57,11 @@ def planner_recipe(args: argparse.Namespace, spec: ModelSpec, num_replicas: int)
         tp=args.tensor_model_parallel_size,
         memory_limit_bytes=memory,
     )
-    if args.dynapipe_cost_model:
-        cost_model = ProfiledCostModel.load(args.dynapipe_cost_model, spec, cluster)
-    else:
+    table = cost_table(args, spec)
+    if table is None:
         cost_model = AnalyticCostModel(spec, cluster)
+    else:
+        cost_model = ProfiledCostModel.load(table, spec, cluster)
     config = PlannerConfig(
         num_replicas=num_replicas,
         batching=args.batching,
@@ -72,6 +74,18 @@ def planner_recipe(args: argparse.Namespace, spec: ModelSpec, num_replicas: int)
         packed_rows=args.dynapipe_packed_rows != "off",
     )
     return PlannerRecipe(cost_model, cluster.num_stages, config)
+
+
+def cost_table(args: argparse.Namespace, spec: ModelSpec) -> str | None:
+    """The cost table `--dynapipe-cost-model` names: a file, or with 'local' this machine's
+    (`local_costs`, profiled on first use; at TP 1 only, where one rank runs the whole layer);
+    None for the analytic model of `--dynapipe-gpu`."""
+    choice = args.dynapipe_cost_model
+    if choice == "analytic" or (choice == "local" and args.tensor_model_parallel_size > 1):
+        return None
+    if choice == "local":
+        return str(local_cost_table(args, spec.vocab_size))
+    return choice
 
 
 class PlanSource:
