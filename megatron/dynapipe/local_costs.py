@@ -95,7 +95,14 @@ def local_cost_table(
         args=(vars(args), vocab_size, description, str(path)),
         name="dynapipe-cost-profile",
     )
-    child.start()
+    # The memory trace runs torch's profiler, whose kineto logs two lines a point on stderr.
+    quiet = {"KINETO_LOG_LEVEL": "6"} if "KINETO_LOG_LEVEL" not in os.environ else {}
+    os.environ.update(quiet)
+    try:
+        child.start()
+    finally:
+        for name in quiet:
+            del os.environ[name]
     child.join()
     if child.exitcode != 0 or not path.is_file():
         raise CostTableError(
