@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -153,16 +152,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _single_rank_environment() -> None:
-    """A one-rank gloo/nccl world for megatron-core's parallel state."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1"
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     # The CPU thread pool is sized when torch loads, so before importing it.
     threads = _flag_value(sys.argv[1:] if argv is None else argv, "--cpu-threads", "1")
@@ -187,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sdp_layer_overhead_s,
     )
     from megatron.dynapipe.data.base import BYTE_VOCAB_SIZE
+    from megatron.dynapipe.local_costs import single_rank_environment
     from megatron.dynapipe.model import padded_vocab_size
 
     args = parse_args(argv)
@@ -196,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     grid = ProfileGrid(tuple(args.microbatch_sizes), tuple(args.seqlens), args.max_tokens)
     cpu_compat.install()
     if "WORLD_SIZE" not in os.environ:
-        _single_rank_environment()
+        single_rank_environment()
     ps.initialize(tp, 1, 1)
     first = int(os.environ["RANK"]) == 0
     torch.manual_seed(0)  # every TP rank draws the same inputs

@@ -126,12 +126,7 @@ def _profile_in_child(
     args = argparse.Namespace(**flags)
     args.tensor_model_parallel_size = args.pipeline_model_parallel_size = 1
     torch.set_num_threads(description["threads"])
-    with socket.socket() as s:  # a world of its own, beside the job's
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1"
-    )
+    single_rank_environment()  # a world of its own, beside the job's
     os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)  # torchrun's store is the job's
     cpu_compat.install()
     ps.initialize(1, 1, 1)
@@ -156,6 +151,17 @@ def _profile_in_child(
         ps.destroy()
     table["local_profile"] = description
     atomic_write(Path(output), (json.dumps(table, indent=1) + "\n").encode())
+
+
+def single_rank_environment() -> None:
+    """The environment of a one-rank gloo/nccl world on a free loopback port, for megatron-core's
+    parallel state in a process that profiles alone."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1"
+    )
 
 
 def _device_name() -> str:
