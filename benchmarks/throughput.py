@@ -172,6 +172,11 @@ def _median(runs: list[Run], key: str) -> float:
     return statistics.median(row[key] for run in runs for row in run.iterations)
 
 
+def _median_error(rows: list[dict[str, float]], key: str) -> float:
+    """Median |rows' `key` prediction - measured| / measured iteration time."""
+    return statistics.median(abs(row[key] - row["ms"]) / row["ms"] for row in rows)
+
+
 def cpu_work(row: dict[str, float]) -> float:
     """Real tokens per CPU-second of one iteration (its tokens are tokens/s x its time)."""
     return row["tps"] * row["ms"] / 1000 / row["cpu_s"]
@@ -223,7 +228,7 @@ def measure(args: argparse.Namespace) -> None:
 def _report(runs: dict[str, list[Run]], baselines: list[str]) -> None:
     print(
         "method                           median tokens/s  tokens/CPU-s  padding eff  "
-        "micro-batches  iter ms  predicted ms"
+        "micro-batches  iter ms  predicted ms (error)  fitted error"
     )
     for label, method_runs in runs.items():
         tps, eff = _median(method_runs, "tps"), _median(method_runs, "eff")
@@ -231,13 +236,16 @@ def _report(runs: dict[str, list[Run]], baselines: list[str]) -> None:
         work = _median_cpu_work(method_runs)
         rows = [row for run in method_runs for row in run.iterations]
         predicted = (
-            f"{statistics.median(row['predicted'] for row in rows):>12,.1f}"
+            f"{statistics.median(row['predicted'] for row in rows):>12,.1f} "
+            f"({_median_error(rows, 'predicted'):>5.1%})"
             if all("predicted" in row for row in rows)
-            else f"{'-':>12}"
+            else f"{'-':>20}"
         )
+        fitted = [row for row in rows if "fitted" in row]
+        fit_error = f"{_median_error(fitted, 'fitted'):>12.1%}" if fitted else f"{'-':>12}"
         print(
             f"{label:<32} {tps:>15,.0f}  {work:>12,.0f}  {eff:>11.3f}  {mbs:>13.0f}  "
-            f"{ms:>7,.0f}  {predicted}"
+            f"{ms:>7,.0f}  {predicted}  {fit_error}"
         )
     for baseline in baselines:
         best = max(

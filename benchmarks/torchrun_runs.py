@@ -10,7 +10,8 @@ tokens/s ... | ... | iteration 412 ms (predicted 9 ms on A100-80GB) ...`) or the
 one, which names the strategy and splits the time into pull, propagation, push and optimiser;
 `predicted` (the planner's iteration time, ms, or under `--parallel-plan` the search's:
 `(search predicted 1,152 ms on cpu ...)`) is None where no planner ran
-(`--baseline megatron-1f1b`). Configurations are run in
+(`--baseline megatron-1f1b`); `fitted` is the job's online fit of iteration times, once it has
+seen a few (`dynapipe_planner.online_fit`). Configurations are run in
 alternating order between rounds (`alternating`) because load drifts on a shared machine.
 """
 
@@ -42,6 +43,7 @@ HOMOGENEOUS = re.compile(
 )
 
 PEAK_MEMORY = re.compile(r"\| peak memory (?P<peak_mib>[\d,.]+) MiB")
+FITTED = re.compile(r"; fitted (?P<fitted>[\d,.]+) ms")
 
 
 def add_model_args(
@@ -71,13 +73,20 @@ def free_port() -> int:
 
 def iteration_rows(stdout: str) -> list[dict[str, str]]:
     """The fields of every per-iteration line, heterogeneous or homogeneous; `peak_mib` is the
-    largest rank's peak memory where `--log-peak-memory` traced the iteration, else None."""
+    largest rank's peak memory where `--log-peak-memory` traced the iteration, `fitted` the
+    online fit's prediction (ms) where the line shows one, else None."""
     rows = []
     for line in stdout.splitlines():
         match = HETERO.search(line) or HOMOGENEOUS.search(line)
         if match:
-            peak = PEAK_MEMORY.search(line)
-            rows.append({**match.groupdict(), "peak_mib": peak and peak["peak_mib"]})
+            peak, fitted = PEAK_MEMORY.search(line), FITTED.search(line)
+            rows.append(
+                {
+                    **match.groupdict(),
+                    "peak_mib": peak and peak["peak_mib"],
+                    "fitted": fitted and fitted["fitted"],
+                }
+            )
     return rows
 
 

@@ -42,11 +42,15 @@ def _train(rank: int, world: int, argv: list[str]) -> list[float]:
     return pretrain(parse_args(argv))
 
 
-def test_loss_falls_and_resume_continues_the_same_run(tmp_path: Path) -> None:
+def test_loss_falls_and_resume_continues_the_same_run(tmp_path: Path, capfd) -> None:
     full = run_ranks(_train, 2, [*TINY, "--train-iters", "4"], timeout_s=120)
     assert full[0] == full[1]  # every rank reports the global loss
     losses = full[0]
     assert losses[-1] < losses[0] - 0.1, losses
+    # the online fit learnt iterations 2 and 3 (not the first) and predicted the fourth
+    lines = [line for line in capfd.readouterr().out.splitlines() if "| lm loss " in line]
+    assert ["; fitted " in line for line in lines] == [False, False, False, True], lines
+    assert "median error" in lines[-1] and "over 1 iteration)" in lines[-1]
     ckpt = str(tmp_path / "ckpt")
     # Megatron's way to stop early: --exit-interval saves and ends the run after iteration 2.
     stop = [*TINY, "--train-iters", "4", "--exit-interval", "2", "--save", ckpt]
@@ -206,6 +210,20 @@ def test_iteration_line_says_when_the_planner_budget_ran_out(monkeypatch) -> Non
     searched = iteration_line(2, 10, work, 5.15391, 15610, 6.691, (), (1.152, "cpu"))
     assert "iteration 6,691 ms (search predicted 1,152.0 ms on cpu) | planning 0.8 ms" in searched
     assert iteration_rows(searched)[0]["predicted"] == "1,152.0"
+    # the online fit's prediction, once it has one, with its record so far
+    from dynapipe_planner.online_fit import IterationTimeFit, PlanFeatures
+
+    fit = IterationTimeFit(min_iterations=1)
+    fit.observe(PlanFeatures(0.008, 4), 6.0, None)
+    fit.observe(PlanFeatures(0.008, 4), 6.691, 6.0)
+    plan = ExecutionPlan(1, 1, [], [], stats, analytic)
+    work = Iteration(lambda: None, plan.stats, 4, plan=plan, fitted_s=6.3456)
+    fitted = iteration_line(2, 10, work, 5.15391, 15610, 6.691, fit=fit)
+    assert (
+        "(predicted 8.0 ms on A100-80GB, analytic; fitted 6,345.6 ms, median error 10.3% "
+        "over 1 iteration) | planning" in fitted
+    )
+    assert iteration_rows(fitted)[0]["fitted"] == "6,345.6"
 
 
 def test_log_peak_memory_traces_the_last_iteration_on_every_rank(capfd) -> None:

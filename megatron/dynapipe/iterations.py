@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from dynapipe_planner.model_spec import ModelSpec
+from dynapipe_planner.online_fit import IterationTimeFit, PlanFeatures
 from dynapipe_planner.plan import ExecutionPlan
 
 from . import parallel_state as ps
@@ -43,13 +44,16 @@ from .pipeline.plan_source import PLANNING_RANK, open_plan_source, planner_recip
 @dataclass
 class Iteration:
     """One iteration's work on this rank. `stats`: the log line's fields (a plan's stats);
-    `waited_s`: how long the loop waited for the plan; `plan`: None without a planner."""
+    `waited_s`: how long the loop waited for the plan; `plan`: None without a planner;
+    `fitted_s`: the plan's time as the job's online fit predicted it before it ran (None
+    until the fit has seen enough iterations)."""
 
     run: Callable[[], IterationResult]
     stats: dict[str, Any]
     samples: int
     waited_s: float = 0.0
     plan: ExecutionPlan | None = None
+    fitted_s: float | None = None
 
 
 def global_batch_sampler(
@@ -97,6 +101,8 @@ class PlannedIterations:
         self.store = self.plans.store
         self.runner: PlanExecutor | MegatronPackingBaseline | None = None
         self._megatron_batches_on: torch.device | None = None
+        self.fit = IterationTimeFit()  # what the plans really take on this job (online_fit)
+        self._warmed_up = False
 
     def __enter__(self) -> PlannedIterations:
         self.plans.__enter__()
@@ -154,7 +160,17 @@ class PlannedIterations:
             len(batch),
             waited_s,
             plan,
+            self.fit.predict(PlanFeatures.of(plan)),
         )
+
+    def measured(self, work: Iteration, measured_s: float) -> None:
+        """Teach the online fit that `work` took `measured_s`. The process's first iteration
+        is left out: it also pays one-time work (allocations, first calls, the planner's
+        start)."""
+        if not self._warmed_up:
+            self._warmed_up = True
+            return
+        self.fit.observe(PlanFeatures.of(work.plan), measured_s, work.fitted_s)
 
     def data_position(self) -> dict:
         """The sampler's place, kept in a checkpoint's arguments."""

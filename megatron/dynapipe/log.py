@@ -11,6 +11,8 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from dynapipe_planner.online_fit import IterationTimeFit
+
     from .iterations import Iteration
 
 
@@ -29,6 +31,7 @@ def iteration_line(
     measured_s: float,
     checkpointed: tuple[int, ...] = (),
     searched: tuple[float, str | None] | None = None,
+    fit: IterationTimeFit | None = None,
 ) -> str:
     """Iteration `iteration` (counted from 1) of `train_iters`: the loss per real token,
     `tokens` real tokens over the measured `measured_s` (the whole step: passes, gradient sync
@@ -37,9 +40,10 @@ def iteration_line(
     under the cost model it was planned with (`priced_with`), or for a searched plan file the
     search's (`searched`: seconds and the devices it priced), `planning` the planner's time
     for this plan (spent ahead of training when planner workers run) and `waited` how long
-    the printing rank waited for the plan; "planner budget exhausted" follows only when the
-    micro-batch DP ran out of its wall-clock budget (the plan is then the best partition
-    found, not the optimum)."""
+    the printing rank waited for the plan; `fitted` the plan's time as the job's online `fit`
+    predicted it before it ran, with the median error of its predictions so far
+    (`online_fit`); "planner budget exhausted" follows only when the micro-batch DP ran out of
+    its wall-clock budget (the plan is then the best partition found, not the optimum)."""
     stats = work.stats
     recompute = f"layers {list(checkpointed)}" if checkpointed else stats["recompute"]
     width = len(str(train_iters))
@@ -62,6 +66,8 @@ def iteration_line(
                 f"predicted {stats['predicted_iteration_s'] * 1e3:,.1f} ms "
                 f"{priced_with(work.plan.meta)}"
             )
+        if work.fitted_s is not None and fit is not None:
+            predicted += f"; fitted {work.fitted_s * 1e3:,.1f} ms" + fit_error(fit)
         line += (
             f" ({predicted}) | planning {stats['planning_time_s'] * 1e3:,.1f} ms "
             f"(waited {work.waited_s * 1e3:,.1f} ms)"
@@ -69,6 +75,16 @@ def iteration_line(
         if stats.get("budget_exhausted"):
             line += " | planner budget exhausted"
     return line
+
+
+def fit_error(fit: IterationTimeFit) -> str:
+    """How far the online fit's predictions were from the measured times so far, as the
+    line's ", median error 6.2% over 12 iterations"."""
+    error = fit.median_error()
+    if error is None:
+        return ""
+    count = len(fit.errors)
+    return f", median error {error:.1%} over {count} iteration{'s' if count != 1 else ''}"
 
 
 def priced_with(meta: dict) -> str:

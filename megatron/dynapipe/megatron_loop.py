@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 
 from dynapipe_planner.megatron_model import spec_from_args
+from dynapipe_planner.online_fit import IterationTimeFit
 
 from . import arguments, megatron_startup
 from . import parallel_state as ps
@@ -171,11 +172,13 @@ def _log_step(
     losses: dict[str, Any],
     measured_s: float,
     peaks: list[int] | None = None,
+    fit: IterationTimeFit | None = None,
 ) -> None:
     """DynaPipe's iteration line for the step Megatron's `train_step` just ran (`work`, taking
     `measured_s`), printed where Megatron prints its own: by the last rank, which holds the
     step's loss per token (`losses`, Megatron's reduced reports). Tokens are the real tokens of
-    the whole global batch; `peaks`: every rank's traced peak memory (`--log-peak-memory`)."""
+    the whole global batch; `peaks`: every rank's traced peak memory (`--log-peak-memory`);
+    `fit`: the job's online fit of iteration times (`online_fit`)."""
     iteration = args.curr_iteration + 1
     due = iteration % args.log_interval == 0 or iteration == args.train_iters
     if not due or dist.get_rank() != dist.get_world_size() - 1:
@@ -184,7 +187,9 @@ def _log_step(
     if loss is None:  # a step Megatron's rerun machinery cut short reports no loss
         return
     tokens = int(work.stats["tokens"])
-    line = iteration_line(iteration, args.train_iters, work, float(loss), tokens, measured_s)
+    line = iteration_line(
+        iteration, args.train_iters, work, float(loss), tokens, measured_s, fit=fit
+    )
     if peaks is not None:
         line += peak_memory_field(peaks)
     print(line, file=sys.stdout, flush=True)
@@ -307,7 +312,8 @@ def _logged_train_step(
         measured_s = time.perf_counter() - started
         peaks = every_rank(peak.peak) if traced else None
         if dynapipe is not None and dynapipe.last is not None:
-            _log_step(job, dynapipe.last, result[0], measured_s, peaks)
+            dynapipe.iterations.measured(dynapipe.last, measured_s)
+            _log_step(job, dynapipe.last, result[0], measured_s, peaks, dynapipe.iterations.fit)
             dynapipe.count_samples(job)
         elif job.baseline == "megatron-1f1b":
             _log_step(job, _megatron_step(job), result[0], measured_s, peaks)

@@ -162,6 +162,7 @@ def _train(
                 measured_s = time.perf_counter() - started
                 loss, tokens = _global_loss(result.loss_sum, result.num_tokens, tp)
                 peaks = every_rank(peak.peak) if traced else None
+            iterations.measured(work, measured_s)
             losses.append(loss)
             state.iteration += 1
             state.consumed_samples += work.samples
@@ -176,6 +177,7 @@ def _train(
                     measured_s,
                     checkpointed,
                     searched,
+                    iterations.fit,
                 )
                 lr = optimizer.param_groups[0]["lr"]
                 line += f" | learning rate {lr:.3E}"
