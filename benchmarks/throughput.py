@@ -25,8 +25,11 @@ processes (ranks, torchrun, planner workers) between its iteration lines, which 
 on what else the machine runs (`torchrun_runs.tree_cpu_s`). `--rounds N` repeats every method
 N times in alternating order and pools the iterations (load drifts on a shared machine); the
 1-minute load average is printed around every run. Iteration i of DynaPipe, packing-1f1b and
-padding trains the same global batch, so their per-iteration ratios are printed too. Not a
-test.
+padding trains the same global batch, so their per-iteration ratios are printed too. Each
+planned method's "predicted" column is the planner's median prediction with the median
+|predicted - measured| / measured; "fitted error" the same for the job's online fit
+(`dynapipe_planner.online_fit`), over the measured iterations it predicted (run with
+`--warmup-iters 11` for those after it has seen 10). Not a test.
 """
 
 from __future__ import annotations
