@@ -82,7 +82,7 @@ def replica_costs(plan: ExecutionPlan, costs: PipelineCosts) -> list[tuple[np.nd
         zeros = np.zeros(len(mbs))
         fwd, bwd, act, tra = costs.stage_costs_many(rows, seq, zeros)
         saved = np.array([m.attention_saved for m in mbs])
-        fwd, bwd = costs.less_skipped_attention(fwd, bwd, saved)
+        fwd, bwd = costs.packed_times(fwd, bwd, rows, seq, saved)
         out.append((fwd, bwd, act, tra, costs.p2p_times(rows, seq, zeros)))
     return out
 

@@ -587,7 +587,7 @@ class IterationPlanner:
 def _priced(groups: list[Group], costs: PipelineCosts) -> tuple[np.ndarray, ...]:
     """Each micro-batch's rows, seqlen and target seqlen, and its [micro-batch, stage]
     forward, backward, stored-activation and transient costs; packed rows' attention saving
-    is taken off the times (`PipelineCosts.less_skipped_attention`). A time below zero or NaN
+    is priced in (`PipelineCosts.packed_times`). A time below zero or NaN
     is the cost model's fault: `CostModelError`, naming the micro-batch."""
     shape = np.array([(g.num_rows, g.seqlen, g.tgt_seqlen) for g in groups], dtype=np.int64)
     rows, seq, tgt = shape.reshape(-1, 3).T
@@ -598,7 +598,7 @@ def _priced(groups: list[Group], costs: PipelineCosts) -> tuple[np.ndarray, ...]
     fwd, bwd, act, tra = (table[which] for table in priced)
     saved = np.array([g.attention_saved for g in groups])
     if saved.any():
-        fwd, bwd = costs.less_skipped_attention(fwd, bwd, saved)
+        fwd, bwd = costs.packed_times(fwd, bwd, rows, seq, saved)
     bad = ~(fwd >= 0) | ~(bwd >= 0)  # NaN fails both comparisons
     if bad.any():
         k, j = (int(x[0]) for x in np.nonzero(bad))

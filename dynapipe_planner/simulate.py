@@ -358,8 +358,8 @@ class _Executor:
             forward, backward = c.forward, c.backward
             saved = self.attention_saved.get(mb, 0.0)
             if saved:  # packed rows: attention only inside each sample, as the planner priced it
-                packed = self.costs[replica].less_skipped_attention(
-                    forward[None], backward[None], np.array([saved])
+                packed = self.costs[replica].packed_times(
+                    forward[None], backward[None], np.array([b]), np.array([s]), np.array([saved])
                 )
                 forward, backward = packed[0][0], packed[1][0]
             cached = tuple(arr.tolist() for arr in (forward, backward, c.activation, c.transient))

@@ -8,7 +8,7 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from test_planner import make_planner
 
@@ -693,10 +693,27 @@ def test_packed_price_is_never_negative_nor_above_padding(any_costs, data) -> No
     seq = np.full(2, group.seqlen)
     fwd, bwd, _, _ = any_costs.stage_costs_many(rows, seq)
     saved = np.array([0.0, packed.attention_saved])
-    fwd, bwd = any_costs.less_skipped_attention(fwd, bwd, saved)
+    fwd, bwd = any_costs.packed_times(fwd, bwd, rows, seq, saved)
     assert np.all(fwd >= 0) and np.all(bwd >= 0), (fwd, bwd)
     total = (fwd + bwd).sum(axis=1)
     assert total[1] <= total[0] * (1 + 1e-12), total
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_a_packed_row_costs_at_most_the_tables_point_of_the_same_work(any_costs, data) -> None:
+    """k samples of l tokens packed in one row of k x l cost at most what the tables measured
+    (or the model priced) for k sequences of l tokens: the same tokens, the same attention."""
+    k = data.draw(st.sampled_from([int(b) for b in any_costs.b_grid if b > 1]))
+    fits = [int(s) for s in any_costs.s_grid if k * s <= any_costs.s_grid[-1]]
+    assume(fits)
+    l = data.draw(st.sampled_from(fits))  # noqa: E741
+    row = k * l
+    fwd, bwd, _, _ = any_costs.stage_costs_many(np.array([1]), np.array([row]))
+    saved = np.array([float(row * row - k * l * l)])
+    fwd, bwd = any_costs.packed_times(fwd, bwd, np.array([1]), np.array([row]), saved)
+    same_f, same_b, _, _ = any_costs.stage_costs_many(np.array([k]), np.array([l]))
+    assert np.all(fwd <= same_f * (1 + 1e-9)) and np.all(bwd <= same_b * (1 + 1e-9))
 
 
 def test_profiled_attention_coefficient_is_bounded_by_what_the_tables_give_back(tmp_path):
@@ -709,8 +726,12 @@ def test_profiled_attention_coefficient_is_bounded_by_what_the_tables_give_back(
     np.testing.assert_allclose(costs.attention_coef, room.min(axis=(1, 2)), rtol=1e-12)
     assert np.all(costs.attention_coef < 6e-8)  # the fit to single samples
     at = (slice(None), -1, -1, 0)  # 32 rows of 512
-    fwd, bwd = costs.less_skipped_attention(
-        costs.forward[at][None], costs.backward[at][None], np.array([32 * (512**2 - 512)])
+    fwd, bwd = costs.packed_times(
+        costs.forward[at][None],
+        costs.backward[at][None],
+        np.array([32]),
+        np.array([512]),
+        np.array([32 * (512**2 - 512)]),
     )
     assert np.all(fwd >= 0) and np.all(bwd >= 0)
 

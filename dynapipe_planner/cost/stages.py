@@ -106,7 +106,7 @@ def bounded_attention_coef(
     """Each stage's attention coefficient, at most what its tables can give back: a packed
     micro-batch of r rows of L is priced at its table time less coef x the attention its
     per-sample boundaries skip, at most r x L^2 tokens^2, `forward_share` of it from the
-    forward pass and the rest from the backward (`PipelineCosts.less_skipped_attention`). So
+    forward pass and the rest from the backward (`PipelineCosts.packed_times`). So
     coef x b x s^2 x share must stay within each pass's time at every grid point (b, s); linear
     interpolation between grid points keeps the bound (b x s^2 is linear in b and convex in s).
     A packed price is then never negative, whatever a fit or a profile gave."""

@@ -11,8 +11,9 @@ into rows of L tokens, L its own longest sample or the batch's longest, attentio
 each sample (varlen; the packed micro-batch of Hydraulis seed hydraulis.txt §6.1, whose Eq. 1
 prices a micro-batch as the sum of its sequences' latencies under a row-length bound).
 `baselines.packed_group` builds exactly these rows for a group and a row length. A group packed
-into r rows of L is priced on each stage as the planner prices packed rows, its table time at
-(r, L) less the attention skipped (`attention_coef`), and needs the memory of r rows of L. Per
+into r rows of L is priced on each stage by the first of the planner's two prices of packed
+rows (`PipelineCosts.packed_times`), its table time at (r, L) less the attention skipped
+(`attention_coef`), so at or above the plan's final price, and needs the memory of r rows of L. Per
 group the DP takes the cheapest of the three while it partitions; padding never wins on its
 monotone tables (the argument is in `csrc/microbatch_dp.cpp`), so every micro-batch it returns
 runs packed, at the row length in `MicroBatching.row_lengths`. A group's price is raised to that

@@ -105,11 +105,12 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     )
     g.add_argument(
         "--dynapipe-packed-rows",
-        choices=("on", "off"),
+        choices=("on", "dp", "off"),
         default="on",
         help="let DynaPipe's plans pack several samples into a row where the cost model prices "
         "that faster (every micro-batch runs as THD sequences with cu_seqlens, each sample "
-        "attending within itself)",
+        "attending within itself); 'dp' also searches packed rows in the micro-batching DP "
+        "(a second DP per recomputation mode; the faster plan is kept)",
     )
     g.add_argument(
         "--dynapipe-gpu",

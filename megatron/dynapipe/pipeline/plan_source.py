@@ -72,6 +72,7 @@ def planner_recipe(args: argparse.Namespace, spec: ModelSpec, num_replicas: int)
         micro_batch_size=args.micro_batch_size if args.batching != "dynamic" else 0,
         dp_time_budget_s=0.0,  # a budget cut short by a busy CPU would change the plan
         packed_rows=args.dynapipe_packed_rows != "off",
+        dp_packing=args.dynapipe_packed_rows == "dp",
     )
     return PlannerRecipe(cost_model, cluster.num_stages, config)
 
