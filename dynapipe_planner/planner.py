@@ -48,7 +48,7 @@ from .schedule import (
 from .schedule.balance import rebalance_replicas, unbalanced
 
 BATCHING = ("dynamic", "packing", "padding", "token-budget")
-# The winner's replicas are rebalanced by makespan only while each holds at most this many
+# A candidate's replicas are rebalanced by makespan only while each holds at most this many
 # micro-batches: beyond, the work split is fine-grained, gaps are a few percent, and each move
 # costs full schedule searches over hundreds of micro-batches (planning time is the budget).
 REBALANCE_MAX_MICROBATCHES = 64
@@ -242,7 +242,6 @@ class IterationPlanner:
                 best = cand
         if best is None:
             raise PlanningError("no feasible plan. " + " | ".join(failures.values()))
-        best = self._rebalanced(best)
         if groups is None and self._packs_dynamic(lengths):
             best = self._packed_if_faster(best, lengths, longest)
         return best
@@ -315,8 +314,10 @@ class IterationPlanner:
         self, options, costs: PipelineCosts, to_beat: float = math.inf
     ) -> tuple[Candidate | None, list[str]]:
         """The fastest of `options` ((label, thunk) pairs) under `costs` (None if none was
-        scheduled), and why the others failed. An option whose work bound cannot beat the
-        best so far, or `to_beat`, is not scheduled (no schedule of it could)."""
+        scheduled), and why the others failed; each is compared with its replicas rebalanced
+        where their mean makespan is below the best so far (rebalancing evens them out at
+        best). An option whose work bound cannot beat the best so far, or `to_beat`, is not
+        scheduled (no schedule of it, over any split into the replicas, could)."""
         best, errors = None, []
         for label, make_groups in options:
             try:
@@ -331,6 +332,9 @@ class IterationPlanner:
                 errors.append(f"{label}: {e}")
                 continue
             cand.dp_passes, cand.budget_exhausted, cand.label = passes, exhausted, label
+            spans = [c.timeline.makespan for c in cand.choices]
+            if best is None or sum(spans) / len(spans) < best.makespan:
+                cand = self._rebalanced(cand)  # evened out, its replicas might beat the best
             if best is None or cand.makespan < best.makespan:
                 best = cand
         return best, errors
@@ -395,10 +399,8 @@ class IterationPlanner:
             except PlanningError:
                 continue
             fastest, _ = self._fastest(candidates, costs, to_beat=best.makespan)
-            if fastest is not None:
-                fastest = self._rebalanced(fastest)
-                if fastest.makespan < best.makespan:
-                    best = fastest
+            if fastest is not None and fastest.makespan < best.makespan:
+                best = fastest
         return best
 
     def _dynamic_groups(

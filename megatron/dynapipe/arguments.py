@@ -105,12 +105,13 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     )
     g.add_argument(
         "--dynapipe-packed-rows",
-        choices=("on", "dp", "off"),
-        default="on",
+        choices=("dp", "on", "off"),
+        default="dp",
         help="let DynaPipe's plans pack several samples into a row where the cost model prices "
         "that faster (every micro-batch runs as THD sequences with cu_seqlens, each sample "
-        "attending within itself); 'dp' also searches packed rows in the micro-batching DP "
-        "(a second DP per recomputation mode; the faster plan is kept)",
+        "attending within itself): 'dp' (default) also in the micro-batching DP's search (a "
+        "second DP per recomputation mode, the faster plan kept), 'on' only per micro-batch "
+        "of the DP and as the packing baseline's rows",
     )
     g.add_argument(
         "--dynapipe-gpu",
