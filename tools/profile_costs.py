@@ -196,11 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(line, flush=True)
 
     try:
-        device = (
-            torch.device("cuda", torch.cuda.current_device())
-            if torch.cuda.is_available()
-            else torch.device("cpu")
-        )
+        device = ps.device()
         shape = spec_from_args(args, vocab_size, "profiled_gpt").to_dict()
         say(f"profiling {shape} at TP {tp} on {device_name(device)}")
         table = profile_cost_table(

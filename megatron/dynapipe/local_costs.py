@@ -134,11 +134,7 @@ def _profile_in_child(
         sizes, seqlens, cap = (
             description["grid"][k] for k in ("microbatch_sizes", "seqlens", "max_tokens")
         )
-        device = (
-            torch.device("cuda", torch.cuda.current_device())
-            if torch.cuda.is_available()
-            else torch.device("cpu")
-        )
+        device = ps.device()
         table = profile_cost_table(
             args,
             vocab_size,
