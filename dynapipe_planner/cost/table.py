@@ -286,9 +286,9 @@ class PipelineCosts:
         forward, backward = forward - cut * share, backward - cut * (1 - share)
         packed = np.flatnonzero(saved > 0)
         if len(packed):
-            tokens = np.asarray(rows, dtype=np.float64)[packed] * seq[packed]
-            work = tokens * np.asarray(seq, dtype=np.float64)[packed] - saved[packed]
-            s_eq = work / tokens
+            length = np.asarray(seq, dtype=np.float64)[packed]
+            tokens = np.asarray(rows, dtype=np.float64)[packed] * length
+            s_eq = (tokens * length - saved[packed]) / tokens
             equal_f, equal_b, _, _ = self.stage_costs_many(tokens / s_eq, s_eq)
             forward[packed] = np.minimum(forward[packed], equal_f)
             backward[packed] = np.minimum(backward[packed], equal_b)
