@@ -376,23 +376,29 @@ class IterationPlanner:
         """Whether DynaPipe's plan may hold packed rows (decoder-only lengths, switched on)."""
         return self.config.batching == "dynamic" and self.config.packed_rows and lengths.ndim == 1
 
-    def _packing_candidates(self, lengths: np.ndarray):
-        """(label, thunk) of rows packed to the longest length, each micro-batch size of the
-        grid (or the fixed one); the rows are packed once."""
+    def _packing_candidates(self, lengths: np.ndarray, row_lengths: Sequence[int] = ()):
+        """(label, thunk) of rows packed to the longest length (or to each of `row_lengths`),
+        each micro-batch size of the grid (or the fixed one); each length's rows are packed
+        once."""
         cfg = self.config
-        max_len = cfg.max_seqlen or int(lengths.max())
-        bins = cache(partial(packing_bins, lengths, max_len))
         fixed = cfg.micro_batch_size if cfg.batching == "packing" else 0
-        for size in [fixed] if fixed else _pow2_range(1, 64):
-            # Cached: `_packed_if_faster` prices each size's rows in every recomputation mode.
-            yield f"packing(mbs={size})", cache(partial(_packed_rows, bins, lengths, max_len, size))
+        for row in row_lengths or [cfg.max_seqlen or int(lengths.max())]:
+            bins = cache(partial(packing_bins, lengths, row))
+            name = "packing" if not row_lengths else f"packing to {row}"
+            for size in [fixed] if fixed else _pow2_range(1, 64):
+                # Cached: `_packed_if_faster` prices each size's rows in every recompute mode.
+                yield f"{name}(mbs={size})", cache(partial(_packed_rows, bins, lengths, row, size))
 
     def _packed_if_faster(self, best: Candidate, lengths: np.ndarray, longest: int) -> Candidate:
-        """DynaPipe's plan, or the packing baseline's rows when they are predicted faster: in
-        each recomputation mode the fastest micro-batch size, rebalanced as the baseline's
-        would be, so the plan is never slower than packing (issue 21). Inside the DP's plan
-        each micro-batch is already padded or packed, whichever is cheaper."""
-        candidates = list(self._packing_candidates(lengths))  # rows packed once, grouped per size
+        """DynaPipe's plan, or rows packed first-fit-decreasing when they are predicted faster:
+        in each recomputation mode the fastest row length and micro-batch size, rebalanced as
+        the baseline's would be. The baseline's own rows (`max_seqlen`) are among them, so the
+        plan is never slower than packing (issue 21); shorter rows (down to the longest sample)
+        cut the pipeline's bubble at packing's work, where the DP's micro-batches of sorted
+        samples pay padding and more micro-batches (issue 32). Inside the DP's plan each
+        micro-batch is already padded or packed, whichever is cheaper."""
+        rows = packed_row_lengths(int(lengths.max()), self.config.max_seqlen or int(lengths.max()))
+        candidates = list(self._packing_candidates(lengths, rows))  # each length packed once
         for mode in self._recompute_modes():
             try:
                 costs = self.costs(mode, lengths, longest)
@@ -652,6 +658,14 @@ def _packed_rows(
 
 def _without_dp(make, *args) -> tuple[list[Group], int, bool]:
     return make(*args), 0, False
+
+
+def packed_row_lengths(longest: int, max_seqlen: int) -> list[int]:
+    """Row lengths DynaPipe packs a batch to: its longest sample, the powers of two above it
+    and `max_seqlen` (the packing baseline's rows), none above `max_seqlen`."""
+    shortest = min(longest, max_seqlen)
+    powers = (1 << k for k in range(shortest.bit_length(), max_seqlen.bit_length()))
+    return sorted({shortest, max_seqlen, *(p for p in powers if shortest < p < max_seqlen)})
 
 
 def _pow2(x: int) -> int:

@@ -24,6 +24,7 @@ from dynapipe_planner.microbatch.dp import packing_inputs
 from dynapipe_planner.microbatch.ordering import order_samples
 from dynapipe_planner.model_spec import MODEL_PRESETS
 from dynapipe_planner.numerics import ordered_sum
+from dynapipe_planner.planner import packed_row_lengths
 
 BACKENDS = ("cpp", "python")
 
@@ -301,24 +302,54 @@ def test_planner_without_packed_rows_pads():
     stages=st.integers(1, 4),
     replicas=st.integers(1, 2),
     memory_gib=st.floats(4, 40),
+    max_seqlen=st.sampled_from([0, 2048, 4096]),
 )
-def test_dp_packing_is_never_predicted_slower_than_packing(lengths, stages, replicas, memory_gib):
+def test_dp_packing_is_never_predicted_slower_than_packing(
+    lengths, stages, replicas, memory_gib, max_seqlen
+):
     """With packed rows in the DP's search (the runtime's default), DynaPipe's plan is never
-    slower than the packing baseline's (grid-searched micro-batch size, 1F1B) nor than the
-    padded DP's (no packed rows): the DP's own plans, or packing's rows where they win (they
-    lie outside the DP's contiguous groups)."""
+    slower than the packing baseline's (grid-searched micro-batch size, 1F1B), than rows
+    packed to any length DynaPipe packs to (`packed_row_lengths`: the longest sample up to
+    the baseline's rows), nor than the padded DP's (no packed rows): the DP's own plans, or
+    packed rows where they win (they lie outside the DP's contiguous groups)."""
+    longest = max_seqlen or int(lengths.max())
     times = {}
-    for name, batching, packed_rows in (
-        ("dp packing", "dynamic", True), ("padded dp", "dynamic", False),
-        ("packing", "packing", True),
+    for name, batching, packed_rows, rows in (
+        ("dp packing", "dynamic", True, longest), ("padded dp", "dynamic", False, longest),
+        *(
+            (f"packing to {row}", "packing", True, row)
+            for row in packed_row_lengths(int(lengths.max()), longest)
+        ),
     ):  # fmt: skip
         planner = make_planner(
             MODEL_PRESETS["gpt-350m"], stages, replicas, memory_gib, batching=batching,
             schedule="1f1b" if batching == "packing" else "adaptive", dp_packing=True,
-            packed_rows=packed_rows,
+            packed_rows=packed_rows, max_seqlen=rows,
         )  # fmt: skip
         try:
             times[name] = planner.plan(lengths).stats["predicted_iteration_s"]
         except PlanningError:
             times[name] = math.inf
-    assert times["dp packing"] <= min(times["packing"], times["padded dp"]) * (1 + 1e-9), times
+    others = min(t for name, t in times.items() if name != "dp packing")
+    assert times["dp packing"] <= others * (1 + 1e-9), times
+
+
+def test_packed_row_lengths_run_from_the_longest_sample_to_the_baselines_rows():
+    assert packed_row_lengths(3329, 8192) == [3329, 4096, 8192]
+    assert packed_row_lengths(4096, 8192) == [4096, 8192]
+    assert packed_row_lengths(9000, 8192) == [8192]
+    assert packed_row_lengths(200, 1024) == [200, 256, 512, 1024]
+
+
+def test_short_samples_pack_into_shorter_rows_than_the_baselines():
+    """A long-tailed batch under a longer --seq-length: rows as long as the batch's longest
+    sample hold packing's work (little padding) in more micro-batches than the baseline's
+    full-length rows, so a smaller bubble; DynaPipe's plan takes them where they win."""
+    rng = np.random.default_rng(5)
+    lengths = np.clip(np.exp(rng.normal(np.log(300), 1.0, 60)), 8, 4000).astype(int)
+    planner = make_planner(MODEL_PRESETS["gpt-350m"], 2, 1, 80, dp_packing=True, max_seqlen=8192)
+    plan = planner.plan(lengths)
+    check_plan(planner, plan, lengths)
+    assert plan.stats["batching"] == f"packing to {lengths.max()}(mbs=1)"
+    assert {m.seqlen for m in plan.microbatches} == {lengths.max()}
+    assert len(plan.microbatches) > lengths.sum() / 8192 + 1
