@@ -3,15 +3,15 @@
 
 `torchrun --nproc-per-node 2 pretrain_gpt.py` (PP=2, gloo): a small GPT (4 layers, hidden 128)
 and 16,384 tokens per iteration of a long-tailed dataset truncated at 4,096 tokens; DynaPipe
-planned with the analytic cost model of `--dynapipe-gpu` (no CPU cost table is needed to run);
-baselines `packing-1f1b` and `megatron-1f1b` at 1, 2 and 4 rows per micro-batch (`padding` on
-request). Methods and measurement: `benchmarks/throughput.py`.
+planned with this machine's own costs (`--dynapipe-cost-model local`, profiled on first use and
+cached); baselines `packing-1f1b` and `megatron-1f1b` at 1, 2 and 4 rows per micro-batch
+(`padding` on request). Methods and measurement: `benchmarks/throughput.py`.
 
-What the ratio means on CPU: packed rows run as THD sequences with per-sample attention (the
-cost a variable-length kernel has on GPU), so packing-1f1b pays only its samples' own attention,
-as TransformerEngine's would; DynaPipe's micro-batches pay for their padded length. Megatron's
-windows (megatron-1f1b) have no padding but full seq-length attention across documents.
-"""
+What the ratio means on CPU: every micro-batch runs as THD sequences with per-sample attention
+(the cost a variable-length kernel has on GPU), DynaPipe's padded or packed rows as packing-1f1b's
+packed rows, so each pays its samples' own attention. Megatron's windows (megatron-1f1b) have no
+padding but full seq-length attention across documents. CPU work counts the ranks' CPU-seconds
+(work done, whatever the bubble); wall time is what a smaller bubble improves."""
 
 from __future__ import annotations
 

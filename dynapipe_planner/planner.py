@@ -33,7 +33,9 @@ from .microbatch.baselines import (
     packed_rows_groups,
     packing_bins,
     padding_groups,
+    rows_up_to,
     token_budget_groups,
+    trimmed_rows_groups,
 )
 from .microbatch.dp import dynamic_microbatches, validate_lengths
 from .microbatch.ordering import order_samples
@@ -376,18 +378,27 @@ class IterationPlanner:
         """Whether DynaPipe's plan may hold packed rows (decoder-only lengths, switched on)."""
         return self.config.batching == "dynamic" and self.config.packed_rows and lengths.ndim == 1
 
-    def _packing_candidates(self, lengths: np.ndarray, row_lengths: Sequence[int] = ()):
-        """(label, thunk) of rows packed to the longest length (or to each of `row_lengths`),
-        each micro-batch size of the grid (or the fixed one); each length's rows are packed
-        once."""
+    def _packing_candidates(self, lengths: np.ndarray):
+        """(label, thunk) of rows packed to the longest length, each micro-batch size of the
+        grid (or the fixed one); the rows are packed once."""
         cfg = self.config
+        max_len = cfg.max_seqlen or int(lengths.max())
+        bins = cache(partial(packing_bins, lengths, max_len))
         fixed = cfg.micro_batch_size if cfg.batching == "packing" else 0
-        for row in row_lengths or [cfg.max_seqlen or int(lengths.max())]:
-            bins = cache(partial(packing_bins, lengths, row))
-            name = "packing" if not row_lengths else f"packing to {row}"
-            for size in [fixed] if fixed else _pow2_range(1, 64):
-                # Cached: `_packed_if_faster` prices each size's rows in every recompute mode.
-                yield f"{name}(mbs={size})", cache(partial(_packed_rows, bins, lengths, row, size))
+        for size in [fixed] if fixed else _pow2_range(1, 64):
+            # Cached: `_packed_if_faster` prices each size's rows in every recomputation mode.
+            yield f"packing(mbs={size})", cache(partial(_packed_rows, bins, lengths, max_len, size))
+
+    def _shorter_rows_candidates(self, lengths: np.ndarray):
+        """(label, thunk) of DynaPipe's own packed rows (`rows_up_to`) at each length of
+        `packed_row_lengths`, each micro-batch size of the grid; each length packed once."""
+        for row in packed_row_lengths(self.config.max_seqlen or int(lengths.max())):
+            rows = cache(partial(rows_up_to, lengths, row))
+            for size in _pow2_range(1, 64):
+                yield (
+                    f"rows up to {row}(mbs={size})",
+                    cache(partial(_trimmed_rows, rows, lengths, size)),
+                )
 
     def _packed_if_faster(self, best: Candidate, lengths: np.ndarray, longest: int) -> Candidate:
         """DynaPipe's plan, or rows packed first-fit-decreasing when they are predicted faster:
@@ -397,8 +408,7 @@ class IterationPlanner:
         cut the pipeline's bubble at packing's work, where the DP's micro-batches of sorted
         samples pay padding and more micro-batches (issue 32). Inside the DP's plan each
         micro-batch is already padded or packed, whichever is cheaper."""
-        rows = packed_row_lengths(int(lengths.max()), self.config.max_seqlen or int(lengths.max()))
-        candidates = list(self._packing_candidates(lengths, rows))  # each length packed once
+        candidates = [*self._packing_candidates(lengths), *self._shorter_rows_candidates(lengths)]
         for mode in self._recompute_modes():
             try:
                 costs = self.costs(mode, lengths, longest)
@@ -660,12 +670,17 @@ def _without_dp(make, *args) -> tuple[list[Group], int, bool]:
     return make(*args), 0, False
 
 
-def packed_row_lengths(longest: int, max_seqlen: int) -> list[int]:
-    """Row lengths DynaPipe packs a batch to: its longest sample, the powers of two above it
-    and `max_seqlen` (the packing baseline's rows), none above `max_seqlen`."""
-    shortest = min(longest, max_seqlen)
-    powers = (1 << k for k in range(shortest.bit_length(), max_seqlen.bit_length()))
-    return sorted({shortest, max_seqlen, *(p for p in powers if shortest < p < max_seqlen)})
+def packed_row_lengths(max_seqlen: int) -> list[int]:
+    """Row lengths DynaPipe packs a batch to (`rows_up_to`): --seq-length and the powers of two
+    down to a sixteenth of it."""
+    powers = (1 << k for k in range(max_seqlen.bit_length()))
+    return sorted({max_seqlen, *(p for p in powers if max_seqlen <= 16 * p < 16 * max_seqlen)})
+
+
+def _trimmed_rows(
+    rows: Callable[[], list[list[int]]], lengths: np.ndarray, size: int
+) -> tuple[list[Group], int, bool]:
+    return trimmed_rows_groups(rows(), lengths, size), 0, False
 
 
 def _pow2(x: int) -> int:

@@ -139,6 +139,32 @@ def packing_bins(lengths: np.ndarray, max_seqlen: int) -> list[list[int]]:
     return first_fit_decreasing(np.minimum(lengths, max_seqlen), max_seqlen)
 
 
+def rows_up_to(lengths: np.ndarray, row_length: int) -> list[list[int]]:
+    """DynaPipe's packed rows (issue 32): each sample longer than `row_length` alone in a row
+    of its own, the others first-fit-decreasing into rows of at most `row_length` tokens;
+    rows longest first."""
+    long = np.flatnonzero(lengths > row_length)
+    rest = np.flatnonzero(lengths <= row_length)
+    rows = [[int(i)] for i in long]
+    rows += [[int(rest[i]) for i in b] for b in first_fit_decreasing(lengths[rest], row_length)]
+    return sorted(rows, key=lambda row: -int(lengths[row].sum()))
+
+
+def trimmed_rows_groups(
+    rows: list[list[int]], lengths: np.ndarray, micro_batch_size: int
+) -> list[Group]:
+    """`micro_batch_size` consecutive `rows` per micro-batch, each padded only to its longest
+    row's tokens (the packing baseline pads every row to --seq-length)."""
+    groups = []
+    for first in range(0, len(rows), micro_batch_size):
+        chosen = rows[first : first + micro_batch_size]
+        samples = np.array([i for row in chosen for i in row], dtype=np.int64)
+        seqlen = max(int(lengths[row].sum()) for row in chosen)
+        saved = _attention_saved(lengths[samples], len(chosen), seqlen)
+        groups.append(Group(samples, seqlen, rows=chosen, attention_saved=saved))
+    return groups
+
+
 def packed_rows_groups(
     bins: list[list[int]], lengths: np.ndarray, max_seqlen: int, micro_batch_size: int
 ) -> list[Group]:
