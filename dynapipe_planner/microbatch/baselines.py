@@ -146,8 +146,10 @@ def rows_up_to(lengths: np.ndarray, row_length: int) -> list[list[int]]:
     long = np.flatnonzero(lengths > row_length)
     rest = np.flatnonzero(lengths <= row_length)
     rows = [[int(i)] for i in long]
-    rows += [[int(rest[i]) for i in b] for b in first_fit_decreasing(lengths[rest], row_length)]
-    return sorted(rows, key=lambda row: -int(lengths[row].sum()))
+    rows += [rest[b].tolist() for b in first_fit_decreasing(lengths[rest], row_length)]
+    flat, starts = _flattened(rows)
+    tokens = np.add.reduceat(lengths[flat], starts[:-1]) if len(flat) else np.zeros(0)
+    return [rows[k] for k in np.argsort(-tokens, kind="stable")]
 
 
 def trimmed_rows_groups(
@@ -155,14 +157,32 @@ def trimmed_rows_groups(
 ) -> list[Group]:
     """`micro_batch_size` consecutive `rows` per micro-batch, each padded only to its longest
     row's tokens (the packing baseline pads every row to --seq-length)."""
-    groups = []
-    for first in range(0, len(rows), micro_batch_size):
-        chosen = rows[first : first + micro_batch_size]
-        samples = np.array([i for row in chosen for i in row], dtype=np.int64)
-        seqlen = max(int(lengths[row].sum()) for row in chosen)
-        saved = _attention_saved(lengths[samples], len(chosen), seqlen)
-        groups.append(Group(samples, seqlen, rows=chosen, attention_saved=saved))
-    return groups
+    flat, starts = _flattened(rows)
+    if not len(flat):
+        return []
+    own = lengths[flat].astype(np.float64)
+    tokens = np.add.reduceat(own, starts[:-1])
+    squares = np.add.reduceat(own**2, starts[:-1])
+    firsts = np.arange(0, len(rows), micro_batch_size)
+    seqlen = np.maximum.reduceat(tokens, firsts)
+    counts = np.diff(np.append(firsts, len(rows)))
+    saved = counts * seqlen**2 - np.add.reduceat(squares, firsts)
+    bounds = np.append(starts[firsts], len(flat))
+    return [
+        Group(
+            flat[bounds[g] : bounds[g + 1]],
+            int(seqlen[g]),
+            rows=rows[first : first + micro_batch_size],
+            attention_saved=float(saved[g]),
+        )
+        for g, first in enumerate(firsts.tolist())
+    ]
+
+
+def _flattened(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """The samples of `rows` in one array, and where each row starts (plus the end)."""
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64)
+    return flat, np.cumsum([0, *map(len, rows)])
 
 
 def packed_rows_groups(
