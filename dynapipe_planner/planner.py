@@ -400,14 +400,14 @@ class IterationPlanner:
                 # Cached: `_packed_if_faster` prices each size's rows in every recompute mode.
                 yield (
                     f"rows up to {row}(mbs={size})",
-                    cache(partial(_trimmed_rows, rows, lengths, size)),
+                    cache(partial(_without_dp, trimmed_rows_groups, rows, lengths, size)),
                 )
 
     def _packed_if_faster(self, best: Candidate, lengths: np.ndarray, longest: int) -> Candidate:
         """DynaPipe's plan, or rows packed first-fit-decreasing when they are predicted faster:
         in each recomputation mode the fastest row length and micro-batch size, rebalanced as
         the baseline's would be. The baseline's own rows (`max_seqlen`) are among them, so the
-        plan is never slower than packing (issue 21); shorter rows (down to the longest sample)
+        plan is never slower than packing (issue 21); shorter rows (`_shorter_rows_candidates`)
         cut the pipeline's bubble at packing's work, where the DP's micro-batches of sorted
         samples pay padding and more micro-batches (issue 32). Inside the DP's plan each
         micro-batch is already padded or packed, whichever is cheaper."""
@@ -678,12 +678,6 @@ def packed_row_lengths(max_seqlen: int) -> list[int]:
     down to a sixteenth of it."""
     powers = (1 << k for k in range(max_seqlen.bit_length()))
     return sorted({max_seqlen, *(p for p in powers if max_seqlen <= 16 * p < 16 * max_seqlen)})
-
-
-def _trimmed_rows(
-    rows: list[list[int]], lengths: np.ndarray, size: int
-) -> tuple[list[Group], int, bool]:
-    return trimmed_rows_groups(rows, lengths, size), 0, False
 
 
 def _pow2(x: int) -> int:

@@ -189,8 +189,7 @@ def packed_rows_groups(
     bins: list[list[int]], lengths: np.ndarray, max_seqlen: int, micro_batch_size: int
 ) -> list[Group]:
     """`micro_batch_size` rows of `bins` per micro-batch."""
-    flat = np.fromiter(itertools.chain.from_iterable(bins), dtype=np.int64)
-    row_starts = np.cumsum([0, *map(len, bins)])
+    flat, row_starts = _flattened(bins)
     squares = np.minimum(lengths[flat], max_seqlen).astype(np.float64) ** 2
     # Attention saved per micro-batch: its rows' full squares less its samples' own squares.
     firsts = range(0, len(bins), micro_batch_size)
