@@ -17,8 +17,8 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cache, partial
-from typing import Any, Protocol
+from functools import cache, cached_property, partial
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from .microbatch.baselines import (
     rows_up_to,
     token_budget_groups,
     trimmed_rows_groups,
+    trimmed_rows_shapes,
 )
 from .microbatch.dp import dynamic_microbatches, validate_lengths
 from .microbatch.ordering import order_samples
@@ -137,6 +138,37 @@ class Candidate:
         busy = sum(float(np.sum(c.timeline.busy)) for c in self.choices)
         idle = 1.0 - busy / (self.costs.num_stages * len(self.choices) * self.makespan)
         self.bubble = max(0.0, idle)  # a one-stage pipeline rounds to -1e-16
+
+
+class _Shapes(NamedTuple):
+    """What pricing reads of micro-batches: each one's rows, padded length, target length and
+    the attention (tokens^2) its packed rows skip."""
+
+    rows: np.ndarray
+    seq: np.ndarray
+    tgt: np.ndarray
+    saved: np.ndarray
+
+
+@dataclass
+class _Made:
+    """One candidate's micro-batches, their `_Shapes`, the DP's passes and whether its budget
+    ran out. Candidate thunks are cached, so a candidate priced in every recompute mode is
+    built and measured once; one made from its shapes (`_trimmed_rows`) builds its `Group`s
+    only if its bounds get it scheduled."""
+
+    build: Callable[[], list[Group]]
+    shapes: _Shapes
+    passes: int = 0
+    exhausted: bool = False
+
+    @classmethod
+    def of(cls, groups: list[Group], passes: int = 0, exhausted: bool = False) -> _Made:
+        return cls(lambda: groups, _group_shapes(groups), passes, exhausted)
+
+    @cached_property
+    def groups(self) -> list[Group]:
+        return self.build()
 
 
 class IterationPlanner:
@@ -323,17 +355,17 @@ class IterationPlanner:
         best, errors = None, []
         for label, make_groups in options:
             try:
-                made, passes, exhausted = make_groups()
+                made = make_groups()
                 bar = min(to_beat, best.makespan) if best is not None else to_beat
-                if _work_bound(made, costs, self.config) >= bar:
+                if _work_bound(made.shapes, costs, self.config) >= bar:
                     continue  # cannot beat the best so far: skip its schedule search
-                cand = self._schedule(made, costs)
+                cand = self._schedule(made.groups, costs, shapes=made.shapes)
             except CostModelError as e:
                 raise CostModelError(f"candidate {label}: {e}") from None
             except PlanningError as e:
                 errors.append(f"{label}: {e}")
                 continue
-            cand.dp_passes, cand.budget_exhausted, cand.label = passes, exhausted, label
+            cand.dp_passes, cand.budget_exhausted, cand.label = made.passes, made.exhausted, label
             spans = [c.timeline.makespan for c in cand.choices]
             if best is None or sum(spans) / len(spans) < best.makespan:
                 cand = self._rebalanced(cand)  # evened out, its replicas might beat the best
@@ -349,14 +381,14 @@ class IterationPlanner:
         costs: PipelineCosts,
         alone: bool = False,
     ):
-        """(label, thunk) pairs; each thunk returns (groups, DP passes, whether the DP ran out
-        of its time budget) or raises. `alone`: the DP's micro-batches need only fit alone."""
+        """(label, thunk) pairs; each thunk returns the candidate's `_Made` or raises.
+        `alone`: the DP's micro-batches need only fit alone."""
         cfg = self.config
         if cfg.batching == "dynamic":
             dp = cache(partial(self._dynamic_groups, lengths, ids, order, costs, alone, False))
             yield "dp", dp
             if self._packs_dynamic(lengths):
-                yield "dp, packed rows", lambda: _pack_where_cheaper(*dp(), lengths, costs)
+                yield "dp, packed rows", lambda: _pack_where_cheaper(dp(), lengths, costs)
                 if cfg.dp_packing:
                     packing_dp = partial(self._dynamic_groups, lengths, ids, order, costs, alone)
                     yield "dp over packed rows", partial(packing_dp, True)
@@ -395,12 +427,12 @@ class IterationPlanner:
         micro-batches (larger ones are the baseline's rows' business; each size more costs
         planning time: all sizes up to 64 made the plan 3x slower)."""
         for row in packed_row_lengths(self.config.max_seqlen or int(lengths.max())):
-            rows = rows_up_to(lengths, row)
+            rows = cache(partial(rows_up_to, lengths, row))
             for size in (1, 2):
                 # Cached: `_packed_if_faster` prices each size's rows in every recompute mode.
                 yield (
                     f"rows up to {row}(mbs={size})",
-                    cache(partial(_without_dp, trimmed_rows_groups, rows, lengths, size)),
+                    cache(partial(_trimmed_rows, rows, lengths, size)),
                 )
 
     def _packed_if_faster(self, best: Candidate, lengths: np.ndarray, longest: int) -> Candidate:
@@ -430,7 +462,7 @@ class IterationPlanner:
         costs: PipelineCosts,
         alone: bool,
         packed: bool,
-    ) -> tuple[list[Group], int, bool]:
+    ) -> _Made:
         """DP micro-batches under the schedule's memory rule (§4 "Limit memory consumption"),
         the DP's passes, and whether its wall-clock budget ran out (its partition is then the
         best found so far, not the optimum). `packed`: packed rows in the DP's search, each
@@ -464,13 +496,19 @@ class IterationPlanner:
                 packed_group(replace(g, seqlen=max(g.seqlen, r)), lengths)
                 for g, r in zip(groups, rows, strict=True)
             ]
-        return groups, mb.passes, mb.budget_exhausted
+        return _Made.of(groups, mb.passes, mb.budget_exhausted)
 
     def _schedule(
-        self, groups: list[Group], costs: PipelineCosts, rebalanced_from: Candidate | None = None
+        self,
+        groups: list[Group],
+        costs: PipelineCosts,
+        rebalanced_from: Candidate | None = None,
+        shapes: _Shapes | None = None,
     ) -> Candidate:
         cfg = self.config
-        rows, seq, tgt, fwd, bwd, act, tra = _priced(groups, costs)
+        shapes = _group_shapes(groups) if shapes is None else shapes
+        rows, seq, tgt = shapes.rows, shapes.seq, shapes.tgt
+        fwd, bwd, act, tra = _priced(shapes, costs)
         avail = costs.available_memory()
         alone = act + tra
         bad = np.flatnonzero(~np.isfinite(fwd).all(axis=1) | (alone > avail).any(axis=1))
@@ -605,45 +643,48 @@ class IterationPlanner:
         )
 
 
-def _priced(groups: list[Group], costs: PipelineCosts) -> tuple[np.ndarray, ...]:
-    """Each micro-batch's rows, seqlen and target seqlen, and its [micro-batch, stage]
-    forward, backward, stored-activation and transient costs; packed rows' attention saving
-    is priced in (`PipelineCosts.packed_times`). A time below zero or NaN
-    is the cost model's fault: `CostModelError`, naming the micro-batch."""
+def _group_shapes(groups: list[Group]) -> _Shapes:
     shape = np.array([(g.num_rows, g.seqlen, g.tgt_seqlen) for g in groups], dtype=np.int64)
-    rows, seq, tgt = shape.reshape(-1, 3).T
+    saved = np.array([g.attention_saved for g in groups], dtype=np.float64)
+    return _Shapes(*shape.reshape(-1, 3).T, saved)
+
+
+def _priced(shapes: _Shapes, costs: PipelineCosts) -> tuple[np.ndarray, ...]:
+    """[micro-batch, stage] forward, backward, stored-activation and transient costs; packed
+    rows' attention saving is priced in (`PipelineCosts.packed_times`). A time below zero or
+    NaN is the cost model's fault: `CostModelError`, naming the micro-batch."""
+    rows, seq, tgt, saved = shapes
     # Micro-batches share few shapes (the packing baseline's all but one): each is priced once.
     key = (rows * (int(seq.max(initial=0)) + 1) + seq) * (int(tgt.max(initial=0)) + 1) + tgt
     _, first, which = np.unique(key, return_index=True, return_inverse=True)
     priced = costs.stage_costs_many(rows[first], seq[first], tgt[first])
     fwd, bwd, act, tra = (table[which] for table in priced)
-    saved = np.array([g.attention_saved for g in groups])
     if saved.any():
         fwd, bwd = costs.packed_times(fwd, bwd, rows, seq, saved)
     bad = ~(fwd >= 0) | ~(bwd >= 0)  # NaN fails both comparisons
     if bad.any():
         k, j = (int(x[0]) for x in np.nonzero(bad))
         raise CostModelError(
-            f"a micro-batch of {len(groups[k].samples)} samples in {rows[k]} rows of {seq[k]} "
-            f"tokens is priced forward {fwd[k, j]:.4g} s, backward {bwd[k, j]:.4g} s on stage "
-            f"{j} (attention skipped {saved[k]:.4g} tokens^2): the cost model is invalid there"
+            f"micro-batch {k}, {rows[k]} rows of {seq[k]} tokens, is priced forward "
+            f"{fwd[k, j]:.4g} s, backward {bwd[k, j]:.4g} s on stage {j} (attention skipped "
+            f"{saved[k]:.4g} tokens^2): the cost model is invalid there"
         )
-    return rows, seq, tgt, fwd, bwd, act, tra
+    return fwd, bwd, act, tra
 
 
-def _stage_work(groups: list[Group], costs: PipelineCosts) -> np.ndarray:
+def _stage_work(shapes: _Shapes, costs: PipelineCosts) -> np.ndarray:
     """[micro-batch, stage] forward + backward time."""
-    _, _, _, fwd, bwd, _, _ = _priced(groups, costs)
+    fwd, bwd, _, _ = _priced(shapes, costs)
     return fwd + bwd
 
 
-def _work_bound(groups: list[Group], costs: PipelineCosts, config: PlannerConfig) -> float:
-    """A lower bound on the makespan of any schedule of `groups` within memory, over any split
-    into the replicas: a share of each stage's work plus the least fill and drain
-    (`makespan_lower_bound`), and the time their activations must stay stored within the
-    memory (`memory_time_lower_bound`)."""
-    rows, seq, tgt, fwd, bwd, act, _ = _priced(groups, costs)
-    comm = costs.p2p_times(rows, seq, tgt)
+def _work_bound(shapes: _Shapes, costs: PipelineCosts, config: PlannerConfig) -> float:
+    """A lower bound on the makespan of any schedule of micro-batches of `shapes` within
+    memory, over any split into the replicas: a share of each stage's work plus the least fill
+    and drain (`makespan_lower_bound`), and the time their activations must stay stored
+    within the memory (`memory_time_lower_bound`)."""
+    fwd, bwd, act, _ = _priced(shapes, costs)
+    comm = costs.p2p_times(shapes.rows, shapes.seq, shapes.tgt)
     r = config.num_replicas
     return max(
         makespan_lower_bound(fwd, bwd, comm, comm, r),
@@ -651,26 +692,34 @@ def _work_bound(groups: list[Group], costs: PipelineCosts, config: PlannerConfig
     )
 
 
-def _pack_where_cheaper(
-    groups: list[Group], passes: int, exhausted: bool, lengths: np.ndarray, costs: PipelineCosts
-) -> tuple[list[Group], int, bool]:
+def _pack_where_cheaper(dp: _Made, lengths: np.ndarray, costs: PipelineCosts) -> _Made:
     """Each of the DP's padded micro-batches, or its samples packed into rows of its length
     (`packed_group`) where the cost model prices that faster on the pipeline's stages (fewer
     rows, no attention over padding; its memory is never more)."""
-    packed = [packed_group(g, lengths) for g in groups]
-    cheaper = _stage_work(packed, costs).sum(axis=1) < _stage_work(groups, costs).sum(axis=1)
-    chosen = [p if c else g for g, p, c in zip(groups, packed, cheaper, strict=True)]
-    return chosen, passes, exhausted
+    packed = [packed_group(g, lengths) for g in dp.groups]
+    cheaper = _stage_work(_group_shapes(packed), costs).sum(axis=1) < _stage_work(
+        dp.shapes, costs
+    ).sum(axis=1)
+    chosen = [p if c else g for g, p, c in zip(dp.groups, packed, cheaper, strict=True)]
+    return _Made.of(chosen, dp.passes, dp.exhausted)
 
 
 def _packed_rows(
     bins: Callable[[], list[list[int]]], lengths: np.ndarray, max_len: int, size: int
-) -> tuple[list[Group], int, bool]:
-    return packed_rows_groups(bins(), lengths, max_len, size), 0, False
+) -> _Made:
+    return _Made.of(packed_rows_groups(bins(), lengths, max_len, size))
 
 
-def _without_dp(make, *args) -> tuple[list[Group], int, bool]:
-    return make(*args), 0, False
+def _trimmed_rows(rows: Callable[[], list[list[int]]], lengths: np.ndarray, size: int) -> _Made:
+    """`trimmed_rows_groups` priced from their shapes; the groups are built if scheduled."""
+    r = rows()
+    counts, seqlen, saved = trimmed_rows_shapes(r, lengths, size)
+    shapes = _Shapes(counts, seqlen, np.zeros_like(seqlen), saved)
+    return _Made(partial(trimmed_rows_groups, r, lengths, size), shapes)
+
+
+def _without_dp(make, *args) -> _Made:
+    return _Made.of(make(*args))
 
 
 def packed_row_lengths(max_seqlen: int) -> list[int]:

@@ -745,7 +745,9 @@ def test_an_invalid_price_is_an_error_naming_the_candidate() -> None:
     broken = dataclasses.replace(costs, attention_coef=costs.attention_coef * 1e3)
     planner.costs = lambda *_args, **_kw: broken
     lengths = np.array([100, 200, 300, 4000] * 8)
-    with pytest.raises(CostModelError, match=r"candidate .*: a micro-batch of \d+ samples"):
+    with pytest.raises(
+        CostModelError, match=r"candidate .*: micro-batch \d+, \d+ rows of \d+ tokens"
+    ):
         planner.plan(lengths)
 
 

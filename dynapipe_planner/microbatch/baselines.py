@@ -152,14 +152,14 @@ def rows_up_to(lengths: np.ndarray, row_length: int) -> list[list[int]]:
     return [rows[k] for k in np.argsort(-tokens, kind="stable")]
 
 
-def trimmed_rows_groups(
+def trimmed_rows_shapes(
     rows: list[list[int]], lengths: np.ndarray, micro_batch_size: int
-) -> list[Group]:
-    """`micro_batch_size` consecutive `rows` per micro-batch, each padded only to its longest
-    row's tokens (the packing baseline pads every row to --seq-length)."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each micro-batch of `trimmed_rows_groups`: its rows, padded length and attention saved
+    (tokens^2), without building the groups (the planner prices many such candidates)."""
     flat, starts = _flattened(rows)
     if not len(flat):
-        return []
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
     own = lengths[flat].astype(np.float64)
     tokens = np.add.reduceat(own, starts[:-1])
     squares = np.add.reduceat(own**2, starts[:-1])
@@ -167,6 +167,17 @@ def trimmed_rows_groups(
     seqlen = np.maximum.reduceat(tokens, firsts)
     counts = np.diff(np.append(firsts, len(rows)))
     saved = counts * seqlen**2 - np.add.reduceat(squares, firsts)
+    return counts, seqlen.astype(np.int64), saved
+
+
+def trimmed_rows_groups(
+    rows: list[list[int]], lengths: np.ndarray, micro_batch_size: int
+) -> list[Group]:
+    """`micro_batch_size` consecutive `rows` per micro-batch, each padded only to its longest
+    row's tokens (the packing baseline pads every row to --seq-length)."""
+    _, seqlen, saved = trimmed_rows_shapes(rows, lengths, micro_batch_size)
+    flat, starts = _flattened(rows)
+    firsts = np.arange(0, len(rows), micro_batch_size)
     bounds = np.append(starts[firsts], len(flat))
     return [
         Group(
