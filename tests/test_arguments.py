@@ -137,3 +137,43 @@ def test_every_number_rule_names_a_numeric_flag() -> None:
     from megatron.dynapipe.arguments import _NUMBERS, _parser, add_dynapipe_args
 
     assert sorted(set(_NUMBERS) - set(_parser(add_dynapipe_args)[2])) == []
+
+
+def test_help_lists_every_flag_megatrons_and_dynapipes(capsys) -> None:
+    """megatron-core 0.19.2's help of `--moe-paged-stash-buffer-size-factor-cuda` holds a bare
+    `%` ("10%)") that made every program's `--help` a traceback; here it prints, exit 0."""
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--moe-paged-stash-buffer-size-factor-cuda", "--seq-length", "--dynapipe-gpu"):
+        assert flag in out
+    assert "10%)" in out  # the escaped percent prints as one
+
+
+def test_help_text_percent_signs_are_escaped_once() -> None:
+    import argparse
+
+    from megatron.dynapipe.arguments import _printable_help
+
+    parser = argparse.ArgumentParser(prog="p")
+    parser.add_argument("--a", default=3, help="up 10%) by %(default)s, 5%% of it")
+    assert "up 10%) by 3, 5% of it" in _printable_help(parser).format_help()
+
+
+def test_help_of_a_megatron_program_with_the_one_line(capsys, monkeypatch) -> None:
+    """A Megatron-LM program's own `parse_args`, hooked by `import megatron.dynapipe.enable`."""
+    import sys
+
+    from megatron.training import arguments as megatron_arguments
+
+    from megatron.dynapipe.arguments import hook_megatron_parser
+
+    for name in ("parse_args", "validate_args"):  # restored after the test
+        monkeypatch.setattr(megatron_arguments, name, getattr(megatron_arguments, name))
+    hook_megatron_parser()
+    monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", "--help"])
+    with pytest.raises(SystemExit) as exit_info:
+        megatron_arguments.parse_args()
+    assert exit_info.value.code == 0
+    assert "--moe-paged-stash-buffer-size-factor-cuda" in capsys.readouterr().out

@@ -233,7 +233,7 @@ def parse_megatron_args(
 
     with _command_line(argv):
         args = megatron_arguments.parse_args(
-            extra_args_provider=lambda parser: _one_line_errors(extra_args_provider(parser))
+            extra_args_provider=lambda parser: _our_parser(extra_args_provider(parser))
         )
     _before_validation(args, given_flags(argv, extra_args_provider), extra_args_provider)
     if before_validation is not None:
@@ -294,7 +294,7 @@ def hook_megatron_parser() -> None:
         def provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
             if extra_args_provider is not None:
                 parser = extra_args_provider(parser)
-            return _one_line_errors(add_dynapipe_args(parser))
+            return _our_parser(add_dynapipe_args(parser))
 
         args = megatron_parse(provider, ignore_unknown_args)
         given.clear()
@@ -311,6 +311,23 @@ def hook_megatron_parser() -> None:
     parse_args._dynapipe = True  # type: ignore[attr-defined]
     megatron_arguments.parse_args = parse_args
     megatron_arguments.validate_args = validate_args
+
+
+def _our_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Megatron's full parser as this runtime presents it: errors in one line, `--help`
+    printable."""
+    return _printable_help(_one_line_errors(parser))
+
+
+def _printable_help(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """argparse fills each help string in with `%`; megatron-core 0.19.2 builds the help of
+    `--moe-paged-stash-buffer-size-factor-cuda` from a docstring with a bare `%` ("10%)"), so
+    every program's `--help` died with a traceback. Each `%` that starts no `%(name)s` field
+    and is not already doubled is doubled."""
+    for action in parser._actions:
+        if action.help and action.help is not argparse.SUPPRESS:
+            action.help = re.sub(r"%%|%(?!\()", "%%", action.help)
+    return parser
 
 
 def _one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
