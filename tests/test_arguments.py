@@ -37,15 +37,18 @@ def test_megatron_flags_keep_megatron_meaning_and_defaults() -> None:
 @pytest.mark.parametrize(
     ("flags", "named"),
     [
-        (["--context-parallel-size", "2"], "--context-parallel-size"),
+        (["--context-parallel-size", "2", "--dynamic-micro-batching"], "--context-parallel-size"),
         (
-            ["--num-layers-per-virtual-pipeline-stage", "1"],
+            ["--num-layers-per-virtual-pipeline-stage", "1", "--batching", "padding"],
             "--num-layers-per-virtual-pipeline-stage",
         ),
-        (["--fp8-format", "hybrid"], "--fp8-format"),
-        (["--tensorboard-dir", "tb"], "--tensorboard-dir"),
-        (["--sequence-parallel"], "--sequence-parallel"),
-        (["--step-batch-size-schedule", "0:8"], "--step-batch-size-schedule"),
+        (["--fp8-format", "hybrid", "--dynamic-micro-batching"], "--fp8-format"),
+        (["--tensorboard-dir", "tb", "--baseline", "packing-1f1b"], "--tensorboard-dir"),
+        (["--sequence-parallel", "--dynamic-micro-batching"], "--sequence-parallel"),
+        (
+            ["--step-batch-size-schedule", "0:8", "--dynamic-strategies"],
+            "--step-batch-size-schedule",
+        ),
         (["--transformer-impl", "transformer_engine"], "--transformer-impl"),
         (["--attention-backend", "fused"], "--attention-backend"),
         (["--apply-layernorm-1p"], "--apply-layernorm-1p"),
@@ -54,6 +57,18 @@ def test_megatron_flags_keep_megatron_meaning_and_defaults() -> None:
 )
 def test_flags_the_runtime_cannot_honour_are_refused_by_name(capsys, flags, named) -> None:
     assert named in _refused(capsys, *flags)
+
+
+def test_megatron_features_are_refused_only_with_a_flag_that_makes_dynapipe_plan(capsys):
+    """Without DynaPipe's flags Megatron trains as it would without the line, so it takes its
+    flags as it would (issue 33); with one, the line names both flags."""
+    features = ["--tensorboard-dir", "tb", "--step-batch-size-schedule", "0:8", "--profile"]
+    args = parse_args([*MODEL, *features])
+    assert not args.dynapipe_plans and args.tensorboard_dir == "tb" and args.profile
+    args = parse_args([*MODEL, *features, "--baseline", "megatron-1f1b"])  # Megatron itself
+    assert not args.dynapipe_plans
+    line = _refused(capsys, *features, "--dynamic-micro-batching")
+    assert "error: --step-batch-size-schedule with --dynamic-micro-batching: batch-size" in line
 
 
 @pytest.mark.parametrize(

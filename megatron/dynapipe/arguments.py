@@ -409,8 +409,9 @@ def _megatron_checks_on_cpu(megatron_arguments) -> Iterator[None]:
         megatron_arguments.get_device_arch_version = saved
 
 
-# Megatron features this runtime does not run, by destination: why. A flag is refused when
-# given with a value other than Megatron's default (--context-parallel-size 1 is fine).
+# Megatron features DynaPipe's planned iterations do not run, by destination: why. A flag is
+# refused when given with a value other than Megatron's default (--context-parallel-size 1 is
+# fine) and with a flag that makes DynaPipe plan (`unsupported`).
 _UNSUPPORTED: dict[str, str] = {
     "context_parallel_size": "context parallelism is not supported: DynaPipe's executor runs "
     "whole sequences on each tensor-parallel group",
@@ -443,11 +444,33 @@ _UNSUPPORTED: dict[str, str] = {
 def unsupported(
     args: argparse.Namespace, given: dict[str, str], extra_args_provider: ExtraArgs
 ) -> None:
-    """Stop on the first flag given on purpose that this runtime cannot honour."""
+    """Stop on the first flag given on purpose that DynaPipe cannot honour, when a flag of
+    DynaPipe's (named in the line) makes it plan the job; without one Megatron trains as it
+    would without DynaPipe, and takes its flags as it would."""
+    planning = [given[dest] for dest in _PLANNING_FLAGS if dest in given]
+    if not plans(args) or not planning:
+        return
     defaults = _parser(extra_args_provider)[1]
     for dest, why in _UNSUPPORTED.items():
         if dest in given and getattr(args, dest) != defaults[dest]:
-            raise ArgumentError(f"{given[dest]}: {why}")
+            raise ArgumentError(f"{given[dest]} with {planning[0]}: {why}")
+
+
+# DynaPipe's flags that make it plan a job's iterations (`plans`), by destination.
+_PLANNING_FLAGS = (
+    "dynamic_micro_batching", "batching", "baseline", "dynamic_strategies", "hetero_plan",
+    "parallel_plan",
+)  # fmt: skip
+
+
+def plans(args: argparse.Namespace) -> bool:
+    """Whether DynaPipe plans the job's iterations: a batching flag (`--baseline packing-1f1b`
+    batches by packing), or a job only DynaPipe's loop runs. Otherwise Megatron trains as it
+    would without DynaPipe (`--baseline megatron-1f1b` names that)."""
+    packing = args.baseline == "packing-1f1b"
+    return bool(
+        args.dynamic_micro_batching or args.batching is not None or packing
+    ) or runs_in_own_loop(args)
 
 
 # What the numbers a run is made of must be, by destination, besides an int fitting int64 and a
@@ -545,6 +568,8 @@ _NEEDS_TRANSFORMER_ENGINE: dict[str, tuple[Callable[[object], bool], str]] = {
         lambda v: v,
         "zero-centred layer-norm weights need TransformerEngine's (or apex's) norms",
     ),
+    "fp8": (lambda v: v is not None, "fp8 needs TransformerEngine on Hopper or newer GPUs"),
+    "fp4": (lambda v: v is not None, "fp4 needs TransformerEngine on Blackwell GPUs"),
 }
 
 
@@ -653,11 +678,7 @@ def _check_dynapipe(args: argparse.Namespace, given: dict[str, str]) -> None:
     elif args.overlap_pull_push:
         raise ArgumentError("--overlap-pull-push needs --dynamic-strategies or --hetero-plan")
     _check_checkpoint_dirs(args)
-    # In Megatron's loop DynaPipe plans the iterations only when asked to (a batching flag, or
-    # a job only DynaPipe's loop runs); otherwise Megatron trains as it would without DynaPipe.
-    args.dynapipe_plans = bool(
-        args.dynamic_micro_batching or args.batching is not None or runs_in_own_loop(args)
-    )
+    args.dynapipe_plans = plans(args)
     if args.dynapipe_plans:
         per_sample_attention(args)
     if args.batching is None:
