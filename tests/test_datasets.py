@@ -228,6 +228,21 @@ def test_bad_data_flags_give_one_line(flags, message, prefixes, megatron_args, t
     assert "\n" not in str(raised.value)
 
 
+def test_a_quoted_split_reads_as_megatron_core_reads_it() -> None:
+    """Upstream's Llama-3 script hands the program `'99,1,0'`, quotes included."""
+    from megatron.core.datasets.blended_megatron_dataset_config import (
+        convert_split_vector_to_split_matrix,
+        parse_and_normalize_split,
+    )
+
+    from megatron.dynapipe.data.datasets import split_bookends
+
+    core = convert_split_vector_to_split_matrix(parse_and_normalize_split("'99,1,0'"))
+    assert split_bookends("'99,1,0'") == split_bookends('"99,1,0"') == core
+    with pytest.raises(DataError, match="expected up to three"):
+        split_bookends("'99,1,0")  # unmatched: not a quoted split
+
+
 def test_datasets_of_different_tokenizers_do_not_blend() -> None:
     documents = [np.array([1, 2, 3])]
     byte = in_memory_dataset("bytes", documents, 16, vocab_size=258, eod_id=256, pad_id=257)

@@ -37,7 +37,8 @@ GPT3 = [
     "--save-interval", "10000", "--eval-interval", "1000", "--eval-iters", "1",
 ]  # fmt: skip
 
-# The Llama-3 8B fp8 script's flags (mock-data branch) at tiny sizes.
+# The Llama-3 8B fp8 script's flags (mock-data branch) at tiny sizes; its --split keeps the
+# quotes its flags string hands the program.
 LLAMA3 = [
     "--use-mcore-models", "--num-layers", "4", "--hidden-size", "64", "--ffn-hidden-size", "224",
     "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2",
@@ -56,7 +57,7 @@ LLAMA3 = [
     "--tensor-model-parallel-size", "2", "--context-parallel-size", "1",
     "--use-distributed-optimizer", "--overlap-grad-reduce",
     "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000",
-    "--tiktoken-pattern", "v2", "--split", "99,1,0", "--no-create-attention-mask-in-dataloader",
+    "--tiktoken-pattern", "v2", "--split", "'99,1,0'", "--no-create-attention-mask-in-dataloader",
     "--no-mmap-bin-files", "--num-workers", "1", "--log-interval", "1", "--eval-iters", "1",
     "--eval-interval", "100", "--save-interval", "1000", "--log-throughput",
     "--distributed-timeout-minutes", "60",

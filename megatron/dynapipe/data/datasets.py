@@ -287,7 +287,9 @@ def split_bookends(split: str | None) -> list[tuple[float, float] | None]:
 
     if split is None:
         return [(0.0, 1.0), None, None]
-    shares = [share.strip() for share in re.split(r"[,/]", split)]
+    # Upstream's Llama-3 script passes `--split '99,1,0'` with the quotes inside its flags
+    # string, so they reach the program; megatron-core reads the numbers around them.
+    shares = [share.strip() for share in re.split(r"[,/]", _unquoted(split.strip()))]
     if not 1 <= len(shares) <= len(SPLIT_NAMES) or not all(
         _SPLIT_SHARE.fullmatch(share) for share in shares
     ):
@@ -298,6 +300,13 @@ def split_bookends(split: str | None) -> list[tuple[float, float] | None]:
     if sum(float(share) for share in shares) == 0:
         raise DataError(f"--split {split!r}: the shares are all zero")
     return convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
+
+
+def _unquoted(text: str) -> str:
+    """`text` without one pair of matching quotes around it."""
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
 
 
 def _split_datasets(
