@@ -192,3 +192,11 @@ def test_help_of_a_megatron_program_with_the_one_line(capsys, monkeypatch) -> No
         megatron_arguments.parse_args()
     assert exit_info.value.code == 0
     assert "--moe-paged-stash-buffer-size-factor-cuda" in capsys.readouterr().out
+
+
+def test_gpt2_files_without_a_type_take_upstreams_default(tmp_path) -> None:
+    """Upstream's GPT-3 script passes the GPT-2 files and relies on upstream's `pretrain_gpt.py`
+    defaulting --tokenizer-type to GPT2BPETokenizer; with no tokenizer flag, the byte one."""
+    files = ["--vocab-file", str(tmp_path / "v.json"), "--merge-file", str(tmp_path / "m.txt")]
+    assert parse_args([*MODEL, *files]).tokenizer_type == "GPT2BPETokenizer"
+    assert parse_args(MODEL).tokenizer_type is None

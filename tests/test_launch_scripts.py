@@ -100,7 +100,11 @@ def gpt3_flags(gpt2_bpe, preprocess_tool, tmp_path_factory) -> list[str]:
     )
     flags = ["--input", str(jsonl), "--output-prefix", str(root / "corpus"), "--append-eod"]
     assert preprocess_tool.main([*flags, *gpt2_bpe.flags()]) == 0
-    return [*GPT3, *gpt2_bpe.flags(), "--data-path", str(root / "corpus_text_document")]
+    # As upstream's script: the GPT-2 files without --tokenizer-type (pretrain_gpt.py's default).
+    files = [
+        flag for flag in gpt2_bpe.flags() if flag not in ("--tokenizer-type", "GPT2BPETokenizer")
+    ]
+    return [*GPT3, *files, "--data-path", str(root / "corpus_text_document")]
 
 
 def _flags(script: str, gpt3_flags: list[str]) -> list[str]:

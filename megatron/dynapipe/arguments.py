@@ -251,6 +251,7 @@ def _before_validation(
     unsupported(args, given, extra_args_provider)
     check_numbers(args, given, extra_args_provider)
     cpu_defaults(args, given)
+    gpt2_tokenizer_default(args)
 
 
 def _validate(validate_args: Callable, args: argparse.Namespace, defaults: dict) -> None:
@@ -606,6 +607,14 @@ def cpu_defaults(args: argparse.Namespace, given: dict[str, str]) -> None:
         notes += _switch_off(args, _CUDA_FUSIONS, "no CUDA")
         args.use_cpu_initialization = True
     args.dynapipe_notes = notes
+
+
+def gpt2_tokenizer_default(args: argparse.Namespace) -> None:
+    """Upstream's `pretrain_gpt.py` defaults `--tokenizer-type` to GPT2BPETokenizer, and its
+    GPT-3 script gives only `--vocab-file` and `--merge-file`: with both of them and no type,
+    that default. Without any tokenizer flag the built-in byte tokenizer stays the default."""
+    if args.tokenizer_type is None and args.vocab_file and args.merge_file:
+        args.tokenizer_type = "GPT2BPETokenizer"
 
 
 def _switch_off(args: argparse.Namespace, fusions: tuple[str, ...], why: str) -> list[str]:
