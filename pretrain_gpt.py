@@ -115,7 +115,8 @@ def get_batch(data_iterator):
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
     """The micro-batch's summed loss over its real tokens and their count (Megatron sums both
-    over the global batch: `--calculate-per-token-loss`, which DynaPipe turns on)."""
+    over the global batch with `--calculate-per-token-loss`, which DynaPipe turns on when it
+    plans; otherwise Megatron averages each micro-batch's loss, as without DynaPipe)."""
     losses = output_tensor.float().view(-1)
     loss_mask = loss_mask.view(-1).float()
     loss = torch.sum(losses * loss_mask)

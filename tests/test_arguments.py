@@ -200,3 +200,22 @@ def test_gpt2_files_without_a_type_take_upstreams_default(tmp_path) -> None:
     files = ["--vocab-file", str(tmp_path / "v.json"), "--merge-file", str(tmp_path / "m.txt")]
     assert parse_args([*MODEL, *files]).tokenizer_type == "GPT2BPETokenizer"
     assert parse_args(MODEL).tokenizer_type is None
+
+
+def test_per_token_loss_only_when_dynapipe_plans(monkeypatch) -> None:
+    """A Megatron-LM program with the one line and no DynaPipe flag keeps its loss as its flags
+    say (issue 33: neutral when off); DynaPipe's plans weigh every token equally."""
+    import sys
+
+    from megatron.training import arguments as megatron_arguments
+
+    from megatron.dynapipe.arguments import hook_megatron_parser
+
+    for name in ("parse_args", "validate_args"):  # restored after the test
+        monkeypatch.setattr(megatron_arguments, name, getattr(megatron_arguments, name))
+    hook_megatron_parser()
+    for flags, per_token in (([], False), (["--calculate-per-token-loss"], True)):
+        monkeypatch.setattr(sys, "argv", ["program.py", *MODEL, *flags])
+        assert megatron_arguments.parse_args().calculate_per_token_loss is per_token
+    monkeypatch.setattr(sys, "argv", ["program.py", *MODEL, "--dynamic-micro-batching"])
+    assert megatron_arguments.parse_args().calculate_per_token_loss is True

@@ -276,9 +276,9 @@ def hook_megatron_parser() -> None:
     """Make megatron.training's own `parse_args` and `validate_args` (what a Megatron-LM
     program's `parse_and_validate_args` calls) DynaPipe's: its flags join the program's
     `extra_args_provider`, the runtime's refusals and CPU defaults apply, and DynaPipe's checks
-    follow Megatron's. The loss is per token over the global batch
-    (`--calculate-per-token-loss`): micro-batches of any size weigh each token equally.
-    Idempotent."""
+    follow Megatron's. When DynaPipe plans (`plans`), the loss is per token over the global
+    batch (`--calculate-per-token-loss`): micro-batches of any size weigh each token equally;
+    otherwise the program's flags say, as without DynaPipe. Idempotent."""
     from megatron.training import arguments as megatron_arguments
 
     if getattr(megatron_arguments.parse_args, "_dynapipe", False):
@@ -301,7 +301,8 @@ def hook_megatron_parser() -> None:
         given.clear()
         given.update(given_flags(sys.argv[1:], provider))
         _before_validation(args, given, provider)
-        args.calculate_per_token_loss = True
+        if plans(args):  # micro-batches of any size weigh each token equally
+            args.calculate_per_token_loss = True
         return args
 
     def validate_args(args: argparse.Namespace, defaults: dict | None = None) -> None:
