@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -151,6 +152,52 @@ def test_megatron_pretrain_with_dynapipe_equals_our_loop(model, layout, capfd) -
     known = set(CALL_SITES_FILE.read_text().split())
     unknown = sorted(set().union(*map(set, sites)) - known)
     assert not unknown, f"new CUDA call sites, add them to {CALL_SITES_FILE.name}: {unknown}"
+
+
+# What Megatron needs to train on CPU ranks without the line: its GPU defaults off by flag.
+CPU_FLAGS = [
+    "--transformer-impl", "local", "--use-cpu-initialization", "--no-masked-softmax-fusion",
+    "--no-bias-gelu-fusion", "--no-bias-dropout-fusion", "--no-gradient-accumulation-fusion",
+    "--no-persist-layer-norm", "--no-rope-fusion", "--no-bias-swiglu-fusion",
+]  # fmt: skip
+MEGATRON_ONLY = [
+    "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+    "--seq-length", "128", "--max-position-embeddings", "128",
+    "--pipeline-model-parallel-size", "2", "--micro-batch-size", "2", "--global-batch-size", "8",
+    "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "255",
+    "--lr", "1e-2", "--lr-decay-style", "constant", "--log-interval", "1", "--eval-iters", "0",
+    "--eval-interval", "1000", "--train-iters", "3", "--split", "100,0,0",
+]  # fmt: skip
+
+
+def _program_without_the_line(rank: int, world: int, argv: list[str]) -> None:
+    """`megatron_lm_program.py` with its `import megatron.dynapipe.enable` (and pretrain_gpt.py's,
+    whose forward_step it takes) a no-op, and only what runs megatron.training on CPU ranks at
+    all: gloo initialisation and the prebuilt dataset helpers."""
+    from megatron.training import arguments
+
+    from megatron.dynapipe import cpu_compat, megatron_startup
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    sys.modules["megatron.dynapipe.enable"] = types.ModuleType("megatron.dynapipe.enable")
+    cpu_compat.install_training()
+    megatron_startup._use_prebuilt_dataset_helpers()
+    import megatron_lm_program
+
+    assert not getattr(arguments.parse_args, "_dynapipe", False)  # DynaPipe is not there
+    megatron_lm_program.main(argv)
+
+
+@pytest.mark.parametrize("precision", [[], ["--bf16"]], ids=["fp32", "bf16"])
+def test_the_line_without_dynapipe_flags_trains_as_megatron(precision, capfd) -> None:
+    """Issue 33: with the line and no DynaPipe flag, a Megatron-LM program's losses are
+    Megatron's own, digit for digit (PP=2, mock data, fp32 and bf16)."""
+    flags = [*MEGATRON_ONLY, *CPU_FLAGS, *precision]
+    run_ranks(_megatron_exit_status, 2, flags, timeout_s=240)
+    with_line = _megatron_losses(capfd.readouterr().out)
+    run_ranks(_program_without_the_line, 2, flags, timeout_s=240)
+    without = _megatron_losses(capfd.readouterr().out)
+    assert len(with_line) == 3 and with_line == without, (with_line, without)
 
 
 def _megatron_exit_status(rank: int, world: int, argv: list[str]) -> int | str | None:

@@ -2,8 +2,9 @@
 seams of megatron.training that run before its loop, patched by `install()`.
 
 - its parser (`arguments.hook_megatron_parser`): DynaPipe's flags join the program's, its
-  refusals, CPU defaults and checks apply, the loss is per token over the global batch, and
-  `--eval-interval` has a default (the loop needs one);
+  refusals (with DynaPipe's flags), CPU defaults and checks apply, the loss is per token over
+  the global batch when DynaPipe plans, and `--eval-interval` has a default (the loop needs
+  one);
 - its global tokenizer (`_tokenizer_from_flags`): built as DynaPipe's datasets build theirs,
   the byte tokenizer without `--tokenizer-type`, files checked and nothing downloaded;
 - on CPU ranks, its initialisation (`cpu_compat.install_training`): gloo, megatron-core's groups
