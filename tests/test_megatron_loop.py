@@ -19,6 +19,7 @@ import sys
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -164,7 +165,7 @@ MEGATRON_ONLY = [
     "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
     "--seq-length", "128", "--max-position-embeddings", "128",
     "--pipeline-model-parallel-size", "2", "--micro-batch-size", "2", "--global-batch-size", "8",
-    "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "255",
+    "--tokenizer-type", "NullTokenizer", "--vocab-size", "255",
     "--lr", "1e-2", "--lr-decay-style", "constant", "--log-interval", "1", "--eval-iters", "0",
     "--eval-interval", "1000", "--train-iters", "3", "--split", "100,0,0",
 ]  # fmt: skip
@@ -188,11 +189,35 @@ def _program_without_the_line(rank: int, world: int, argv: list[str]) -> None:
     megatron_lm_program.main(argv)
 
 
-@pytest.mark.parametrize("precision", [[], ["--bf16"]], ids=["fp32", "bf16"])
-def test_the_line_without_dynapipe_flags_trains_as_megatron(precision, capfd) -> None:
+def _two_prefix_blend(directory: Path) -> list[str]:
+    """--data-path of two prefixes written by megatron-core's IndexedDatasetBuilder, weighted
+    0.3 and 0.7: documents of 20-300 random token ids below NullTokenizer's EOD (254)."""
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    rng = np.random.default_rng(0)
+    flags = []
+    for name, weight in (("a", "0.3"), ("b", "0.7")):
+        builder = IndexedDatasetBuilder(str(directory / f"{name}.bin"), dtype=np.uint16)
+        for _ in range(60):
+            document = [*rng.integers(0, 254, rng.integers(20, 300)), 254]
+            builder.add_document(np.array(document), [len(document)])
+        builder.finalize(str(directory / f"{name}.idx"))
+        flags += [weight, str(directory / name)]
+    return ["--data-path", *flags]
+
+
+@pytest.mark.parametrize(
+    ("data", "precision"),
+    [("mock", []), ("mock", ["--bf16"]), ("blend", [])],
+    ids=["mock-fp32", "mock-bf16", "blend-fp32"],
+)
+def test_the_line_without_dynapipe_flags_trains_as_megatron(
+    data, precision, tmp_path, capfd
+) -> None:
     """Issue 33: with the line and no DynaPipe flag, a Megatron-LM program's losses are
-    Megatron's own, digit for digit (PP=2, mock data, fp32 and bf16)."""
-    flags = [*MEGATRON_ONLY, *CPU_FLAGS, *precision]
+    Megatron's own, digit for digit (PP=2; mock data and a two-prefix blend; fp32 and bf16)."""
+    source = ["--mock-data"] if data == "mock" else _two_prefix_blend(tmp_path)
+    flags = [*MEGATRON_ONLY, *source, *CPU_FLAGS, *precision]
     run_ranks(_megatron_exit_status, 2, flags, timeout_s=240)
     with_line = _megatron_losses(capfd.readouterr().out)
     run_ranks(_program_without_the_line, 2, flags, timeout_s=240)
