@@ -302,6 +302,7 @@ def _tool():
         (["--tensor-model-parallel-size", "2"], "--tensor-model-parallel-size"),
         (["--hidden-size", "30"], "--num-attention-heads"),
         (["--cpu-contention-ranks", "-1"], "--cpu-contention-ranks"),
+        (["--sequence-parallel"], "--sequence-parallel"),  # DynaPipe's tools refuse it always
     ],
 )
 def test_tool_names_the_offending_flag(extra, flag, capsys, tmp_path) -> None:

@@ -446,16 +446,20 @@ _UNSUPPORTED: dict[str, str] = {
 def unsupported(
     args: argparse.Namespace, given: dict[str, str], extra_args_provider: ExtraArgs
 ) -> None:
-    """Stop on the first flag given on purpose that DynaPipe cannot honour, when a flag of
-    DynaPipe's (named in the line) makes it plan the job; without one Megatron trains as it
-    would without DynaPipe, and takes its flags as it would."""
-    planning = [given[dest] for dest in _PLANNING_FLAGS if dest in given]
-    if not plans(args) or not planning:
-        return
+    """Stop on the first flag given on purpose that DynaPipe cannot honour where DynaPipe runs
+    the job: in its tools (whose parsers lack DynaPipe's training flags), and in a program given
+    a flag that makes it plan (named in the line). Without one Megatron trains as it would
+    without DynaPipe, and takes its flags as it would."""
+    where = ""
+    if hasattr(args, "dynamic_micro_batching"):  # a training program, not a tool
+        planning = [given[dest] for dest in _PLANNING_FLAGS if dest in given]
+        if not planning or not plans(args):
+            return
+        where = f" with {planning[0]}"
     defaults = _parser(extra_args_provider)[1]
     for dest, why in _UNSUPPORTED.items():
         if dest in given and getattr(args, dest) != defaults[dest]:
-            raise ArgumentError(f"{given[dest]} with {planning[0]}: {why}")
+            raise ArgumentError(f"{given[dest]}{where}: {why}")
 
 
 # DynaPipe's flags that make it plan a job's iterations (`plans`), by destination.
