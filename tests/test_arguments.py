@@ -176,20 +176,29 @@ def test_help_text_percent_signs_are_escaped_once() -> None:
     assert "up 10%) by 3, 5% of it" in _printable_help(parser).format_help()
 
 
-def test_help_of_a_megatron_program_with_the_one_line(capsys, monkeypatch) -> None:
-    """A Megatron-LM program's own `parse_args`, hooked by `import megatron.dynapipe.enable`."""
-    import sys
-
+@pytest.fixture
+def hooked_parse_args(monkeypatch):
+    """megatron.training's own `parse_args` as `import megatron.dynapipe.enable` hooks it for a
+    Megatron-LM program, reading `sys.argv`; the module's functions are restored afterwards."""
     from megatron.training import arguments as megatron_arguments
 
     from megatron.dynapipe.arguments import hook_megatron_parser
 
-    for name in ("parse_args", "validate_args"):  # restored after the test
+    for name in ("parse_args", "validate_args"):
         monkeypatch.setattr(megatron_arguments, name, getattr(megatron_arguments, name))
     hook_megatron_parser()
+    return megatron_arguments.parse_args
+
+
+def test_help_of_a_megatron_program_with_the_one_line(
+    capsys, monkeypatch, hooked_parse_args
+) -> None:
+    """A Megatron-LM program's own `parse_args`, hooked by `import megatron.dynapipe.enable`."""
+    import sys
+
     monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", "--help"])
     with pytest.raises(SystemExit) as exit_info:
-        megatron_arguments.parse_args()
+        hooked_parse_args()
     assert exit_info.value.code == 0
     assert "--moe-paged-stash-buffer-size-factor-cuda" in capsys.readouterr().out
 
@@ -202,20 +211,13 @@ def test_gpt2_files_without_a_type_take_upstreams_default(tmp_path) -> None:
     assert parse_args(MODEL).tokenizer_type is None
 
 
-def test_per_token_loss_only_when_dynapipe_plans(monkeypatch) -> None:
+def test_per_token_loss_only_when_dynapipe_plans(monkeypatch, hooked_parse_args) -> None:
     """A Megatron-LM program with the one line and no DynaPipe flag keeps its loss as its flags
     say (issue 33: neutral when off); DynaPipe's plans weigh every token equally."""
     import sys
 
-    from megatron.training import arguments as megatron_arguments
-
-    from megatron.dynapipe.arguments import hook_megatron_parser
-
-    for name in ("parse_args", "validate_args"):  # restored after the test
-        monkeypatch.setattr(megatron_arguments, name, getattr(megatron_arguments, name))
-    hook_megatron_parser()
     for flags, per_token in (([], False), (["--calculate-per-token-loss"], True)):
         monkeypatch.setattr(sys, "argv", ["program.py", *MODEL, *flags])
-        assert megatron_arguments.parse_args().calculate_per_token_loss is per_token
+        assert hooked_parse_args().calculate_per_token_loss is per_token
     monkeypatch.setattr(sys, "argv", ["program.py", *MODEL, "--dynamic-micro-batching"])
-    assert megatron_arguments.parse_args().calculate_per_token_loss is True
+    assert hooked_parse_args().calculate_per_token_loss is True

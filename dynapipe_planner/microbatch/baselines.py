@@ -157,17 +157,8 @@ def trimmed_rows_shapes(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each micro-batch of `trimmed_rows_groups`: its rows, padded length and attention saved
     (tokens^2), without building the groups (the planner prices many such candidates)."""
-    flat, starts = _flattened(rows)
-    if not len(flat):
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
-    own = lengths[flat].astype(np.float64)
-    tokens = np.add.reduceat(own, starts[:-1])
-    squares = np.add.reduceat(own**2, starts[:-1])
-    firsts = np.arange(0, len(rows), micro_batch_size)
-    seqlen = np.maximum.reduceat(tokens, firsts)
-    counts = np.diff(np.append(firsts, len(rows)))
-    saved = counts * seqlen**2 - np.add.reduceat(squares, firsts)
-    return counts, seqlen.astype(np.int64), saved
+    _, _, counts, seqlen, saved = _trimmed_layout(rows, lengths, micro_batch_size)
+    return counts, seqlen, saved
 
 
 def trimmed_rows_groups(
@@ -175,10 +166,7 @@ def trimmed_rows_groups(
 ) -> list[Group]:
     """`micro_batch_size` consecutive `rows` per micro-batch, each padded only to its longest
     row's tokens (the packing baseline pads every row to --seq-length)."""
-    _, seqlen, saved = trimmed_rows_shapes(rows, lengths, micro_batch_size)
-    flat, starts = _flattened(rows)
-    firsts = np.arange(0, len(rows), micro_batch_size)
-    bounds = np.append(starts[firsts], len(flat))
+    flat, bounds, _, seqlen, saved = _trimmed_layout(rows, lengths, micro_batch_size)
     return [
         Group(
             flat[bounds[g] : bounds[g + 1]],
@@ -186,8 +174,28 @@ def trimmed_rows_groups(
             rows=rows[first : first + micro_batch_size],
             attention_saved=float(saved[g]),
         )
-        for g, first in enumerate(firsts.tolist())
+        for g, first in enumerate(range(0, len(rows), micro_batch_size))
     ]
+
+
+def _trimmed_layout(
+    rows: list[list[int]], lengths: np.ndarray, micro_batch_size: int
+) -> tuple[np.ndarray, ...]:
+    """The samples of `rows` in one array, where each micro-batch's samples start (plus the
+    end), and each micro-batch's rows, padded length and attention saved."""
+    flat, starts = _flattened(rows)
+    if not len(flat):
+        empty = np.zeros(0, np.int64)
+        return flat, np.zeros(1, np.int64), empty, empty, np.zeros(0)
+    own = lengths[flat].astype(np.float64)
+    tokens = np.add.reduceat(own, starts[:-1])
+    squares = np.add.reduceat(own**2, starts[:-1])
+    firsts = np.arange(0, len(rows), micro_batch_size)
+    seqlen = np.maximum.reduceat(tokens, firsts)
+    counts = np.diff(np.append(firsts, len(rows)))
+    saved = counts * seqlen**2 - np.add.reduceat(squares, firsts)
+    bounds = np.append(starts[firsts], len(flat))
+    return flat, bounds, counts, seqlen.astype(np.int64), saved
 
 
 def _flattened(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
