@@ -48,7 +48,8 @@ from megatron.training.arguments import parse_and_validate_args
 from megatron.training.models.gpt import GPTModelBuilder
 
 from megatron.dynapipe.data.datasets import job_datasets
-from megatron.dynapipe.data.megatron_samples import fixed_length_samples
+from megatron.dynapipe.data.megatron_samples import DocumentSamples, fixed_length_samples
+from megatron.dynapipe.exits import run_or_exit
 
 
 def model_provider(
@@ -132,16 +133,21 @@ def forward_step(data_iterator, model, return_schedule_plan: bool = False):
 
 
 def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None):
-    """megatron-core GPTDatasets of `--seq-length` windows over each split of the flags'
-    documents (`data.megatron_samples`): what Megatron's loop reads where DynaPipe does not
-    plan (training without `--dynamic-micro-batching`, and evaluation)."""
+    """Each split of the flags' documents (`data.megatron_samples`): megatron-core GPTDatasets
+    of `--seq-length` windows where DynaPipe does not plan (training without
+    `--dynamic-micro-batching`, and evaluation), and the variable-length samples themselves
+    for DynaPipe to plan over (`DocumentSamples`)."""
     args = get_args()
-    return tuple(
+    splits = job_datasets(args)
+    windows = tuple(
         None if data is None or not count else fixed_length_samples(data, args, count, split)
         for data, count, split in zip(
-            job_datasets(args), train_val_test_num_samples, ("train", "valid", "test"), strict=True
+            splits, train_val_test_num_samples, ("train", "valid", "test"), strict=True
         )
     )
+    if args.dynapipe_plans:
+        return DocumentSamples(splits.train), *windows[1:]
+    return windows
 
 
 train_valid_test_datasets_provider.is_distributed = True
@@ -149,6 +155,7 @@ train_valid_test_datasets_provider.is_distributed = True
 
 if __name__ == "__main__":
     parse_and_validate_args()
+    run_or_exit(lambda: job_datasets(get_args()))  # bad data flags stop before any group exists
     pretrain(
         pretrain_cfg_container_from_args(get_args()),
         train_valid_test_datasets_provider,

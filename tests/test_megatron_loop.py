@@ -11,7 +11,6 @@ CUDA call sites megatron.training reaches are known ones.
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
 import subprocess
@@ -48,16 +47,9 @@ LLAMA = [
 ]  # fmt: skip
 
 
-def _megatron_program(
-    rank: int, world: int, argv: list[str], model: str
-) -> tuple[list[str], list[int], list[int]]:
-    """Megatron's pretrain in a forked rank (the import enables DynaPipe in this process only).
-    Returns the CUDA call sites redirected, each iteration's planned global batch size and its
-    number of packed micro-batches."""
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    import megatron_lm_program
-
-    from megatron.dynapipe import cpu_compat
+def _count_planned() -> tuple[list[int], list[int]]:
+    """From now on in this rank, each iteration's planned global batch size and its number of
+    packed micro-batches."""
     from megatron.dynapipe.megatron_loop import DynaPipeSchedule
 
     planned: list[int] = []
@@ -70,11 +62,32 @@ def _megatron_program(
         count(self, args)
 
     DynaPipeSchedule.count_samples = count_samples
+    return planned, packed
+
+
+def _megatron_program(
+    rank: int, world: int, argv: list[str], model: str, data: str = "megatron"
+) -> tuple[list[str], list[int], list[int]]:
+    """Megatron's pretrain in a forked rank (the import enables DynaPipe in this process only).
+    Returns the CUDA call sites redirected, each iteration's planned global batch size and its
+    number of packed micro-batches."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    import megatron_lm_program
+
+    from megatron.dynapipe import cpu_compat
+
+    planned, packed = _count_planned()
     try:
-        megatron_lm_program.main(argv, model)
+        megatron_lm_program.main(argv, model, data)
     except SystemExit as stop:  # Megatron's loop ends --exit-interval runs with sys.exit(0)
         assert stop.code in (0, None), stop.code
     return sorted(cpu_compat.recorded_call_sites()), planned, packed
+
+
+def _pretrain_gpt(rank: int, world: int, argv: list[str]) -> tuple[int | str | None, list[int]]:
+    """pretrain_gpt.py's exit status on a forked rank and its packed micro-batches."""
+    _, packed = _count_planned()
+    return program_exit_status(rank, world, PRETRAIN_GPT, argv), packed
 
 
 def _our_loop(rank: int, world: int, argv: list[str]) -> list[float]:
@@ -106,53 +119,118 @@ PACKED = ["--dataloader-inter-document-masking"]
 PP3 = ["--pipeline-model-parallel-size", "3", "--num-layers", "3"]
 
 
+def _reference_program(rank: int, world: int, argv: list[str], model: str, data: str) -> None:
+    """The same program without DynaPipe's flags, in Megatron's own schedule; its THD
+    micro-batches reach megatron-core's local attention through the per-sample attention
+    DynaPipe's runs use on CPU (`packed_attention`)."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    import megatron_lm_program
+    from megatron.training import training
+
+    from megatron.dynapipe.packed_attention import use_packed_attention
+
+    setup = training.setup_model_and_optimizer
+
+    def setup_model_and_optimizer(*args, **kwargs):
+        model, *rest = setup(*args, **kwargs)
+        return [use_packed_attention(chunk) for chunk in model], *rest
+
+    training.setup_model_and_optimizer = setup_model_and_optimizer
+    megatron_lm_program.main(argv, model, data)
+
+
+# What the reference run gives instead of DynaPipe's flags: Megatron's global batch of the
+# samples a DynaPipe batch of 2,048 tokens takes (16 windows of 128), per-token loss and the
+# per-document attention DynaPipe turns on.
+DYNAPIPE_ONLY = [
+    "--dynamic-micro-batching", "--pipeline-schedule", "adaptive",
+    "--tokens-per-global-batch", "2048", "--dynapipe-memory-limit", "0.01",
+]  # fmt: skip
+AS_MEGATRON = ["--global-batch-size", "16", "--micro-batch-size", "1",
+               "--calculate-per-token-loss", "--dataloader-inter-document-masking"]  # fmt: skip
+
+
+def without_dynapipe(flags: list[str]) -> list[str]:
+    """`flags` less DynaPipe's (`DYNAPIPE_ONLY`, each with its value), plus `AS_MEGATRON`."""
+    kept, skip = [], False
+    for flag in flags:
+        if skip:
+            skip = False
+        elif flag in DYNAPIPE_ONLY:
+            skip = flag not in ("--dynamic-micro-batching",)
+        else:
+            kept.append(flag)
+    return [*kept, *AS_MEGATRON]
+
+
 @pytest.mark.parametrize(
     ("model", "layout"),
-    [
-        ("gpt", []),
-        ("llama", []),
-        ("gpt", TP2),
-        ("gpt", [*PP3, *PACKED]),
-        ("llama", [*TP2, *PACKED]),
-    ],
-    ids=["gpt", "llama", "tp2", "pp3-packed", "llama-tp2-packed"],
+    [("gpt", []), ("llama", TP2), ("gpt", PP3)],
+    ids=["gpt", "llama-tp2", "pp3"],
 )
-def test_megatron_pretrain_with_dynapipe_equals_our_loop(model, layout, capfd) -> None:
-    """PP=2, and TP=2 (Megatron-LM's get_batch: TP rank 0 reads, megatron-core broadcasts);
-    every micro-batch, packed rows among them, reaches Megatron-LM's get_batch in its
-    --dataloader-inter-document-masking form, which DynaPipe turns on when the program does
-    not (PACKED gives it), the middle stage of PP=3 taking only their boundaries."""
+def test_megatron_program_trains_its_own_samples_with_dynapipe(model, layout, capfd) -> None:
+    """Issue 33: a Megatron-LM program under --dynamic-micro-batching trains the samples its own
+    provider returns (megatron-core's MockGPTDataset: windows of 128), read in Megatron's
+    order: the losses per token are those of the same program in Megatron's schedule with
+    that global batch (PP=2; Llama with TP=2, where TP rank 0 reads; PP=3, whose middle stage
+    reads only the boundaries), and Megatron's consumed samples count the planned batches."""
     flags = [*(FLAGS if model == "gpt" else [*FLAGS, *LLAMA]), *layout]
-    world = 3 if layout[:2] == PP3[:2] else 2
+    world = 3 if layout == PP3 else 2
     ranks = run_ranks(_megatron_program, world, flags, model, timeout_s=240)
-    sites, planned, packed = zip(*ranks, strict=True)
-    assert sum(packed[0]) > 0, packed  # packed rows whether the program asked or not
+    sites, planned, _ = zip(*ranks, strict=True)
     out = capfd.readouterr().out
-    megatron = _megatron_losses(out)
-    assert len(megatron) == ITERATIONS, out[-3000:]
-    # Megatron's consumed samples count the planned global batches, not 1 per iteration.
+    dynapipe = _megatron_losses(out)
+    assert len(dynapipe) == ITERATIONS, out[-3000:]
+    assert list(planned[0]) == [16] * ITERATIONS, planned
     consumed = [int(n) for n in re.findall(r"consumed samples: +(\d+)", out)]
-    assert consumed == list(itertools.accumulate(planned[0])) and min(planned[0]) > 1, consumed
-    dynapipe = iteration_rows(out)  # DynaPipe's line in Megatron's loop, as the benchmarks read it
-    assert [int(row["it"]) for row in dynapipe] == list(range(1, ITERATIONS + 1))
-    assert all(int(row["tps"].replace(",", "")) > 0 and row["predicted"] for row in dynapipe)
-    ours = run_ranks(_our_loop, world, flags, timeout_s=240)[0]
-    assert [float(row["loss"]) for row in dynapipe] == pytest.approx(ours, abs=1e-4)
-    if (model == "gpt" and not layout) or layout == [*TP2, *PACKED]:  # pretrain_gpt.py's providers
-        capfd.readouterr()  # our loop's lines
-        assert (
-            run_ranks(program_exit_status, world, PRETRAIN_GPT, flags, timeout_s=240) == [0] * world
-        )
-        rows = iteration_rows(capfd.readouterr().out)
-        assert [float(row["loss"]) for row in rows] == pytest.approx(ours, abs=1e-4)
-    # Megatron logs the mean loss since its last reset, and does not reset after the first
-    # iteration's line: with --log-interval 1 it prints L1, (L1 + L2) / 2, L3.
-    logged = [ours[0], (ours[0] + ours[1]) / 2, ours[2]]
-    assert megatron == pytest.approx(logged, rel=2e-6)
-    assert ours[-1] < ours[0]
+    assert consumed == [16, 32, 48], consumed
+    rows = iteration_rows(out)  # DynaPipe's line in Megatron's loop, as the benchmarks read it
+    assert [int(row["it"]) for row in rows] == list(range(1, ITERATIONS + 1))
+    assert all(int(row["tps"].replace(",", "")) > 0 and row["predicted"] for row in rows)
+    run_ranks(_reference_program, world, without_dynapipe(flags), model, "megatron", timeout_s=240)
+    megatron = _megatron_losses(capfd.readouterr().out)
+    assert dynapipe == pytest.approx(megatron, rel=1e-5), (dynapipe, megatron)
+    assert dynapipe[-1] < dynapipe[0]
     known = set(CALL_SITES_FILE.read_text().split())
     unknown = sorted(set().union(*map(set, sites)) - known)
     assert not unknown, f"new CUDA call sites, add them to {CALL_SITES_FILE.name}: {unknown}"
+
+
+def test_megatron_program_resumes_its_own_samples_under_dynapipe(tmp_path, capfd) -> None:
+    """Saved by Megatron's loop at iteration 2 under DynaPipe, loaded by the same program: the
+    third global batch is the provider's samples 32-47 again (Megatron's consumed samples
+    say where; its own training loader, which DynaPipe never reads, does not refuse them),
+    and its loss is the uninterrupted run's."""
+    run_ranks(_megatron_program, 2, FLAGS, "gpt", timeout_s=240)
+    uninterrupted = iteration_rows(capfd.readouterr().out)
+    ckpt = str(tmp_path / "ckpt")
+    run_ranks(_megatron_program, 2, [*FLAGS, "--save", ckpt, "--exit-interval", "2"], "gpt")
+    capfd.readouterr()
+    resumed = run_ranks(_megatron_program, 2, [*FLAGS, "--load", ckpt], "gpt", timeout_s=240)
+    assert resumed[0][1] == [16], resumed[0][1]  # one more planned batch of 16 windows
+    rows = iteration_rows(capfd.readouterr().out)
+    assert [row["it"] for row in rows] == ["3"], rows
+    assert float(rows[0]["loss"]) == pytest.approx(float(uninterrupted[2]["loss"]), abs=1e-4)
+
+
+@pytest.mark.parametrize("layout", [[], [*TP2, *PACKED]], ids=["pp2", "tp2-packed"])
+def test_pretrain_gpt_with_dynapipe_equals_our_loop(layout, capfd) -> None:
+    """`pretrain_gpt.py`'s provider gives DynaPipe its own variable-length samples
+    (`DocumentSamples`): Megatron's loop then trains what DynaPipe's own loop trains with the
+    same seed and data (same weights, global batches and plans), packed rows among them."""
+    flags = [*FLAGS, *layout]
+    (status, packed), _ = run_ranks(_pretrain_gpt, 2, flags, timeout_s=240)
+    assert status == 0 and sum(packed) > 0, (status, packed)
+    out = capfd.readouterr().out
+    rows = iteration_rows(out)
+    assert [int(row["it"]) for row in rows] == list(range(1, ITERATIONS + 1))
+    ours = run_ranks(_our_loop, 2, flags, timeout_s=240)[0]
+    assert [float(row["loss"]) for row in rows] == pytest.approx(ours, abs=1e-4)
+    # Megatron logs the mean loss since its last reset, and does not reset after the first
+    # iteration's line: with --log-interval 1 it prints L1, (L1 + L2) / 2, L3.
+    logged = [ours[0], (ours[0] + ours[1]) / 2, ours[2]]
+    assert _megatron_losses(out) == pytest.approx(logged, rel=2e-6)
+    assert ours[-1] < ours[0]
 
 
 # What Megatron needs to train on CPU ranks without the line: its GPU defaults off by flag.
@@ -315,12 +393,13 @@ def test_megatron_program_names_a_rank_that_died(capfd) -> None:
 
 
 def test_checkpoint_of_megatrons_loop_resumes_in_ours(tmp_path) -> None:
-    """Megatron's pretrain saves (its own save_checkpoint, --exit-interval 2); pretrain_gpt.py's
-    loop loads it and trains iteration 3 as the uninterrupted run did."""
+    """Megatron's pretrain saves (its own save_checkpoint, --exit-interval 2, pretrain_gpt.py
+    in Megatron's loop); DynaPipe's own loop loads it and trains iteration 3 as the
+    uninterrupted run did."""
     uninterrupted = run_ranks(_our_loop, 2, FLAGS, timeout_s=240)[0]
     ckpt = str(tmp_path / "ckpt")
     saved = [*FLAGS, "--save", ckpt, "--exit-interval", "2"]
-    run_ranks(_megatron_program, 2, saved, "gpt", timeout_s=240)
+    assert run_ranks(_pretrain_gpt, 2, saved, timeout_s=240)[0][0] == 0
     assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     resumed = run_ranks(_our_loop, 2, [*FLAGS, "--load", ckpt], timeout_s=240)[0]
     assert resumed == pytest.approx(uninterrupted[2:], rel=1e-6)

@@ -63,11 +63,17 @@ def global_batches(
 
 
 def sample_batches(
-    lengths: np.ndarray, samples_per_batch: int, *, seed: int = 0, epoch: int = 0
+    lengths: np.ndarray,
+    samples_per_batch: int,
+    *,
+    seed: int = 0,
+    shuffle: bool = True,
+    epoch: int = 0,
 ) -> Iterator[np.ndarray]:
     """One epoch of global batches of exactly `samples_per_batch` samples each, in the seeded
-    per-epoch order of `global_batches`; the epoch's last samples that do not fill a batch are
-    left out (Megatron's samplers drop an incomplete last batch too)."""
+    per-epoch order of `global_batches` (or in file order without `shuffle`); the epoch's last
+    samples that do not fill a batch are left out (Megatron's samplers drop an incomplete last
+    batch too)."""
     size = check_count(samples_per_batch, "samples_per_batch", 1)
     seed = check_count(seed, "seed", 0)
     epoch = check_count(epoch, "epoch", 0)
@@ -76,7 +82,7 @@ def sample_batches(
         raise PlanningError(
             f"the dataset has {count} samples, fewer than one global batch of {size}"
         )
-    order = np.random.default_rng([seed, epoch]).permutation(count)
+    order = np.random.default_rng([seed, epoch]).permutation(count) if shuffle else np.arange(count)
     return (order[start : start + size] for start in range(0, count - size + 1, size))
 
 

@@ -440,7 +440,11 @@ _UNSUPPORTED: dict[str, str] = {
     "overlap_param_gather": "overlapped parameter gathers are not supported yet",
     "use_megatron_fsdp": "Megatron FSDP is not supported by DynaPipe's executor",
     "use_torch_fsdp2": "torch FSDP2 is not supported by DynaPipe's executor",
+    "dataloader_type": "DynaPipe reads the training dataset in its own order, as Megatron's "
+    "'single' loader does (docs/datasets.md)",
 }
+# Values of `_UNSUPPORTED` flags that DynaPipe does honour besides the default.
+_HONOURED = {"dataloader_type": ("single",)}
 
 
 def unsupported(
@@ -458,7 +462,7 @@ def unsupported(
         where = f" with {planning[0]}"
     defaults = _parser(extra_args_provider)[1]
     for dest, why in _UNSUPPORTED.items():
-        if dest in given and getattr(args, dest) != defaults[dest]:
+        if dest in given and getattr(args, dest) not in (defaults[dest], *_HONOURED.get(dest, ())):
             raise ArgumentError(f"{given[dest]}{where}: {why}")
 
 

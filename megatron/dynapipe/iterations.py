@@ -57,14 +57,18 @@ class Iteration:
 
 
 def global_batch_sampler(
-    args: argparse.Namespace, lengths: np.ndarray, samples: int | None = None
+    args: argparse.Namespace,
+    lengths: np.ndarray,
+    samples: int | None = None,
+    shuffle: bool = True,
 ) -> GlobalBatchSampler:
     """Global batches as the flags define them: a token budget (--tokens-per-global-batch) or
-    `samples` samples (default: Megatron's --global-batch-size)."""
+    `samples` samples (default: Megatron's --global-batch-size); seeded shuffled epochs, or
+    the samples in their order without `shuffle`."""
     if args.tokens_per_global_batch is not None:
-        return GlobalBatchSampler(lengths, args.tokens_per_global_batch, args.seed)
+        return GlobalBatchSampler(lengths, args.tokens_per_global_batch, args.seed, shuffle=shuffle)
     samples = samples or args.global_batch_size
-    return GlobalBatchSampler(lengths, seed=args.seed, samples_per_batch=samples)
+    return GlobalBatchSampler(lengths, seed=args.seed, samples_per_batch=samples, shuffle=shuffle)
 
 
 class PlannedIterations:
@@ -73,7 +77,8 @@ class PlannedIterations:
     Rank 0's planner workers start when this is built and plan ahead of training while the
     model is built. `resume` continues the data order of a checkpoint: at DynaPipe's saved
     sampler place, or (a checkpoint written by Megatron-LM) after as many global batches as it
-    trained."""
+    trained. `shuffle`: seeded shuffled epochs of the training samples (DynaPipe's datasets),
+    or their own order (a Megatron-LM program's dataset, read as Megatron reads it)."""
 
     def __init__(
         self,
@@ -81,10 +86,11 @@ class PlannedIterations:
         splits: DataSplits,
         spec: ModelSpec,
         resume: ResumePoint | None = None,
+        shuffle: bool = True,
     ) -> None:
         self.args, self.splits, self.spec = args, splits, spec
         self.dataset = splits.train
-        self.sampler = global_batch_sampler(args, self.dataset.lengths())
+        self.sampler = global_batch_sampler(args, self.dataset.lengths(), shuffle=shuffle)
         if resume is not None and resume.data_position is not None:
             self.sampler.load_state_dict(resume.data_position)
         elif resume is not None:
@@ -100,7 +106,7 @@ class PlannedIterations:
         )
         self.store = self.plans.store
         self.runner: PlanExecutor | MegatronPackingBaseline | None = None
-        self._megatron_batches_on: torch.device | None = None
+        self._batch_form: Callable[[MicroBatchTensors], Any] | None = None
         self.fit = IterationTimeFit()  # what the plans really take on this job (online_fit)
         self._warmed_up = False
 
@@ -123,9 +129,12 @@ class PlannedIterations:
         config,
         device: torch.device,
         forward_step_func: ForwardStepFunc | None = None,
+        core_batches: bool = False,
     ) -> None:
-        """Run plans on `model`. With a program's own `forward_step_func` (Megatron-LM's
-        loop), each micro-batch reaches it as the dict Megatron's `get_batch` returns."""
+        """Run plans on `model`. With a program's own `forward_step_func`, each micro-batch
+        reaches it as the dict Megatron's `get_batch` returns (Megatron-LM's loop), or with
+        `core_batches` as one THD sequence and its `PackedSeqParams` (a megatron-core-only
+        loop, `MicroBatchTensors.core_batch`)."""
         args = self.args
         if args.baseline == "packing-1f1b":  # the plans' packed rows, megatron-core's schedule
             self.runner = MegatronPackingBaseline(
@@ -143,7 +152,11 @@ class PlannedIterations:
             timeout_s=args.dynapipe_timeout,
             forward_step_func=forward_step_func or gpt_forward_step,
         )
-        self._megatron_batches_on = device if forward_step_func is not None else None
+        if forward_step_func is not None:
+            form = (
+                MicroBatchTensors.core_batch if core_batches else MicroBatchTensors.megatron_batch
+            )
+            self._batch_form = lambda batch: form(batch, device)
         speeds = parse_device_speed(getattr(args, "device_speed", None), dist.get_world_size())
         executor.slowdown = speeds[dist.get_rank()]
         self.runner = executor
@@ -152,8 +165,8 @@ class PlannedIterations:
         _, batch = next(self.sampler)
         plan, waited_s = self.plans.get(iteration, batch)
         batches = rank_microbatches(plan, ps.replica(), self.dataset)
-        if self._megatron_batches_on is not None:
-            batches = _MegatronBatches(batches, self._megatron_batches_on)
+        if self._batch_form is not None:
+            batches = _FormedBatches(batches, self._batch_form)
         return Iteration(
             lambda: self.runner.run(plan, batches, iteration=iteration),
             plan.stats,
@@ -196,15 +209,17 @@ class PlannedIterations:
         }
 
 
-class _MegatronBatches(Mapping[int, dict]):
-    """A rank's planned micro-batches as Megatron's batch dicts, built when first read, in the
-    `--dataloader-inter-document-masking` form (which DynaPipe turns on)."""
+class _FormedBatches(Mapping[int, Any]):
+    """A rank's planned micro-batches in the form the program's `forward_step` reads, built
+    when first read."""
 
-    def __init__(self, batches: Mapping[int, MicroBatchTensors], device: torch.device) -> None:
-        self._batches, self._device = batches, device
+    def __init__(
+        self, batches: Mapping[int, MicroBatchTensors], form: Callable[[MicroBatchTensors], Any]
+    ) -> None:
+        self._batches, self._form = batches, form
 
-    def __getitem__(self, mb: int) -> dict:
-        return self._batches[mb].megatron_batch(self._device)
+    def __getitem__(self, mb: int) -> Any:
+        return self._form(self._batches[mb])
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._batches)

@@ -8,17 +8,18 @@ its loop:
 
 - the schedule `train()` takes from `get_forward_backward_func()`: when DynaPipe plans (a
   batching flag, `arguments.dynapipe_plans`), `DynaPipeSchedule`. Each call takes the next
-  global batch of variable-length samples of the flags' data (`--data-path`, `--split`, the
-  tokenizer), gets its plan (planned ahead by rank 0's workers, seed `dynapipe.txt` §3, §6),
-  and runs this rank's instruction list with the program's `forward_step` (`PlanExecutor`);
-  each planned micro-batch (padded or packed rows) reaches `forward_step` as the dict
-  Megatron's data iterator yields under `--dataloader-inter-document-masking`, which DynaPipe
-  turns on (`arguments.per_sample_attention`): its `get_batch` turns `cu_seqlens`/`max_seqlen`
-  into `PackedSeqParams`, so every sample attends only within itself. The reports
-  `forward_step`'s loss function returns go back to Megatron's `train_step`, which reduces,
-  logs and checkpoints as always. Parallel state is Megatron's
-  (`adopt_megatron_groups`). Evaluation (`forward_only`) keeps Megatron's schedule on the
-  program's validation data;
+  global batch of the training dataset the program's provider returned (`data.program_samples`:
+  its samples in their order, each as long as the dataset says; `pretrain_gpt.py`'s own datasets
+  in DynaPipe's seeded order), gets its plan (planned ahead by rank 0's workers, seed
+  `dynapipe.txt` §3, §6), and runs this rank's instruction list with the program's
+  `forward_step` (`PlanExecutor`); each planned micro-batch (padded or packed rows) reaches
+  `forward_step` as the dict Megatron's data iterator yields under
+  `--dataloader-inter-document-masking`, which DynaPipe turns on
+  (`arguments.per_sample_attention`): its `get_batch` turns `cu_seqlens`/`max_seqlen` into
+  `PackedSeqParams`, so every sample attends only within itself. The reports `forward_step`'s
+  loss function returns go back to Megatron's `train_step`, which reduces, logs and checkpoints
+  as always. Parallel state is Megatron's (`adopt_megatron_groups`). Evaluation (`forward_only`)
+  keeps Megatron's schedule on the program's validation data;
 - its `train_step` (`_logged_train_step`), guarded by DynaPipe's heartbeats (a failed step
   names the ranks that stopped answering, `pipeline.liveness`), timed whole (its memory traced
   on the last iteration with `--log-peak-memory`) and followed, on the last rank where Megatron
@@ -57,9 +58,13 @@ from dynapipe_planner.online_fit import IterationTimeFit
 from . import arguments, megatron_startup
 from . import parallel_state as ps
 from .checkpointing import ResumePoint, TrainState
-from .data.datasets import job_datasets
+from .data.base import SampleDataset
+from .data.datasets import DataSplits
+from .data.megatron_samples import DocumentSamples
+from .data.program_samples import program_samples
 from .iterations import Iteration, PlannedIterations
 from .log import iteration_line, peak_memory_field
+from .megatron_startup import provided_training_dataset
 from .memory import every_rank, traced_peak
 from .packed_attention import use_packed_attention
 from .pipeline.liveness import Liveness
@@ -137,13 +142,13 @@ class DynaPipeSchedule:
             raise ValueError("DynaPipe's schedules do not run virtual pipeline stages")
         ps.adopt_megatron_groups()
         use_packed_attention(model[0])
-        splits = job_datasets(args)
+        train, shuffle = _training_samples(args)
         spec = spec_from_args(args, args.padded_vocab_size)
-        _check_layer_split(model[0], args)
+        check_layer_split(model[0], args)
         resume = None
         if args.iteration > 0:  # Megatron loaded a checkpoint: continue its data order
             resume = ResumePoint(Path(args.load or "."), TrainState(args.iteration), None)
-        iterations = PlannedIterations(args, splits, spec, resume)
+        iterations = PlannedIterations(args, DataSplits(train, None, None), spec, resume, shuffle)
         iterations.__enter__()
         atexit.register(iterations.__exit__, None, None, None)
         self.liveness = Liveness(
@@ -153,6 +158,19 @@ class DynaPipeSchedule:
         atexit.register(self.liveness.stop)
         iterations.bind(model[0], get_model_config(model[0]), ps.device(), forward_step_func)
         return iterations
+
+
+def _training_samples(args: Any) -> tuple[SampleDataset, bool]:
+    """What DynaPipe plans over, and whether in seeded shuffled epochs: the training dataset
+    the program's provider returned (in its own order), or, from `pretrain_gpt.py`'s provider,
+    DynaPipe's own variable-length samples (`data.megatron_samples.DocumentSamples`)."""
+    from megatron.core import parallel_state as mpu
+
+    provided = provided_training_dataset()
+    if isinstance(provided, DocumentSamples):
+        return provided.samples, True
+    reads = mpu.get_tensor_model_parallel_rank() == 0
+    return program_samples(provided, args, ps.device(), reads), False
 
 
 def thd_shape(schedule_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -209,7 +227,7 @@ def _megatron_step(args: Any) -> Iteration:
     return Iteration(lambda: None, stats, args.global_batch_size)  # already run by Megatron
 
 
-def _check_layer_split(model: torch.nn.Module, args: Any) -> None:
+def check_layer_split(model: torch.nn.Module, args: Any) -> None:
     """The planner prices stage j with `split_layers`' count; the program's model must hold
     as many layers (Megatron's even split does when the stages divide the layers)."""
     from megatron.core.utils import get_attr_wrapped_model

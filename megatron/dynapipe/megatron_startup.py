@@ -10,11 +10,16 @@ seams of megatron.training that run before its loop, patched by `install()`.
 - on CPU ranks, its initialisation (`cpu_compat.install_training`): gloo, megatron-core's groups
   and seeds as on a GPU; and its dataset-helper build, which the megatron-core wheel ships
   prebuilt (without the Makefile `compile_helpers` runs);
+- its dataset build (`_remembering_training_data`): the training dataset the program's provider
+  returns is kept for DynaPipe to plan over (`provided_training_dataset`,
+  `data.program_samples`), and under a token budget the provider is asked for as many samples
+  as the budget's full-length windows; its data loader is one nobody reads
+  (`_unread_when_planned`): DynaPipe reads the dataset through its plans;
 - its data-loader build (`_no_validation_without_data`): no validation when the provider gives
   no validation data (megatron.training 0.19 would read a missing iterator);
-- its `pretrain` (`_reporting`): the flags, the data and `--load` are checked before anything
-  is built, errors end the job as DynaPipe's do (`exits`), and the jobs only DynaPipe's own
-  loop runs (`arguments.runs_in_own_loop`) go there.
+- its `pretrain` (`_reporting`): the flags and `--load` are checked before anything is built,
+  errors end the job as DynaPipe's do (`exits`), and the jobs only DynaPipe's own loop runs
+  (`arguments.runs_in_own_loop`) go there.
 
 What changes inside the loop (the schedule, the training step) is `megatron_loop`'s.
 """
@@ -32,8 +37,10 @@ import torch.distributed as dist
 from . import arguments, cpu_compat
 from . import parallel_state as ps
 from .checkpointing import resume_point
-from .data.datasets import job_datasets
 from .exits import megatron_args, run_or_exit
+
+# The training dataset the program's provider returned on this rank (`provided_training_dataset`).
+_PROVIDED: dict[str, Any] = {}
 
 
 def install() -> None:
@@ -47,6 +54,12 @@ def install() -> None:
     _use_prebuilt_dataset_helpers()
     if getattr(training.pretrain, "_dynapipe", False):
         return
+    training.build_train_valid_test_datasets = _remembering_training_data(
+        training.build_train_valid_test_datasets
+    )
+    training.build_pretraining_data_loader = _unread_when_planned(
+        training.build_pretraining_data_loader
+    )
     training.build_train_valid_test_data_loaders = _no_validation_without_data(
         training.build_train_valid_test_data_loaders
     )
@@ -71,6 +84,65 @@ def _tokenizer_from_flags(args: Any) -> Any:
         tp = args.tensor_model_parallel_size
         args.padded_vocab_size = padded_vocab_size(args, tokenizer.vocab_size, tp)
     return getattr(tokenizer, "megatron", tokenizer)
+
+
+def provided_training_dataset() -> Any:
+    """The training dataset the program's provider returned on this rank (None where it built
+    none, or before megatron.training asked it)."""
+    return _PROVIDED.get("train")
+
+
+def _remembering_training_data(build_datasets: Callable[..., Any]) -> Callable[..., Any]:
+    """megatron.training's dataset build, keeping the training dataset the program's provider
+    returns. Under DynaPipe's token budget (`--tokens-per-global-batch`) Megatron would ask
+    for `--train-iters` x its default global batch of samples; a batch may hold as many
+    samples as the budget has `--seq-length` windows, so the provider is asked for that many
+    (megatron-core's datasets build their indices for the count they are given)."""
+
+    @functools.wraps(build_datasets)
+    def build_train_valid_test_datasets(provider: Any, num_samples: Any = None) -> Any:
+        from megatron.training import get_args
+        from megatron.training.training import get_train_valid_test_num_samples
+
+        args = get_args()
+        if args.dynapipe_plans and args.tokens_per_global_batch is not None:
+            counts = list(num_samples or get_train_valid_test_num_samples())
+            windows = max(1, args.tokens_per_global_batch // args.seq_length)
+            counts[0] = max(counts[0], args.train_iters * windows)
+            num_samples = counts
+        datasets = build_datasets(provider, num_samples)
+        _PROVIDED["train"] = datasets[0]
+        return datasets
+
+    return build_train_valid_test_datasets
+
+
+class _ReadThroughPlans:
+    """The training data loader Megatron's loop holds while DynaPipe plans: never read."""
+
+    def __iter__(self) -> _ReadThroughPlans:
+        return self
+
+    def __next__(self) -> Any:
+        raise RuntimeError("DynaPipe reads the training dataset through its plans")
+
+
+def _unread_when_planned(build_loader: Callable[..., Any]) -> Callable[..., Any]:
+    """megatron.training's data-loader build, giving the training dataset a loader nobody
+    reads while DynaPipe plans: Megatron's sampler would count samples DynaPipe's batches do
+    not follow (and refuse a resumed run whose planned samples passed the dataset's length),
+    and its worker processes would read ahead samples nobody takes."""
+
+    @functools.wraps(build_loader)
+    def build_pretraining_data_loader(dataset: Any, consumed_samples: int) -> Any:
+        from megatron.training import get_args
+
+        planned = dataset is not None and dataset is _PROVIDED.get("train")
+        if planned and get_args().dynapipe_plans:
+            return _ReadThroughPlans()
+        return build_loader(dataset, consumed_samples)
+
+    return build_pretraining_data_loader
 
 
 def _no_validation_without_data(build_loaders: Callable[..., Any]) -> Callable[..., Any]:
@@ -140,12 +212,11 @@ def _reporting(megatron_pretrain: Callable[..., Any]) -> Callable[..., Any]:
 
 def _before_megatron(args: Any) -> None:
     """What DynaPipe checks and says before megatron.training builds anything: the training
-    flags, its notes on them (rank 0), the data (when it plans) and the checkpoint `--load`
-    names, so that bad ones stop the job before any process group or model exists."""
+    flags, its notes on them (rank 0) and the checkpoint `--load` names, so that bad ones stop
+    the job before any process group or model exists. The data is the program's provider's,
+    read when megatron.training asks for it."""
     arguments.check_training_flags(args)
     if args.rank == 0:
         for note in args.dynapipe_notes:
             print(note, file=sys.stdout, flush=True)
-    if args.dynapipe_plans:
-        job_datasets(args)
     resume_point(args)

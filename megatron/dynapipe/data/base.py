@@ -1,5 +1,6 @@
 """What the runtime's data modules share: the `DataError` they raise, the `Tokenizer` and
-`SampleDataset` protocols, and the built-in byte tokenizer.
+`SampleDataset` protocols, the `TrainingSample` a micro-batch is built from, and the built-in
+byte tokenizer.
 
 The built-in tokenizer is byte-level: token = UTF-8 byte value 0..255, EOD = 256 (appended to
 every document), pad = 257, vocabulary 258. It needs no vocabulary file and no download.
@@ -50,10 +51,30 @@ class ByteTokenizer:
 BYTE_TOKENIZER = ByteTokenizer()
 
 
+@dataclass(frozen=True)
+class TrainingSample:
+    """What one sample of n positions puts into a micro-batch: its input `tokens`, `labels`,
+    `loss_mask` and `position_ids` (each [n]), and where its segments start (`starts`, 0 first):
+    attention stays within a segment, as Megatron's `cu_seqlens` keep it within a document."""
+
+    tokens: np.ndarray  # int64
+    labels: np.ndarray  # int64
+    loss_mask: np.ndarray  # float32
+    position_ids: np.ndarray  # int64
+    starts: tuple[int, ...] = (0,)
+
+    @classmethod
+    def next_token(cls, tokens: np.ndarray) -> TrainingSample:
+        """A document's n + 1 tokens trained as one sequence: each predicts the next."""
+        n = tokens.size - 1
+        return cls(tokens[:-1], tokens[1:], np.ones(n, np.float32), np.arange(n, dtype=np.int64))
+
+
 class SampleDataset(Protocol):
     """What the planner and the executor read of a dataset: each sample's training length, and
-    its tokens when a micro-batch is built. `VariableLengthDataset` offers it, and so does a
-    blend of several (`megatron.dynapipe.data.datasets.BlendedSamples`)."""
+    the sample when a micro-batch is built. `VariableLengthDataset` offers it, a blend of
+    several (`megatron.dynapipe.data.datasets.BlendedSamples`), and the training dataset of a
+    Megatron-LM program (`megatron.dynapipe.data.program_samples`)."""
 
     name: str
     max_seqlen: int
@@ -65,4 +86,4 @@ class SampleDataset(Protocol):
 
     def lengths(self) -> np.ndarray: ...
 
-    def tokens(self, index: int) -> np.ndarray: ...
+    def training_sample(self, index: int) -> TrainingSample: ...

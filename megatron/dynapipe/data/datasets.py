@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import BYTE_TOKENIZER, DataError, SampleDataset, Tokenizer
+from .base import BYTE_TOKENIZER, DataError, SampleDataset, Tokenizer, TrainingSample
 from .indexed import indexed_dataset
 from .jsonl import jsonl_dataset
 from .stdlib_corpus import stdlib_corpus
@@ -134,6 +134,10 @@ class BlendedSamples:
         if not 0 <= index < len(self):
             raise DataError(f"{self.name}: no sample {index} (the blend has {len(self)})")
         return self._datasets[self._which[index]].tokens(int(self._sample[index]))
+
+    def training_sample(self, index: int) -> TrainingSample:
+        """Sample `index` as a micro-batch takes it: each token predicts the next."""
+        return TrainingSample.next_token(self.tokens(index))
 
     def source(self, index: int) -> tuple[int, int]:
         """(dataset, sample of that dataset) that blend sample `index` is."""

@@ -1,5 +1,6 @@
-"""Megatron's fixed-length samples of DynaPipe's datasets, what Megatron's loop reads where
-DynaPipe does not plan (`--baseline megatron-1f1b`, and evaluation).
+"""DynaPipe's datasets as the datasets `pretrain_gpt.py`'s provider hands megatron.training:
+Megatron's fixed-length windows where DynaPipe does not plan (`--baseline megatron-1f1b`, and
+evaluation), and the variable-length samples themselves where it does (`DocumentSamples`).
 
 Megatron-LM pretrains on megatron-core's `GPTDataset`: the documents of a split are shuffled
 (per epoch, seeded), concatenated, and cut into windows of `--seq-length` + 1 tokens that
@@ -24,6 +25,18 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.utils import Split
 
 from .base import SampleDataset
+
+
+@dataclass(frozen=True)
+class DocumentSamples:
+    """DynaPipe's own variable-length training samples as `pretrain_gpt.py`'s provider returns
+    them when DynaPipe plans: the schedule plans over `samples` in DynaPipe's seeded order, and
+    Megatron's loop holds a data loader for them that nobody reads (`megatron_startup`)."""
+
+    samples: SampleDataset
+
+    def __len__(self) -> int:
+        return len(self.samples.lengths())
 
 
 class _SamplesAsDocuments:

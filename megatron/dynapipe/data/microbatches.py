@@ -31,9 +31,10 @@ class MicroBatchTensors:
     """The inputs of one planned micro-batch of b rows of s tokens: shape [1, b * s], whose
     `cu_seqlens` (int32) bound its segments.
 
-    `position_ids` restart at 0 for every sample; the padding at a row's end counts as one more
-    segment (positions 0, 1, ... and causal attention among padding positions only).
-    `loss_mask` is 1.0 exactly on real labels, and `num_tokens` counts them.
+    `position_ids` are the samples' own (from 0 for each of DynaPipe's samples); the padding at
+    a row's end counts as one more segment (positions 0, 1, ... and causal attention among
+    padding positions only). `loss_mask` is the samples' own, 0.0 on padding, and `num_tokens`
+    sums it.
     """
 
     tokens: torch.Tensor  # int64
@@ -80,6 +81,18 @@ class MicroBatchTensors:
         batch["max_seqlen"] = torch.tensor(longest, dtype=torch.int32, device=device)
         return batch
 
+    def core_batch(self, device: torch.device | str) -> dict[str, object]:
+        """The micro-batch as a megatron-core-only loop's `forward_step` reads it
+        (`core_schedule`): [1, tokens] tensors on `device` forming one THD sequence, no
+        attention mask, and the `packed_seq_params` its model call passes on."""
+        moved = self.to(device)
+        batch: dict[str, object] = {
+            key: getattr(moved, key) for key in ("tokens", "labels", "loss_mask", "position_ids")
+        }
+        batch["attention_mask"] = None
+        batch["packed_seq_params"] = moved.packed_seq_params(device)
+        return batch
+
     def _row_bounds(self) -> list[list[int]]:
         """Each row's segment boundaries, from 0 to the row's length: its samples, then its
         padding."""
@@ -115,34 +128,44 @@ def _checked_rows(mb: MicroBatch, dataset: SampleDataset) -> list[list[int]]:
 
 def microbatch_tensors(mb: MicroBatch, dataset: SampleDataset) -> MicroBatchTensors:
     """Tensors of plan micro-batch `mb`: one sample per row, or packed rows per `mb.row_sizes`,
-    as one THD sequence."""
+    as one THD sequence whose segments are the samples' own (`TrainingSample.starts`) and each
+    row's padding."""
     rows = _checked_rows(mb, dataset)
+    lengths = dataset.lengths()
     shape = (len(rows), mb.seqlen)
     tokens = np.full(shape, dataset.pad_id, dtype=np.int64)
     labels = np.full(shape, dataset.pad_id, dtype=np.int64)
+    loss_mask = np.zeros(shape, dtype=np.float32)
     position_ids = np.zeros(shape, dtype=np.int64)
     segments = np.zeros(shape, dtype=np.int64)
-    real = np.zeros(shape, dtype=bool)
     for row, samples in enumerate(rows):
-        cursor = 0
-        for segment, sample in enumerate(samples):
-            sample_tokens = dataset.tokens(sample)
-            span = slice(cursor, cursor + sample_tokens.size - 1)
-            tokens[row, span] = sample_tokens[:-1]
-            labels[row, span] = sample_tokens[1:]
-            position_ids[row, span] = np.arange(span.stop - span.start)
-            segments[row, span] = segment
+        cursor = segment = 0
+        for sample in samples:
+            read = dataset.training_sample(sample)
+            if read.tokens.size != lengths[sample]:
+                raise DataError(
+                    f"{dataset.name}: sample {sample} has {read.tokens.size} positions, its "
+                    f"length says {int(lengths[sample])}"
+                )
+            span = slice(cursor, cursor + read.tokens.size)
+            tokens[row, span] = read.tokens
+            labels[row, span] = read.labels
+            loss_mask[row, span] = read.loss_mask
+            position_ids[row, span] = read.position_ids
+            opens = np.zeros(read.tokens.size, dtype=np.int64)
+            opens[list(read.starts[1:])] = 1
+            segments[row, span] = segment + np.cumsum(opens)
+            segment += len(read.starts)
             cursor = span.stop
-        real[row, :cursor] = True
         position_ids[row, cursor:] = np.arange(mb.seqlen - cursor)
-        segments[row, cursor:] = len(samples)
-    return _thd(tokens, labels, real, position_ids, segments)
+        segments[row, cursor:] = segment
+    return _thd(tokens, labels, loss_mask, position_ids, segments)
 
 
 def _thd(
     tokens: np.ndarray,
     labels: np.ndarray,
-    real: np.ndarray,
+    loss_mask: np.ndarray,
     position_ids: np.ndarray,
     segments: np.ndarray,
 ) -> MicroBatchTensors:
@@ -155,9 +178,9 @@ def _thd(
     return MicroBatchTensors(
         tokens=torch.from_numpy(tokens.reshape(1, -1)),
         labels=torch.from_numpy(labels.reshape(1, -1)),
-        loss_mask=torch.from_numpy(real.astype(np.float32).reshape(1, -1)),
+        loss_mask=torch.from_numpy(loss_mask.reshape(1, -1)),
         position_ids=torch.from_numpy(position_ids.reshape(1, -1)),
-        num_tokens=int(real.sum()),
+        num_tokens=int(loss_mask.sum()),
         cu_seqlens=torch.tensor(bounds, dtype=torch.int32),
         row_length=segments.shape[1],
     )
@@ -182,7 +205,9 @@ def with_empty_rows(
     shape = (missing, seqlen)
     padding = np.full(shape, pad_id, dtype=np.int64)
     positions = np.broadcast_to(np.arange(seqlen), shape).copy()
-    filler = _thd(padding, padding, np.zeros(shape, bool), positions, np.zeros(shape, np.int64))
+    filler = _thd(
+        padding, padding, np.zeros(shape, np.float32), positions, np.zeros(shape, np.int64)
+    )
     names = ("tokens", "labels", "loss_mask", "position_ids")
     joined = {n: torch.cat([getattr(batch, n), getattr(filler, n)], dim=1) for n in names}
     bounds = torch.cat([batch.cu_seqlens, batch.cu_seqlens[-1] + filler.cu_seqlens[1:]])

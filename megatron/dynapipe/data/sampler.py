@@ -17,8 +17,10 @@ class GlobalBatchSampler:
     A batch is a budget of `tokens_per_batch` tokens (DynaPipe's) or exactly
     `samples_per_batch` samples (Megatron's `--global-batch-size`); each epoch is
     `dynapipe_planner.data.global_batches` or `sample_batches` over (seed, epoch), so the order
-    depends only on the seed; `state_dict()` records the place, and a sampler that loads it
-    continues with exactly the batches the original would have produced.
+    depends only on the seed (or, without `shuffle`, every epoch reads the samples in their
+    order, as Megatron's pretraining sampler reads a Megatron dataset); `state_dict()` records
+    the place, and a sampler that loads it continues with exactly the batches the original
+    would have produced.
     """
 
     def __init__(
@@ -28,6 +30,7 @@ class GlobalBatchSampler:
         seed: int = 0,
         *,
         samples_per_batch: int | None = None,
+        shuffle: bool = True,
     ) -> None:
         if (tokens_per_batch is None) == (samples_per_batch is None):
             raise DataError("a global batch is either tokens_per_batch or samples_per_batch")
@@ -35,6 +38,7 @@ class GlobalBatchSampler:
         self._tokens_per_batch = tokens_per_batch or 0
         self._samples_per_batch = samples_per_batch or 0
         self._seed = seed
+        self._shuffle = shuffle
         self._iteration = 0
         self._seek(epoch=0, position=0)
 
@@ -89,10 +93,18 @@ class GlobalBatchSampler:
         self._epoch, self._position = epoch, position
         if self._samples_per_batch:
             batches = sample_batches(
-                self._lengths, self._samples_per_batch, seed=self._seed, epoch=epoch
+                self._lengths,
+                self._samples_per_batch,
+                seed=self._seed,
+                shuffle=self._shuffle,
+                epoch=epoch,
             )
         else:
             batches = global_batches(
-                self._lengths, self._tokens_per_batch, seed=self._seed, epoch=epoch
+                self._lengths,
+                self._tokens_per_batch,
+                seed=self._seed,
+                shuffle=self._shuffle,
+                epoch=epoch,
             )
         self._batches = list(batches)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from .base import DataError, Tokenizer
+from .base import DataError, Tokenizer, TrainingSample
 
 if TYPE_CHECKING:
     from megatron.core.datasets.indexed_dataset import IndexedDataset
@@ -189,6 +189,10 @@ class VariableLengthDataset:
         return self._documents.read(
             int(self._document[index]), int(self._start[index]), int(self._count[index])
         ).astype(np.int64)
+
+    def training_sample(self, index: int) -> TrainingSample:
+        """Sample `index` as a micro-batch takes it: each token predicts the next."""
+        return TrainingSample.next_token(self.tokens(index))
 
     def document_range(self, begin: int, end: int) -> VariableLengthDataset:
         """The samples of documents [begin, end) only, documents renumbered from 0."""
