@@ -43,7 +43,8 @@ def test_megatron_flags_keep_megatron_meaning_and_defaults() -> None:
             "--num-layers-per-virtual-pipeline-stage",
         ),
         (["--fp8-format", "hybrid", "--dynamic-micro-batching"], "--fp8-format"),
-        (["--tensorboard-dir", "tb", "--baseline", "packing-1f1b"], "--tensorboard-dir"),
+        (["--tensorboard-dir", "tb", "--dynamic-strategies"], "--tensorboard-dir"),
+        (["--profile", "--dynamic-strategies"], "--profile"),
         (["--sequence-parallel", "--dynamic-micro-batching"], "--sequence-parallel"),
         (
             ["--step-batch-size-schedule", "0:8", "--dynamic-strategies"],
@@ -69,6 +70,9 @@ def test_megatron_features_are_refused_only_with_a_flag_that_makes_dynapipe_plan
     assert not args.dynapipe_plans
     line = _refused(capsys, *features, "--dynamic-micro-batching")
     assert "error: --step-batch-size-schedule with --dynamic-micro-batching: batch-size" in line
+    # Megatron's loop keeps TensorBoard and the profiler under DynaPipe's schedule.
+    args = parse_args([*MODEL, "--tensorboard-dir", "tb", "--profile", "--dynamic-micro-batching"])
+    assert args.dynapipe_plans and args.tensorboard_dir == "tb" and args.profile
 
 
 @pytest.mark.parametrize(

@@ -291,31 +291,27 @@ def test_resume_continues_the_dropout_streams(tmp_path: Path, reference) -> None
     np.testing.assert_allclose(resumed, whole[2:], rtol=1e-6)
 
 
-def test_pretrain_gpt_dynamic_strategies_under_torchrun() -> None:
-    """The real entry point: torchrun, 4 processes, a planner worker, two emulated slow ranks
-    (candidates typed by speed class); each iteration's line names its strategy, the selector
-    switches, and the loss falls."""
-    import os
+def test_pretrain_gpt_dynamic_strategies(capfd) -> None:
+    """The real entry point on 4 forked ranks (torchrun's own start: test_training.py), a
+    planner worker, two emulated slow ranks (candidates typed by speed class); each iteration's
+    line names its strategy, the selector switches, and the loss falls."""
     import re
-    import subprocess
-    import sys
+
+    from distributed import program_exit_status
 
     root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     at = DYNAMIC.index("--planner-workers")
     argv = DYNAMIC[:at] + DYNAMIC[at + 2 :]  # plan in a worker process, as by default
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
-        str(root / "pretrain_gpt.py"), *argv, "--train-iters", "4", "--device-speed", "2:2,3:2",
-    ]  # fmt: skip
-    out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    lines = [line for line in out.stdout.splitlines() if "| lm loss" in line]
-    assert len(lines) == 4 and "iteration 4/4" in lines[-1], out.stdout
+    argv += ["--train-iters", "4", "--device-speed", "2:2,3:2"]
+    program = str(root / "pretrain_gpt.py")
+    assert run_ranks(program_exit_status, 4, program, argv, timeout_s=300) == [0] * 4
+    stdout = capfd.readouterr().out
+    lines = [line for line in stdout.splitlines() if "| lm loss" in line]
+    assert len(lines) == 4 and "iteration 4/4" in lines[-1], stdout
     strategies = [re.search(r"\| strategy (.+?) \|", line).group(1) for line in lines]
-    assert len(set(strategies)) >= 2, out.stdout
+    assert len(set(strategies)) >= 2, stdout
     losses = [float(re.search(r"lm loss ([\d.]+)", line).group(1)) for line in lines]
-    assert losses[-1] < losses[0], out.stdout
+    assert losses[-1] < losses[0], stdout
     assert "pull" in lines[0] and "push" in lines[0] and "tokens/s" in lines[0]
 
 

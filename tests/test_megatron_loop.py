@@ -11,6 +11,7 @@ CUDA call sites megatron.training reaches are known ones.
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import subprocess
@@ -168,13 +169,20 @@ def without_dynapipe(flags: list[str]) -> list[str]:
     [("gpt", []), ("llama", TP2), ("gpt", PP3)],
     ids=["gpt", "llama-tp2", "pp3"],
 )
-def test_megatron_program_trains_its_own_samples_with_dynapipe(model, layout, capfd) -> None:
+def test_megatron_program_trains_its_own_samples_with_dynapipe(
+    model, layout, tmp_path, capfd
+) -> None:
     """Issue 33: a Megatron-LM program under --dynamic-micro-batching trains the samples its own
     provider returns (megatron-core's MockGPTDataset: windows of 128), read in Megatron's
     order: the losses per token are those of the same program in Megatron's schedule with
     that global batch (PP=2; Llama with TP=2, where TP rank 0 reads; PP=3, whose middle stage
-    reads only the boundaries), and Megatron's consumed samples count the planned batches."""
+    reads only the boundaries), and Megatron's consumed samples count the planned batches.
+    With --tensorboard-dir (PP=2) Megatron's event file holds DynaPipe's metrics beside its own,
+    and with --profile its torch profiler's trace shows DynaPipe's instructions."""
     flags = [*(FLAGS if model == "gpt" else [*FLAGS, *LLAMA]), *layout]
+    if not layout:
+        flags += ["--tensorboard-dir", str(tmp_path / "tb"), "--profile", "--use-pytorch-profiler",
+                  "--profile-step-start", "2", "--profile-step-end", "3"]  # fmt: skip
     world = 3 if layout == PP3 else 2
     ranks = run_ranks(_megatron_program, world, flags, model, timeout_s=240)
     sites, planned, _ = zip(*ranks, strict=True)
@@ -187,6 +195,10 @@ def test_megatron_program_trains_its_own_samples_with_dynapipe(model, layout, ca
     rows = iteration_rows(out)  # DynaPipe's line in Megatron's loop, as the benchmarks read it
     assert [int(row["it"]) for row in rows] == list(range(1, ITERATIONS + 1))
     assert all(int(row["tps"].replace(",", "")) > 0 and row["predicted"] for row in rows)
+    if not layout:
+        _check_events(tmp_path / "tb", [float(row["loss"]) for row in rows])
+        with gzip.open(tmp_path / "torch_profile" / "rank-0.json.gz", "rt") as trace:
+            assert "DynaPipe ForwardPass mb" in trace.read()  # the executor's ranges
     run_ranks(_reference_program, world, without_dynapipe(flags), model, "megatron", timeout_s=240)
     megatron = _megatron_losses(capfd.readouterr().out)
     assert dynapipe == pytest.approx(megatron, rel=1e-5), (dynapipe, megatron)
@@ -211,6 +223,21 @@ def test_megatron_program_resumes_its_own_samples_under_dynapipe(tmp_path, capfd
     rows = iteration_rows(capfd.readouterr().out)
     assert [row["it"] for row in rows] == ["3"], rows
     assert float(rows[0]["loss"]) == pytest.approx(float(uninterrupted[2]["loss"]), abs=1e-4)
+
+
+def _check_events(directory: Path, losses: list[float]) -> None:
+    """The TensorBoard events Megatron's writer left in `directory`: each iteration's loss (as
+    DynaPipe's line printed it, to 4 decimals) and DynaPipe's scalars."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(directory))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert [e.value for e in events.Scalars("lm loss")] == pytest.approx(losses, abs=1e-4)
+    for tag in ("real-tokens-per-second", "padding-efficiency", "micro-batches",
+                "global-batch-samples", "iteration-ms", "predicted-iteration-ms"):  # fmt: skip
+        assert [e.step for e in events.Scalars(f"dynapipe/{tag}")] == [1, 2, 3], tags
+    assert [e.value for e in events.Scalars("dynapipe/global-batch-samples")] == [16] * 3
 
 
 @pytest.mark.parametrize("layout", [[], [*TP2, *PACKED]], ids=["pp2", "tp2-packed"])

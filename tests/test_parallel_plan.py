@@ -17,7 +17,6 @@ line naming it.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
-from distributed import exit_status_before_launch, run_ranks  # noqa: E402
+from distributed import exit_status_before_launch, program_exit_status, run_ranks  # noqa: E402
 from gpt_reference import (  # noqa: E402
     DATA,
     GPT,
@@ -453,13 +452,12 @@ def test_sdp_layers_train_in_bf16_with_fp32_masters(tmp_path):
         assert sharded == {torch.bfloat16} and masters == {torch.float32}
 
 
-def test_pretrain_gpt_runs_a_mixed_sdp_plan_under_torchrun(tmp_path) -> None:
-    """The real entry point: torchrun, 4 processes, `pretrain_gpt.py --parallel-plan` with
-    PP=2 [3, 1] x DP=2, layers 0 and 3 SDP, 1 and 2 DP, layers 0 and 1 recomputed; it says
-    so, every iteration logs a gradient norm, the loss falls, and it evaluates."""
-    import os
+def test_pretrain_gpt_runs_a_mixed_sdp_plan(tmp_path, capfd) -> None:
+    """The real entry point on 4 forked ranks (torchrun's own start: test_training.py):
+    `pretrain_gpt.py --parallel-plan` with PP=2 [3, 1] x DP=2, layers 0 and 3 SDP, 1 and 2 DP,
+    layers 0 and 1 recomputed; it says so, every iteration logs a gradient norm, the loss
+    falls, and it evaluates."""
     import re
-    import subprocess
 
     layer = {i: LayerStrategy(2, ("sdp",), (2,), i == 0) for i in (0, 3)}
     path = write_searched_plan(
@@ -468,17 +466,15 @@ def test_pretrain_gpt_runs_a_mixed_sdp_plan_under_torchrun(tmp_path) -> None:
     )  # fmt: skip
     argv = [*TINY, "--num-layers", "4", "--train-iters", "4", "--clip-grad", "1.0",
             "--eval-iters", "1", "--eval-interval", "2", "--parallel-plan", str(path)]  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
-           str(ROOT / "pretrain_gpt.py"), *argv]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "recomputing layers [0, 1]; sharding (SDP) layers [0, 3]" in out.stdout
-    lines = [line for line in out.stdout.splitlines() if "] iteration" in line]
-    assert len(lines) == 4 and all("| grad norm" in line for line in lines), out.stdout
+    program = str(ROOT / "pretrain_gpt.py")
+    assert run_ranks(program_exit_status, 4, program, argv, timeout_s=300) == [0] * 4
+    stdout = capfd.readouterr().out
+    assert "recomputing layers [0, 1]; sharding (SDP) layers [0, 3]" in stdout
+    lines = [line for line in stdout.splitlines() if "] iteration" in line]
+    assert len(lines) == 4 and all("| grad norm" in line for line in lines), stdout
     losses = [float(re.search(r"lm loss ([\d.]+)", line).group(1)) for line in lines]
-    assert losses[-1] < losses[0], out.stdout
-    assert "validation loss at iteration 2 |" in out.stdout  # forward-only, SDP layers gathered
+    assert losses[-1] < losses[0], stdout
+    assert "validation loss at iteration 2 |" in stdout  # forward-only, SDP layers gathered
 
 
 def _main(capfd, argv: list[str], world_size: int = 4) -> str:

@@ -429,9 +429,6 @@ _UNSUPPORTED: dict[str, str] = {
     "use_checkpoint_args": "taking the model flags from a checkpoint is not supported yet; give "
     "the model flags",
     "yaml_cfg": "YAML configs are not supported; give flags",
-    "tensorboard_dir": "TensorBoard logging is not implemented; the iteration lines carry the "
-    "metrics",
-    "profile": "profiling is not implemented; use tools/profile_costs.py for cost tables",
     "fp8": "fp8 needs TransformerEngine on Hopper or newer GPUs",
     "fp8_param_gather": "fp8 needs TransformerEngine on Hopper or newer GPUs",
     "fp4": "fp4 needs TransformerEngine on Blackwell GPUs",
@@ -442,6 +439,13 @@ _UNSUPPORTED: dict[str, str] = {
     "use_torch_fsdp2": "torch FSDP2 is not supported by DynaPipe's executor",
     "dataloader_type": "DynaPipe reads the training dataset in its own order, as Megatron's "
     "'single' loader does (docs/datasets.md)",
+}
+# Megatron features its loop keeps under DynaPipe's schedule, which DynaPipe's own loop (the
+# jobs `runs_in_own_loop`) and its tools do not offer.
+_NOT_IN_OWN_LOOP = {
+    "tensorboard_dir": "DynaPipe's own loop writes no TensorBoard events; the iteration lines "
+    "carry the metrics",
+    "profile": "DynaPipe's own loop does not profile; tools/profile_costs.py makes cost tables",
 }
 # Values of `_UNSUPPORTED` flags that DynaPipe does honour besides the default.
 _HONOURED = {"dataloader_type": ("single",)}
@@ -454,14 +458,16 @@ def unsupported(
     the job: in its tools (whose parsers lack DynaPipe's training flags), and in a program given
     a flag that makes it plan (named in the line). Without one Megatron trains as it would
     without DynaPipe, and takes its flags as it would."""
-    where = ""
+    where, refused = "", {**_UNSUPPORTED, **_NOT_IN_OWN_LOOP}
     if hasattr(args, "dynamic_micro_batching"):  # a training program, not a tool
         planning = [given[dest] for dest in _PLANNING_FLAGS if dest in given]
         if not planning or not plans(args):
             return
         where = f" with {planning[0]}"
+        if not runs_in_own_loop(args):
+            refused = _UNSUPPORTED
     defaults = _parser(extra_args_provider)[1]
-    for dest, why in _UNSUPPORTED.items():
+    for dest, why in refused.items():
         if dest in given and getattr(args, dest) not in (defaults[dest], *_HONOURED.get(dest, ())):
             raise ArgumentError(f"{given[dest]}{where}: {why}")
 

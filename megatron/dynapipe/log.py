@@ -77,6 +77,25 @@ def iteration_line(
     return line
 
 
+def iteration_scalars(work: Iteration, tokens: int, measured_s: float) -> dict[str, float]:
+    """The iteration line's metrics as scalars for Megatron's TensorBoard and W&B writers
+    (under "dynapipe/"): real tokens/s, padding efficiency, micro-batches, the planned global
+    batch's samples, and the measured, predicted and fitted iteration times (ms)."""
+    stats = work.stats
+    scalars = {
+        "dynapipe/real-tokens-per-second": tokens / measured_s,
+        "dynapipe/padding-efficiency": float(stats["padding_efficiency"]),
+        "dynapipe/micro-batches": float(stats["num_microbatches"]),
+        "dynapipe/global-batch-samples": float(work.samples),
+        "dynapipe/iteration-ms": measured_s * 1e3,
+    }
+    if work.plan is not None:
+        scalars["dynapipe/predicted-iteration-ms"] = stats["predicted_iteration_s"] * 1e3
+    if work.fitted_s is not None:
+        scalars["dynapipe/fitted-iteration-ms"] = work.fitted_s * 1e3
+    return scalars
+
+
 def fit_error(fit: IterationTimeFit) -> str:
     """How far the online fit's predictions were from the measured times so far, as the
     line's ", median error 6.2% over 12 iterations"."""

@@ -63,7 +63,7 @@ from .data.datasets import DataSplits
 from .data.megatron_samples import DocumentSamples
 from .data.program_samples import program_samples
 from .iterations import Iteration, PlannedIterations
-from .log import iteration_line, peak_memory_field
+from .log import iteration_line, iteration_scalars, peak_memory_field
 from .megatron_startup import provided_training_dataset
 from .memory import every_rank, traced_peak
 from .packed_attention import use_packed_attention
@@ -194,17 +194,29 @@ def _log_step(
 ) -> None:
     """DynaPipe's iteration line for the step Megatron's `train_step` just ran (`work`, taking
     `measured_s`), printed where Megatron prints its own: by the last rank, which holds the
-    step's loss per token (`losses`, Megatron's reduced reports). Tokens are the real tokens of
-    the whole global batch; `peaks`: every rank's traced peak memory (`--log-peak-memory`);
-    `fit`: the job's online fit of iteration times (`online_fit`)."""
+    step's loss per token (`losses`, Megatron's reduced reports), and also holds Megatron's
+    TensorBoard and W&B writers, which get the line's metrics (`log.iteration_scalars`) every
+    `--tensorboard-log-interval`. Tokens are the real tokens of the whole global batch;
+    `peaks`: every rank's traced peak memory (`--log-peak-memory`); `fit`: the job's online fit
+    of iteration times (`online_fit`)."""
+    from megatron.training.global_vars import get_tensorboard_writer, get_wandb_writer
+
+    if dist.get_rank() != dist.get_world_size() - 1:
+        return
     iteration = args.curr_iteration + 1
-    due = iteration % args.log_interval == 0 or iteration == args.train_iters
-    if not due or dist.get_rank() != dist.get_world_size() - 1:
-        return
-    loss = losses.get("lm loss", next(iter(losses.values()), None))
-    if loss is None:  # a step Megatron's rerun machinery cut short reports no loss
-        return
     tokens = int(work.stats["tokens"])
+    writer, wandb_writer = get_tensorboard_writer(), get_wandb_writer()
+    if (writer or wandb_writer) and iteration % args.tensorboard_log_interval == 0:
+        scalars = iteration_scalars(work, tokens, measured_s)
+        for name, value in scalars.items():
+            if writer:
+                writer.add_scalar(name, value, iteration)
+        if wandb_writer:
+            wandb_writer.log(scalars, iteration)
+    loss = losses.get("lm loss", next(iter(losses.values()), None))
+    due = iteration % args.log_interval == 0 or iteration == args.train_iters
+    if not due or loss is None:  # a step Megatron's rerun machinery cut short reports no loss
+        return
     line = iteration_line(
         iteration, args.train_iters, work, float(loss), tokens, measured_s, fit=fit
     )

@@ -308,30 +308,47 @@ class PlanExecutor:
         last_backward = backwards[-1] if backwards else -1
         for index, ins in enumerate(instructions):
             state = states.setdefault(ins.mb, _MicroBatchState())
-            if ins.op == "ForwardPass":
-                self._thd_forward = ins.mb
-                try:
-                    result = paced(self.slowdown, self._forward, ins, state, batches)
-                finally:
-                    self._thd_forward = None
-                if result is not None:
-                    reports.append(result[1])
-                    tokens += result[0]
-                    loss_sum += float(state.output.detach())
-            elif ins.op == "BackwardPass":
-                with self._grad_sync(index == last_backward):
-                    paced(self.slowdown, self._backward, state)
-            elif ins.op == "FreeBuffer":
-                state.input = state.output = state.output_grad = None
-            elif ins.op.endswith("Start"):
-                where = (  # errors of this transfer, up to its Wait, name it so
-                    f"iteration {iteration + 1}, replica {self.replica} stage {self.stage}, "
-                    f"instruction {index} ({ins.op} mb {ins.mb})"
-                )
-                state.transfers[ins.op] = self._start(ins, packed_shape(ins.shape), state, where)
-            elif ins.op.startswith("Wait"):
-                self._wait(ins, state)
+            # One range per instruction in a profiler's trace (`--profile`, nsys ranges).
+            last = index == last_backward
+            with torch.profiler.record_function(f"DynaPipe {ins.op} mb {ins.mb}"):
+                result = self._execute(ins, state, batches, last, (iteration, index))
+            if result is not None:
+                reports.append(result[1])
+                tokens += result[0]
+                loss_sum += float(state.output.detach())
         return IterationResult(reports, int(tokens), loss_sum)
+
+    def _execute(
+        self,
+        ins: Instruction,
+        state: _MicroBatchState,
+        batches: Mapping[int, Any],
+        last_backward: bool,
+        place: tuple[int, int],
+    ) -> tuple[torch.Tensor, dict] | None:
+        """Run one instruction (`place`: iteration and index, for transfer errors); a last
+        stage's forward pass returns its micro-batch's (tokens, report)."""
+        if ins.op == "ForwardPass":
+            self._thd_forward = ins.mb
+            try:
+                return paced(self.slowdown, self._forward, ins, state, batches)
+            finally:
+                self._thd_forward = None
+        if ins.op == "BackwardPass":
+            with self._grad_sync(last_backward):
+                paced(self.slowdown, self._backward, state)
+        elif ins.op == "FreeBuffer":
+            state.input = state.output = state.output_grad = None
+        elif ins.op.endswith("Start"):
+            iteration, index = place
+            where = (  # errors of this transfer, up to its Wait, name it so
+                f"iteration {iteration + 1}, replica {self.replica} stage {self.stage}, "
+                f"instruction {index} ({ins.op} mb {ins.mb})"
+            )
+            state.transfers[ins.op] = self._start(ins, packed_shape(ins.shape), state, where)
+        elif ins.op.startswith("Wait"):
+            self._wait(ins, state)
+        return None
 
     def _grad_sync(self, last: bool) -> contextlib.AbstractContextManager[object]:
         """Megatron's gradient-sync rule (`config.no_sync_func`, as its schedules use it): DDP
