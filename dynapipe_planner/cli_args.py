@@ -136,12 +136,15 @@ def _named(flag: str) -> str:
 
 def check_output_file(parser: argparse.ArgumentParser, flag: str, path: str | None) -> None:
     """An output file must be writable where it is asked for, before any work is done: not a
-    directory, in a writable directory that exists."""
+    directory nor any other file that is not a regular one (a device, a FIFO: the atomic
+    writer would replace it), in a writable directory that exists."""
     if path is None:
         return
     target = Path(path)
     if target.is_dir():
         parser.error(f"{_named(flag)}: {path} is a directory")
+    if target.exists() and not target.is_file():
+        parser.error(f"{_named(flag)}: {path} is not a regular file")
     _check_parent(parser, flag, path, target.parent)
 
 

@@ -386,6 +386,12 @@ def load_plan(path: str | Path) -> ExecutionPlan:
 
 
 def atomic_write(path: Path, payload: bytes) -> None:
+    """Write `payload` to `path` through a temporary file renamed over it, so that a failed
+    write leaves nothing behind. A `path` that exists and is not a regular file (a device, a
+    directory, a FIFO, or a link to one) is refused with a `PlanningError`: the rename would
+    replace it, turning `/dev/full` into a regular file."""
+    if path.exists() and not path.is_file():
+        raise PlanningError(f"{path} is not a regular file; give a file path to write to")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

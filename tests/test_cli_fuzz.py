@@ -414,3 +414,28 @@ def test_micro_batch_assignment_equals_the_greedy_steps(profiles, total):
             expected[i] += 1
             heapq.heappush(heap, (profiles[i][0] + expected[i] * profiles[i][1], i))
     assert assign_micro_batches(profiles, total) == expected
+
+
+@pytest.mark.parametrize("prog", ["dynapipe-search", "dynapipe-hetero", "dynapipe-strategy"])
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_an_output_that_is_not_a_regular_file_is_refused_and_kept(prog, kind, tmp_path):
+    """Issue 34: the writers replace their target through a renamed temporary file, which would
+    turn a device, FIFO or directory into a regular file; they name it instead, and it stays."""
+    target = tmp_path / kind
+    os.mkfifo(target) if kind == "fifo" else target.mkdir()
+    main, argv = BASE[prog]
+    line = assert_refused(prog, main, [*argv, "--output", str(target)])
+    why = "is not a regular file" if kind == "fifo" else "is a directory"
+    assert f"--output: {target} {why}" in line, line
+    assert target.is_fifo() if kind == "fifo" else target.is_dir()
+
+
+def test_a_timeline_image_over_a_fifo_is_refused_and_kept(tmp_path):
+    plans = tmp_path / "plans"
+    main, argv = BASE["dynapipe-plan"]
+    assert run(main, [*argv, "--iterations", "1", "--output-dir", str(plans)])[0] == 0
+    target = tmp_path / "fifo"
+    os.mkfifo(target)
+    plan = str(next(plans.iterdir()))
+    line = assert_refused("dynapipe-simulate", simulate_main, [plan, "--png", str(target)])
+    assert f"{target} is not a regular file" in line and target.is_fifo(), line

@@ -10,6 +10,8 @@ uninterrupted one; a truncated shard is named.
 from __future__ import annotations
 
 import os
+import pickle
+import shutil
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,8 @@ pytest.importorskip("megatron.core")
 
 from distributed import run_ranks  # noqa: E402
 from test_training import TINY  # noqa: E402
+
+from megatron.dynapipe.checkpoint_metadata import MetadataRefused  # noqa: E402
 
 ITERATIONS = 3
 
@@ -182,13 +186,62 @@ def test_only_incomplete_iterations_after_the_tracked_one_are_removed(tmp_path, 
     assert (ckpt / "iter_0000009").is_dir()
 
 
-def test_a_truncated_shard_is_named(tmp_path) -> None:
+def test_a_truncated_shard_or_a_crafted_metadata_is_named(tmp_path) -> None:
+    """A shard cut short is named; a `.metadata` that would run a command when unpickled
+    (issue 34) is refused by name before anything reads it, the command not run."""
     ckpt = tmp_path / "ckpt"
     run_ranks(_train, 2, [*TINY, "--train-iters", "1", "--save", str(ckpt)], timeout_s=120)
+    crafted, marker = tmp_path / "crafted", tmp_path / "ran"
+    shutil.copytree(ckpt, crafted)
+    (crafted / "iter_0000001" / ".metadata").write_bytes(pickle.dumps(_Command(marker)))
+    with pytest.raises(AssertionError, match=r"\.metadata names posix\.system, which checkpoint"):
+        run_ranks(_train, 2, [*TINY, "--train-iters", "2", "--load", str(crafted)], timeout_s=120)
+    assert not marker.exists()
     shard = sorted((ckpt / "iter_0000001").glob("*.distcp"))[-1]
     shard.write_bytes(shard.read_bytes()[:100])
     with pytest.raises(AssertionError, match=rf"{shard.name} is corrupt"):
         run_ranks(_train, 2, [*TINY, "--train-iters", "2", "--load", str(ckpt)], timeout_s=120)
+
+
+class _Command:
+    """Unpickled without restriction, it runs `touch <marker>`."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.fixture
+def torch_checkpoint(tmp_path: Path) -> Path:
+    """A torch_dist checkpoint of a few tensors (bf16 and fp32), written by torch."""
+    from torch.distributed import checkpoint as dcp
+
+    directory = tmp_path / "dcp"
+    state = {"w": torch.ones(4, 3), "b": torch.zeros(3, dtype=torch.bfloat16), "step": 7}
+    dcp.save(state, checkpoint_id=str(directory), no_dist=True)
+    return directory
+
+
+def test_a_real_checkpoints_metadata_loads_through_the_restricted_reader(torch_checkpoint):
+    """torch's reader with `checkpoint_metadata` installed loads real metadata as before."""
+    from torch.distributed import checkpoint as dcp
+
+    from megatron.dynapipe.checkpoint_metadata import install
+
+    install()
+    metadata = dcp.FileSystemReader(str(torch_checkpoint)).read_metadata()
+    assert metadata.state_dict_metadata["w"].size == torch.Size([4, 3])
+    assert metadata.state_dict_metadata["b"].properties.dtype == torch.bfloat16
+    loaded = {"w": torch.zeros(4, 3), "b": torch.ones(3, dtype=torch.bfloat16), "step": 0}
+    dcp.load(loaded, checkpoint_id=str(torch_checkpoint), no_dist=True)
+    assert loaded["w"].sum() == 12 and loaded["b"].sum() == 0 and loaded["step"] == 7
+    marker = torch_checkpoint.parent / "ran"
+    (torch_checkpoint / ".metadata").write_bytes(pickle.dumps(_Command(marker)))
+    with pytest.raises(MetadataRefused, match=r"\.metadata names posix\.system, which"):
+        dcp.FileSystemReader(str(torch_checkpoint)).read_metadata()
+    assert not marker.exists()
 
 
 def test_load_of_an_empty_directory_starts_fresh_unless_told_to_exit(tmp_path, capfd) -> None:

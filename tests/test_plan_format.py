@@ -117,13 +117,25 @@ def test_truncated_and_corrupt_binary(tmp_path, plans):
         load_plan(tmp_path / "missing.json")
 
 
-def test_failed_write_leaves_nothing(tmp_path, plans):
+def test_failed_write_leaves_nothing(tmp_path, plans, monkeypatch):
     target = tmp_path / "plan.json"
-    target.mkdir()  # os.replace onto a directory fails
+
+    def full_disk(*_):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
     with pytest.raises(OSError):
         plans["dynamic"].save(target)
-    assert sorted(os.listdir(tmp_path)) == ["plan.json"]
-    assert os.listdir(target) == []
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_target_that_is_not_a_regular_file_is_refused_and_kept(tmp_path, plans):
+    """Renaming over it would replace a directory, FIFO or device (issue 34)."""
+    target = tmp_path / "plan.json"
+    target.mkdir()
+    with pytest.raises(PlanningError, match=r"plan\.json is not a regular file"):
+        plans["dynamic"].save(target)
+    assert sorted(os.listdir(tmp_path)) == ["plan.json"] and os.listdir(target) == []
 
 
 def test_atomic_write_leaves_only_the_file_with_normal_permissions(tmp_path):

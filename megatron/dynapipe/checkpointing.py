@@ -35,6 +35,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from . import checkpoint_metadata
+
 # The files of DynaPipe's layout-independent checkpoints (heterogeneous jobs, `hetero`).
 LATEST = "latest_iteration.txt"
 FULL_STATE = "full_state.pt"
@@ -79,6 +81,7 @@ def has_checkpoint(directory: str | os.PathLike) -> bool:
 def resume_point(args: argparse.Namespace) -> ResumePoint | None:
     """The checkpoint `--load` names, or None to start from scratch: no --load, or (as
     Megatron does) a --load directory without a checkpoint yet."""
+    checkpoint_metadata.install()  # what loads the checkpoint reads .metadata without running code
     if not args.load:
         return None
     directory = Path(args.load)
@@ -128,6 +131,7 @@ def _saved_args(directory: Path) -> argparse.Namespace:
     )
     if not base.is_dir():
         raise CheckpointError(f"checkpoint directory {base} is missing")
+    checkpoint_metadata.check(base)
     with _named(base):
         if dist_checkpointing.check_is_distributed_checkpoint(str(base)):
             common = dist_checkpointing.load_common_state_dict(str(base))
@@ -151,7 +155,7 @@ def _named(path: Path) -> Iterator[None]:
 
     try:
         yield
-    except CheckpointError:
+    except (CheckpointError, checkpoint_metadata.MetadataRefused):
         raise
     except (Exception, CheckpointException, SystemExit) as err:  # many types for bad files
         damaged = _damaged_file(path)
@@ -179,6 +183,8 @@ def _damaged_file(base: Path) -> Path | None:
         return None
     try:
         storage = FileSystemReader(str(base)).read_metadata().storage_data
+    except checkpoint_metadata.MetadataRefused:  # refused, not damaged
+        raise
     except Exception:
         return base / ".metadata"
     needed: dict[str, int] = {}

@@ -22,6 +22,7 @@ from pathlib import Path
 from dynapipe_planner.cli_args import report_error
 from dynapipe_planner.errors import PlanningError, PlanningServiceError
 
+from .checkpoint_metadata import MetadataRefused
 from .checkpointing import CheckpointError
 from .data.base import DataError
 from .device_speed import DeviceSpeedError
@@ -35,6 +36,7 @@ from .pipeline.plan_source import PlanMismatch
 USER_ERRORS = (
     DataError,
     CheckpointError,
+    MetadataRefused,
     DeviceSpeedError,
     HeteroPlanError,
     CandidateError,

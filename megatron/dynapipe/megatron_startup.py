@@ -1,6 +1,8 @@
 """How a DynaPipe job starts inside megatron.training (`import megatron.dynapipe.enable`): the
 seams of megatron.training that run before its loop, patched by `install()`.
 
+- torch's checkpoint reader, which loads `.metadata` without running code from it
+  (`checkpoint_metadata`);
 - its parser (`arguments.hook_megatron_parser`): DynaPipe's flags join the program's, its
   refusals (with DynaPipe's flags), CPU defaults and checks apply, the loss is per token over
   the global batch when DynaPipe plans, and `--eval-interval` has a default (the loop needs
@@ -34,7 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import arguments, cpu_compat
+from . import arguments, checkpoint_metadata, cpu_compat
 from . import parallel_state as ps
 from .checkpointing import resume_point
 from .exits import megatron_args, run_or_exit
@@ -49,6 +51,7 @@ def install() -> None:
     from megatron.training import global_vars, training
 
     arguments.hook_megatron_parser()
+    checkpoint_metadata.install()
     global_vars.build_tokenizer = _tokenizer_from_flags
     cpu_compat.install_training()
     _use_prebuilt_dataset_helpers()
