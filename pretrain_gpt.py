@@ -139,15 +139,16 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
     for DynaPipe to plan over (`DocumentSamples`)."""
     args = get_args()
     splits = job_datasets(args)
-    windows = tuple(
+    windows = [
         None if data is None or not count else fixed_length_samples(data, args, count, split)
         for data, count, split in zip(
             splits, train_val_test_num_samples, ("train", "valid", "test"), strict=True
         )
-    )
+        if split != "train" or not args.dynapipe_plans
+    ]
     if args.dynapipe_plans:
-        return DocumentSamples(splits.train), *windows[1:]
-    return windows
+        return DocumentSamples(splits.train), *windows
+    return tuple(windows)
 
 
 train_valid_test_datasets_provider.is_distributed = True

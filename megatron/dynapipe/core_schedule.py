@@ -97,7 +97,7 @@ def planned_forward_backward_func(
     check_layer_split(model, args)
     reads = mpu.get_tensor_model_parallel_rank() == 0
     samples = program_samples(train_dataset, args, ps.device(), reads)
-    spec = spec_from_args(args, model_spec(model).vocab_size, name="core_loop")
+    spec = spec_from_args(args, get_attr_wrapped_model(model, "vocab_size"), name="core_loop")
     iterations = PlannedIterations(args, DataSplits(samples, None, None), spec, shuffle=False)
     iterations.__enter__()
     atexit.register(iterations.__exit__, None, None, None)

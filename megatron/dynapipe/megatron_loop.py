@@ -208,8 +208,8 @@ def _log_step(
     writer, wandb_writer = get_tensorboard_writer(), get_wandb_writer()
     if (writer or wandb_writer) and iteration % args.tensorboard_log_interval == 0:
         scalars = iteration_scalars(work, tokens, measured_s)
-        for name, value in scalars.items():
-            if writer:
+        if writer:
+            for name, value in scalars.items():
                 writer.add_scalar(name, value, iteration)
         if wandb_writer:
             wandb_writer.log(scalars, iteration)

@@ -39,6 +39,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from dynapipe_planner.data.validation import check_positive, check_shape
+from dynapipe_planner.errors import PlanningError
+
 from .base import DataError, TrainingSample
 
 # The rank that reads the lengths: DynaPipe's planner runs there (`plan_source`).
@@ -116,7 +119,7 @@ def program_samples(
     if dist.get_rank() == _SOURCE_RANK:
         try:
             lengths = _checked(sample_lengths(dataset), dataset, args.seq_length)
-        except DataError as error:
+        except (DataError, PlanningError) as error:
             problem = str(error)
     count = torch.tensor([-1 if problem else lengths.size], dtype=torch.int64, device=device)
     dist.broadcast(count, _SOURCE_RANK)
@@ -189,25 +192,20 @@ def _conversation_lengths(dataset: Any) -> np.ndarray:
 
 
 def _checked(lengths: np.ndarray, dataset: Any, seq_length: int) -> np.ndarray:
-    """Lengths as int64, one per sample, each in [1, seq_length]; a bad one named."""
-    name = type(dataset).__name__
+    """Lengths as int64, one per sample, each positive (the checks every length source shares,
+    `dynapipe_planner.data.validation`) and at most seq_length; a bad one named."""
+    name = f"the program's {type(dataset).__name__}"
     values = np.asarray(lengths)
+    check_shape(values, name)
     if values.ndim != 1 or values.size != len(dataset):
-        raise DataError(
-            f"the program's {name} gives {values.size} sample lengths for its "
-            f"{len(dataset)} samples"
-        )
-    if values.size == 0:
-        raise DataError(f"the program's {name} has no training samples")
+        raise DataError(f"{name} gives {values.shape} lengths for its {len(dataset)} samples")
     if not np.issubdtype(values.dtype, np.integer):
-        raise DataError(f"the program's {name} gives sample lengths of type {values.dtype}")
-    bad = np.flatnonzero((values < 1) | (values > seq_length))
-    if bad.size:
-        i = int(bad[0])
-        raise DataError(
-            f"the program's {name}: sample {i} has length {int(values[i])}, outside "
-            f"[1, --seq-length {seq_length}]"
-        )
+        raise DataError(f"{name} gives sample lengths of type {values.dtype}")
+    check_positive(values, lambda _: name)
+    longer = np.flatnonzero(values > seq_length)
+    if longer.size:
+        i = int(longer[0])
+        raise DataError(f"{name}: sample {i} has length {values[i]} > --seq-length {seq_length}")
     return values.astype(np.int64)
 
 
