@@ -45,7 +45,7 @@ def test_megatron_flags_keep_megatron_meaning_and_defaults() -> None:
         (["--fp8-format", "hybrid", "--dynamic-micro-batching"], "--fp8-format"),
         (["--tensorboard-dir", "tb", "--dynamic-strategies"], "--tensorboard-dir"),
         (["--profile", "--dynamic-strategies"], "--profile"),
-        (["--sequence-parallel", "--dynamic-micro-batching"], "--sequence-parallel"),
+        (["--sequence-parallel", "--dynamic-strategies"], "--sequence-parallel"),
         (
             ["--step-batch-size-schedule", "0:8", "--dynamic-strategies"],
             "--step-batch-size-schedule",

@@ -6,9 +6,9 @@ Megatron's parser; the sizes are scaled down (layers, widths, batch, iterations,
 The flags DynaPipe cannot run stop a `--dynamic-micro-batching` job with exit status 2 and one
 line naming them (`DROPPED`, each with the reason it prints); with the rest, `--tensorboard-dir`
 included, `pretrain_gpt.py` trains two iterations in Megatron's loop with and without
-`--dynamic-micro-batching`, on 2 ranks (TP1 x PP2) and 4 ranks (TP2 x DP2), and Megatron's event
-files hold DynaPipe's metrics when it plans. (`--sequence-parallel` fails on CPU ranks even
-without DynaPipe: torch's LayerNorm, megatron-core says.)
+`--dynamic-micro-batching`, on 2 ranks (TP1 x PP2) and 4 ranks (TP2 x DP2, the Llama script's
+`--sequence-parallel` included), and Megatron's event files hold DynaPipe's metrics when it
+plans.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ LLAMA3 = [
     "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--bf16", "--grad-reduce-in-bf16",
     "--cross-entropy-loss-fusion", "--calculate-per-token-loss", "--manual-gc",
     "--empty-unused-memory-level", "1", "--exit-duration-in-mins", "235",
-    "--tensor-model-parallel-size", "2", "--context-parallel-size", "1",
+    "--tensor-model-parallel-size", "2", "--context-parallel-size", "1", "--sequence-parallel",
     "--use-distributed-optimizer", "--overlap-grad-reduce",
     "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000",
     "--tiktoken-pattern", "v2", "--split", "'99,1,0'", "--no-create-attention-mask-in-dataloader",
@@ -68,10 +68,9 @@ LLAMA3 = [
 # Flags of the two scripts DynaPipe refuses on CPU ranks under --dynamic-micro-batching, each
 # with the flag its one line names (without a DynaPipe flag, only the GPU-only ones). GPU-only:
 # fp8 (TransformerEngine on Hopper), TransformerEngine's fused attention and zero-centred norms.
-# Not implemented yet under DynaPipe: sequence parallelism, overlapped parameter gathers,
-# TensorBoard and the profiler. The GPT-3 script's --step-batch-size-schedule is refused too
-# (and megatron-core 0.19's own validate_args rejects it next to the script's
-# --global-batch-size).
+# Not implemented yet under DynaPipe: overlapped parameter gathers. The GPT-3 script's
+# --step-batch-size-schedule is refused too (and megatron-core 0.19's own validate_args rejects
+# it next to the script's --global-batch-size).
 DROPPED = {
     "gpt3": [
         (["--step-batch-size-schedule", "0:16 2.4B:320"], "--step-batch-size-schedule"),
@@ -81,7 +80,6 @@ DROPPED = {
         (["--fp8-param-gather"], "--fp8-param-gather"),
         (["--attention-backend", "fused"], "--attention-backend"),
         (["--apply-layernorm-1p"], "--apply-layernorm-1p"),
-        (["--sequence-parallel"], "--sequence-parallel"),
         (["--overlap-param-gather"], "--overlap-param-gather"),
     ],
 }

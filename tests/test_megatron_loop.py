@@ -176,7 +176,8 @@ def test_megatron_program_trains_its_own_samples_with_dynapipe(
     provider returns (megatron-core's MockGPTDataset: windows of 128), read in Megatron's
     order: the losses per token are those of the same program in Megatron's schedule with
     that global batch (PP=2; Llama with TP=2, where TP rank 0 reads; PP=3, whose middle stage
-    reads only the boundaries), and Megatron's consumed samples count the planned batches.
+    reads only the boundaries), and Megatron's consumed samples and global batch size count
+    the planned batches.
     With --tensorboard-dir (PP=2) Megatron's event file holds DynaPipe's metrics beside its own,
     and with --profile its torch profiler's trace shows DynaPipe's instructions."""
     flags = [*(FLAGS if model == "gpt" else [*FLAGS, *LLAMA]), *layout]
@@ -192,6 +193,7 @@ def test_megatron_program_trains_its_own_samples_with_dynapipe(
     assert list(planned[0]) == [16] * ITERATIONS, planned
     consumed = [int(n) for n in re.findall(r"consumed samples: +(\d+)", out)]
     assert consumed == [16, 32, 48], consumed
+    assert re.findall(r"global batch size: +(\d+)", out) == ["16"] * ITERATIONS, out[-3000:]
     rows = iteration_rows(out)  # DynaPipe's line in Megatron's loop, as the benchmarks read it
     assert [int(row["it"]) for row in rows] == list(range(1, ITERATIONS + 1))
     assert all(int(row["tps"].replace(",", "")) > 0 and row["predicted"] for row in rows)
@@ -206,6 +208,31 @@ def test_megatron_program_trains_its_own_samples_with_dynapipe(
     known = set(CALL_SITES_FILE.read_text().split())
     unknown = sorted(set().union(*map(set, sites)) - known)
     assert not unknown, f"new CUDA call sites, add them to {CALL_SITES_FILE.name}: {unknown}"
+
+
+def test_megatrons_flops_accounting_counts_the_planned_samples() -> None:
+    """Issue 33: after a planned step Megatron's FLOPs accounting (its TFLOP/s field) holds the
+    pipeline's real tokens and per-sample attention, not what the program's `forward_step`
+    counted from cu_seqlens whose segments include each row's padding."""
+    from megatron.training import training
+
+    from dynapipe_planner.plan import ExecutionPlan, MicroBatch
+    from megatron.dynapipe.megatron_loop import _count_planned_tokens
+
+    lengths = np.array([5, 9, 3, 7])
+    plan = ExecutionPlan(
+        num_stages=1,
+        num_replicas=2,
+        microbatches=[
+            MicroBatch(0, 0, [0, 2], 5),
+            MicroBatch(1, 1, [1], 9),
+            MicroBatch(2, 0, [3], 7),
+        ],
+        ranks=[],
+    )
+    training.update_seqlen_stats_from_cu_seqlens(torch.tensor([0, 5, 8, 9]))  # padding too
+    _count_planned_tokens(plan, 0, lengths, torch.device("cpu"))
+    assert training.consume_seqlen_stats_in_iteration() == (15.0, 25.0 + 9.0 + 49.0)
 
 
 def test_megatron_program_resumes_its_own_samples_under_dynapipe(tmp_path, capfd) -> None:
@@ -238,6 +265,7 @@ def _check_events(directory: Path, losses: list[float]) -> None:
                 "global-batch-samples", "iteration-ms", "predicted-iteration-ms"):  # fmt: skip
         assert [e.step for e in events.Scalars(f"dynapipe/{tag}")] == [1, 2, 3], tags
     assert [e.value for e in events.Scalars("dynapipe/global-batch-samples")] == [16] * 3
+    assert [e.value for e in events.Scalars("batch-size")] == [16] * 3  # Megatron's own
 
 
 @pytest.mark.parametrize("layout", [[], [*TP2, *PACKED]], ids=["pp2", "tp2-packed"])

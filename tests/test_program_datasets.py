@@ -178,24 +178,28 @@ def test_a_dataset_without_lengths_is_named() -> None:
         sample_lengths([{"tokens": torch.zeros(4)}])
 
 
-def _sft_program(rank: int, world: int, argv: list[str], data: str) -> list[list[int]]:
+def _sft_program(
+    rank: int, world: int, argv: list[str], data: str
+) -> tuple[list[list[int]], list[int]]:
     """The test program (`megatron_lm_program.py`) on a forked rank; with DynaPipe, the sample
-    ids each iteration's plan trains."""
+    ids each iteration's plan trains and the lengths of its micro-batches."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     import megatron_lm_program
 
     from megatron.dynapipe.megatron_loop import DynaPipeSchedule
 
     planned: list[list[int]] = []
+    seqlens: list[int] = []
     count = DynaPipeSchedule.count_samples
 
     def count_samples(self, args) -> None:
         planned.append(sorted(s for mb in self.last.plan.microbatches for s in mb.samples))
+        seqlens.extend(mb.seqlen for mb in self.last.plan.microbatches)
         count(self, args)
 
     DynaPipeSchedule.count_samples = count_samples
     megatron_lm_program.main(argv, "gpt", data)
-    return planned
+    return planned, seqlens
 
 
 def _losses(out: str) -> list[float]:
@@ -220,20 +224,46 @@ def test_sft_job_plans_the_providers_samples_with_megatrons_losses(sft_files, ca
     2 ranks (PP=2) plans exactly the provider's samples, 12 a batch in the dataset's order,
     and its losses per token are those of the same job in Megatron's schedule (micro-batches
     of one padded sample, per-document attention)."""
-    from test_megatron_loop import _reference_program
-
     flags = _sft_flags(*sft_files)
     ranks = run_ranks(_sft_program, 2, [*flags, "--dynamic-micro-batching"], "sft", timeout_s=240)
-    assert ranks[0] == [list(range(12 * i, 12 * (i + 1))) for i in range(3)], ranks[0]
+    assert ranks[0][0] == [list(range(12 * i, 12 * (i + 1))) for i in range(3)], ranks[0]
     dynapipe = _losses(capfd.readouterr().out)
-    reference = [*flags, "--micro-batch-size", "1", "--calculate-per-token-loss",
-                 "--dataloader-inter-document-masking"]  # fmt: skip
-    run_ranks(_reference_program, 2, reference, "gpt", "sft", timeout_s=240)
-    megatron = _losses(capfd.readouterr().out)
+    megatron = _reference_losses(flags, 2, capfd)
     assert len(dynapipe) == 3 and dynapipe == pytest.approx(megatron, rel=1e-5), (
         dynapipe,
         megatron,
     )
+
+
+def _reference_losses(flags: list[str], world: int, capfd) -> list[float]:
+    """The losses of the SFT job `flags` in Megatron's schedule: micro-batches of one padded
+    sample, per-token loss, per-document attention."""
+    from test_megatron_loop import _reference_program
+
+    reference = [*flags, "--micro-batch-size", "1", "--calculate-per-token-loss",
+                 "--dataloader-inter-document-masking"]  # fmt: skip
+    run_ranks(_reference_program, world, reference, "gpt", "sft", timeout_s=300)
+    return _losses(capfd.readouterr().out)
+
+
+def test_sequence_parallel_sft_job_under_dynapipe_has_megatrons_losses(sft_files, capfd) -> None:
+    """Issue 33: the SFT job on TP=2 x PP=2 with --sequence-parallel, DynaPipe's plans (here
+    packed rows) and micro-batches of one sample each at its own length (odd ones among them,
+    padded to even): each
+    TP rank sends and receives its half of every planned boundary, the norms' gradients are
+    summed over the TP group (on CPU ranks by `cpu_compat`'s norm), and the losses per token
+    are those of Megatron's own schedule with sequence parallelism, which are those without."""
+    flags = [*_sft_flags(*sft_files), "--tensor-model-parallel-size", "2"]
+    without = _reference_losses(flags, 4, capfd)
+    flags.append("--sequence-parallel")
+    megatron = _reference_losses(flags, 4, capfd)
+    assert len(megatron) == 3 and megatron == pytest.approx(without, rel=1e-5), (megatron, without)
+    for batching in (["--dynamic-micro-batching"], ["--batching", "padding"]):
+        ranks = run_ranks(_sft_program, 4, [*flags, *batching], "sft", timeout_s=300)
+        if "padding" in batching:
+            assert any(n % 2 for n in ranks[0][1]), ranks[0][1]  # some rows needed padding
+        dynapipe = _losses(capfd.readouterr().out)
+        assert dynapipe == pytest.approx(megatron, rel=1e-5), (batching, dynapipe, megatron)
 
 
 def _opaque_program(rank: int, world: int, argv: list[str]) -> int | str | None:

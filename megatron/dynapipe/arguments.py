@@ -432,8 +432,6 @@ _UNSUPPORTED: dict[str, str] = {
     "fp8": "fp8 needs TransformerEngine on Hopper or newer GPUs",
     "fp8_param_gather": "fp8 needs TransformerEngine on Hopper or newer GPUs",
     "fp4": "fp4 needs TransformerEngine on Blackwell GPUs",
-    "sequence_parallel": "sequence parallelism is not supported yet: DynaPipe's executor sends "
-    "whole activations between stages",
     "overlap_param_gather": "overlapped parameter gathers are not supported yet",
     "use_megatron_fsdp": "Megatron FSDP is not supported by DynaPipe's executor",
     "use_torch_fsdp2": "torch FSDP2 is not supported by DynaPipe's executor",
@@ -446,6 +444,8 @@ _NOT_IN_OWN_LOOP = {
     "tensorboard_dir": "DynaPipe's own loop writes no TensorBoard events; the iteration lines "
     "carry the metrics",
     "profile": "DynaPipe's own loop does not profile; tools/profile_costs.py makes cost tables",
+    "sequence_parallel": "DynaPipe's own loop (strategy switching, asymmetric pipelines) sends "
+    "whole activations between stages; sequence parallelism runs in Megatron's loop",
 }
 # Values of `_UNSUPPORTED` flags that DynaPipe does honour besides the default.
 _HONOURED = {"dataloader_type": ("single",)}

@@ -167,6 +167,7 @@ def install() -> bool:
     cuda.manual_seed = _recording(lambda seed: torch.default_generator.manual_seed(seed))
     cuda.manual_seed_all = _recording(lambda seed: None)
     _patch_tensor_parallel_rng()
+    _patch_sequence_parallel_norm()
     _mode = _CudaToCpu()
     _mode.__enter__()
     _installed = True
@@ -182,6 +183,37 @@ def _patch_tensor_parallel_rng() -> None:
     # With one generator for "CPU" and "CUDA", every tracker fork changes the CPU state and
     # the tracker would warn each time.
     logging.getLogger(tp_random.__name__).setLevel(logging.ERROR)
+
+
+def _patch_sequence_parallel_norm() -> None:
+    """Sequence parallelism on CPU ranks. The local spec's norm (`WrappedTorchNorm`: torch's
+    LayerNorm or RMSNorm, what runs without apex and TransformerEngine) refuses
+    `sequence_parallel`; the GPU norms take it and mark their weights `sequence_parallel`, so
+    `finalize_model_grads` sums their gradients over the tensor-parallel group (each rank
+    normalised only its own share of the tokens). The same torch norm, marked the same way, is
+    exactly that: a norm acts on each token alone."""
+    from megatron.core.transformer import torch_norm
+
+    wrapped = torch_norm.WrappedTorchNorm
+    build = wrapped.__new__
+    if getattr(build, "_sequence_parallel", False):
+        return
+
+    def __new__(cls: type, config: Any, *args: Any, **kwargs: Any) -> torch.nn.Module:
+        if not config.sequence_parallel:
+            return build(cls, config, *args, **kwargs)
+        _record()
+        config.sequence_parallel = False  # only for the norm's own check
+        try:
+            norm = build(cls, config, *args, **kwargs)
+        finally:
+            config.sequence_parallel = True
+        for param in norm.parameters():
+            param.sequence_parallel = True
+        return norm
+
+    __new__._sequence_parallel = True  # type: ignore[attr-defined]
+    wrapped.__new__ = __new__  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager

@@ -106,6 +106,7 @@ class PlannedIterations:
         )
         self.store = self.plans.store
         self.runner: PlanExecutor | MegatronPackingBaseline | None = None
+        self._row_multiple = 1  # the runner's sequence-parallel degree
         self._batch_form: Callable[[MicroBatchTensors], Any] | None = None
         self.fit = IterationTimeFit()  # what the plans really take on this job (online_fit)
         self._warmed_up = False
@@ -159,12 +160,13 @@ class PlannedIterations:
             self._batch_form = lambda batch: form(batch, device)
         speeds = parse_device_speed(getattr(args, "device_speed", None), dist.get_world_size())
         executor.slowdown = speeds[dist.get_rank()]
+        self._row_multiple = executor.sequence_shards
         self.runner = executor
 
     def next(self, iteration: int) -> Iteration:
         _, batch = next(self.sampler)
         plan, waited_s = self.plans.get(iteration, batch)
-        batches = rank_microbatches(plan, ps.replica(), self.dataset)
+        batches = rank_microbatches(plan, ps.replica(), self.dataset, self._row_multiple)
         if self._batch_form is not None:
             batches = _FormedBatches(batches, self._batch_form)
         return Iteration(

@@ -27,6 +27,11 @@ its loop:
   tokens/s, padding efficiency, predicted and measured time), which Megatron's own line lacks
   and the benchmarks parse, also for `--baseline megatron-1f1b` (Megatron's own schedule);
   Megatron's consumed-samples count then moves by the planned batch's samples;
+- its `training_log` (`_planned_batch_logged`): Megatron's `global batch size` field (and its
+  `batch-size` TensorBoard scalar) is the planned batch's samples, and its FLOPs accounting
+  (`--log-throughput`'s TFLOP/s, the FLOPs a checkpoint keeps) counts the planned batch's real
+  tokens and per-sample attention (`_count_planned_tokens`), not `--micro-batch-size` x
+  `--seq-length` per micro-batch;
 - megatron-core's `get_batch_on_this_tp_rank` (`_planned_shape_broadcast`): Megatron-LM's
   `get_batch` reads the iterator on tensor-parallel rank 0 and broadcasts to the others into
   buffers of `--micro-batch-size` x `--seq-length`. DynaPipe's micro-batches have their own
@@ -49,6 +54,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -113,7 +119,10 @@ class DynaPipeSchedule:
         if self.iterations is None:
             self.iterations = self._start(args, model, forward_step_func)
         self.last = self.iterations.next(args.curr_iteration)
-        return self.last.run().reports
+        reports = self.last.run().reports
+        lengths = self.iterations.dataset.lengths()
+        _count_planned_tokens(self.last.plan, ps.replica(), lengths, ps.device())
+        return reports
 
     def count_samples(self, args: Any) -> None:
         """Make Megatron's `consumed_train_samples` (its log line, its checkpoints) count the
@@ -171,6 +180,22 @@ def _training_samples(args: Any) -> tuple[SampleDataset, bool]:
         return provided.samples, True
     reads = mpu.get_tensor_model_parallel_rank() == 0
     return program_samples(provided, args, ps.device(), reads), False
+
+
+def _count_planned_tokens(
+    plan: Any, replica: int, lengths: np.ndarray, device: torch.device
+) -> None:
+    """Megatron's FLOPs accounting of the iteration (`update_seqlen_stats_from_cu_seqlens`,
+    read by its `train` after the step) holds pipeline `replica`'s planned samples: their real
+    tokens and each sample's attention (L^2). What the program's `forward_step` counted is
+    dropped first: its `cu_seqlens` count each row's padding as a sequence. Every rank of a
+    pipeline counts the same samples, as Megatron's accounting expects."""
+    from megatron.training import training
+
+    training.consume_seqlen_stats_in_iteration()
+    samples = [s for mb in plan.microbatches if mb.replica == replica for s in mb.samples]
+    bounds = np.concatenate([[0], np.cumsum(lengths[samples], dtype=np.int64)])
+    training.update_seqlen_stats_from_cu_seqlens(torch.from_numpy(bounds).to(device))
 
 
 def thd_shape(schedule_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -317,6 +342,39 @@ def install() -> None:
     get_forward_backward_func._dynapipe = True  # type: ignore[attr-defined]
     training.get_forward_backward_func = get_forward_backward_func
     training.train_step = _logged_train_step(training.train_step, schedule)
+    training.training_log = _planned_batch_logged(training.training_log, schedule)
+
+
+def _planned_batch_logged(
+    megatron_training_log: Callable[..., Any], schedule: dict[str, DynaPipeSchedule]
+) -> Callable[..., Any]:
+    """megatron.training's `training_log` with, after a planned step, the planned batch's
+    samples as its global batch size: it multiplies `--micro-batch-size`, the data-parallel
+    size and its micro-batch count, which under DynaPipe say nothing, so for this call they
+    are 1, 1 and the planned samples."""
+    from megatron.training import training
+
+    @functools.wraps(megatron_training_log)
+    def training_log(*args: Any, **kwargs: Any) -> Any:
+        from megatron.training import get_args
+
+        dynapipe = schedule.get("dynapipe")
+        if dynapipe is None or dynapipe.last is None:
+            return megatron_training_log(*args, **kwargs)
+        job, samples = get_args(), dynapipe.last.samples
+        names = ("micro_batch_size", "data_parallel_size", "gtp_weight_remat_size")
+        saved = [getattr(job, name) for name in names], training.get_num_microbatches
+        for name in names:
+            setattr(job, name, 1)
+        training.get_num_microbatches = lambda: samples
+        try:
+            return megatron_training_log(*args, **kwargs)
+        finally:
+            for name, value in zip(names, saved[0], strict=True):
+                setattr(job, name, value)
+            training.get_num_microbatches = saved[1]
+
+    return training_log
 
 
 def _logged_train_step(

@@ -7,8 +7,10 @@ micro-batch's `row_sizes` put in them) laid end to end as one sequence of rows x
 with the cumulative boundaries of its samples and of each row's padding (`cu_seqlens`,
 megatron-core's THD format, `PackedSeqParams`). Attention is computed within each sample
 (TransformerEngine on GPU, `packed_attention` on CPU), never over a [tokens x tokens] mask: a
-padded micro-batch costs its samples' own attention, as a packed one does. Everything stays on
-CPU; the executor moves tensors to its device.
+padded micro-batch costs its samples' own attention, as a packed one does. Under sequence
+parallelism each row is padded further to a multiple of the tensor-parallel degree
+(`row_length`), as Megatron-LM needs `--seq-length` to be: the sequence is split evenly over the
+TP ranks. Everything stays on CPU; the executor moves tensors to its device.
 """
 
 from __future__ import annotations
@@ -126,13 +128,22 @@ def _checked_rows(mb: MicroBatch, dataset: SampleDataset) -> list[list[int]]:
     return rows
 
 
-def microbatch_tensors(mb: MicroBatch, dataset: SampleDataset) -> MicroBatchTensors:
+def row_length(seqlen: int, multiple: int = 1) -> int:
+    """Tokens per row of a micro-batch planned at `seqlen`: `seqlen` rounded up to `multiple`
+    (the sequence-parallel degree; 1 without sequence parallelism)."""
+    return -(-seqlen // multiple) * multiple
+
+
+def microbatch_tensors(
+    mb: MicroBatch, dataset: SampleDataset, row_multiple: int = 1
+) -> MicroBatchTensors:
     """Tensors of plan micro-batch `mb`: one sample per row, or packed rows per `mb.row_sizes`,
     as one THD sequence whose segments are the samples' own (`TrainingSample.starts`) and each
-    row's padding."""
+    row's padding; rows of `row_length(mb.seqlen, row_multiple)` tokens."""
     rows = _checked_rows(mb, dataset)
     lengths = dataset.lengths()
-    shape = (len(rows), mb.seqlen)
+    width = row_length(mb.seqlen, row_multiple)
+    shape = (len(rows), width)
     tokens = np.full(shape, dataset.pad_id, dtype=np.int64)
     labels = np.full(shape, dataset.pad_id, dtype=np.int64)
     loss_mask = np.zeros(shape, dtype=np.float32)
@@ -157,7 +168,7 @@ def microbatch_tensors(mb: MicroBatch, dataset: SampleDataset) -> MicroBatchTens
             segments[row, span] = segment + np.cumsum(opens)
             segment += len(read.starts)
             cursor = span.stop
-        position_ids[row, cursor:] = np.arange(mb.seqlen - cursor)
+        position_ids[row, cursor:] = np.arange(width - cursor)
         segments[row, cursor:] = segment
     return _thd(tokens, labels, loss_mask, position_ids, segments)
 
@@ -223,14 +234,17 @@ class RankMicroBatches(Mapping[int, MicroBatchTensors]):
     loads each micro-batch by instruction).
     """
 
-    def __init__(self, microbatches: Sequence[MicroBatch], dataset: SampleDataset) -> None:
+    def __init__(
+        self, microbatches: Sequence[MicroBatch], dataset: SampleDataset, row_multiple: int = 1
+    ) -> None:
         for mb in microbatches:
             _checked_rows(mb, dataset)  # a bad plan fails before any rank starts running it
         self._microbatches = {mb.id: mb for mb in microbatches}
         self._dataset = dataset
+        self._row_multiple = row_multiple
 
     def __getitem__(self, mb_id: int) -> MicroBatchTensors:
-        return microbatch_tensors(self._microbatches[mb_id], self._dataset)
+        return microbatch_tensors(self._microbatches[mb_id], self._dataset, self._row_multiple)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._microbatches)
@@ -240,10 +254,12 @@ class RankMicroBatches(Mapping[int, MicroBatchTensors]):
 
 
 def rank_microbatches(
-    plan: ExecutionPlan, replica: int, dataset: SampleDataset
+    plan: ExecutionPlan, replica: int, dataset: SampleDataset, row_multiple: int = 1
 ) -> RankMicroBatches:
-    """The micro-batches of pipeline `replica`, by micro-batch id (built when read)."""
-    return RankMicroBatches([mb for mb in plan.microbatches if mb.replica == replica], dataset)
+    """The micro-batches of pipeline `replica`, by micro-batch id (built when read), rows
+    padded to a multiple of `row_multiple` tokens."""
+    mine = [mb for mb in plan.microbatches if mb.replica == replica]
+    return RankMicroBatches(mine, dataset, row_multiple)
 
 
 def _rows(mb: MicroBatch) -> list[list[int]]:

@@ -62,6 +62,15 @@ class PlanRejected(ValueError):
     """The plan does not fit this job or breaks the plan contract; nothing was run."""
 
 
+def sequence_shards(config: Any) -> int:
+    """How many tensor-parallel ranks split each micro-batch's sequence between stages: the TP
+    degree under sequence parallelism (each rank holds its part of the activations, as
+    megatron-core's layers leave them), else 1 (every TP rank holds the whole activation)."""
+    if not getattr(config, "sequence_parallel", False):
+        return 1
+    return config.tensor_model_parallel_size
+
+
 def masked_token_loss(
     loss_mask: torch.Tensor, per_token_loss: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
@@ -144,6 +153,12 @@ class PlanExecutor:
         self.replica, self.num_replicas = replica, num_replicas
         self.p2p = p2p
         self.forward_step_func = forward_step_func
+        self.sequence_shards = sequence_shards(config)
+        if layouts is not None and self.sequence_shards > 1:
+            raise PlanRejected(
+                "sequence parallelism is not supported between stages of different "
+                "tensor-parallel degree"
+            )
         self._set_input_tensor = get_attr_wrapped_model(model, "set_input_tensor")
         # `--device-speed`: compute of this rank emulated this many times slower (device_speed).
         self.slowdown = 1.0
@@ -345,7 +360,8 @@ class PlanExecutor:
                 f"iteration {iteration + 1}, replica {self.replica} stage {self.stage}, "
                 f"instruction {index} ({ins.op} mb {ins.mb})"
             )
-            state.transfers[ins.op] = self._start(ins, packed_shape(ins.shape), state, where)
+            shape = packed_shape(ins.shape, self.sequence_shards)
+            state.transfers[ins.op] = self._start(ins, shape, state, where)
         elif ins.op.startswith("Wait"):
             self._wait(ins, state)
         return None

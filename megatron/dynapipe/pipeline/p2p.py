@@ -27,6 +27,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ..data.microbatches import row_length
+
 PLAN_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -42,13 +44,16 @@ def megatron_shape(plan_shape: Sequence[int]) -> tuple[int, ...]:
     return (s, b, h)
 
 
-def packed_shape(plan_shape: Sequence[int]) -> list[int]:
+def packed_shape(plan_shape: Sequence[int], sequence_shards: int = 1) -> list[int]:
     """The boundary [b, s, h] of a packed micro-batch as it travels: its rows laid end to end as
-    one THD sequence (`data.microbatches`), [1, b * s, h]."""
+    one THD sequence (`data.microbatches`), [1, b * s, h]. Under sequence parallelism over
+    `sequence_shards` TP ranks each rank sends and receives its own part of that sequence, as
+    megatron-core's schedules do: [1, b * s' / shards, h], each row padded to s', a multiple of
+    the shards (`data.microbatches.row_length`)."""
     if len(plan_shape) != 3:
         raise TransferError(f"boundary shape {list(plan_shape)} is not [batch, sequence, hidden]")
     b, s, h = plan_shape
-    return [1, b * s, h]
+    return [1, b * row_length(s, sequence_shards) // sequence_shards, h]
 
 
 @dataclass
