@@ -35,6 +35,27 @@ def test_megatron_flags_keep_megatron_meaning_and_defaults() -> None:
 
 
 @pytest.mark.parametrize(
+    ("flags", "dynapipe_s", "megatron_min"),
+    [
+        ([], 600.0, 10),  # both defaults: 10 minutes
+        (["--dynapipe-timeout", "30"], 30.0, 0.5),
+        (["--distributed-timeout-minutes", "2"], 120.0, 2),
+        (["--distributed-timeout-minutes", "1", "--dynapipe-timeout", "300"], 60.0, 1),
+    ],
+)
+def test_the_smaller_timeout_bounds_every_wait_when_dynapipe_plans(
+    flags, dynapipe_s, megatron_min
+) -> None:
+    """Issue 34: --dynapipe-timeout and --distributed-timeout-minutes agree, the smaller given
+    one wins, and Megatron's process groups take it when DynaPipe plans; without a DynaPipe
+    flag Megatron's groups keep Megatron's timeout."""
+    args = parse_args([*MODEL, *flags, "--dynamic-micro-batching"])
+    assert (args.dynapipe_timeout, args.distributed_timeout_minutes) == (dynapipe_s, megatron_min)
+    args = parse_args([*MODEL, "--dynapipe-timeout", "30"])
+    assert (args.dynapipe_timeout, args.distributed_timeout_minutes) == (30.0, 10)
+
+
+@pytest.mark.parametrize(
     ("flags", "named"),
     [
         (["--context-parallel-size", "2", "--dynamic-micro-batching"], "--context-parallel-size"),

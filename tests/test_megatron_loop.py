@@ -18,6 +18,7 @@ import subprocess
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -445,6 +446,54 @@ def test_megatron_program_names_a_rank_that_died(capfd) -> None:
     assert errors[0].startswith(
         "megatron_lm_program.py: error: rank 0, iteration 2: rank 1 stopped answering"
     ), errors[0]
+
+
+def _megatron_rank_freezes(rank: int, world: int, argv: list[str], pid_file: Path) -> Any:
+    """Rank 1 freezes whole (SIGSTOP: no heartbeat either) in iteration 2, after its planned
+    passes, where megatron-core's gradient sync waits on it in a group megatron.training
+    built; rank 0 returns its exit status and seconds from its start, then kills rank 1."""
+    import signal
+    import time
+
+    from megatron.dynapipe.pipeline.executor import PlanExecutor
+
+    if rank == 1:
+        pid_file.write_text(str(os.getpid()))
+        run = PlanExecutor.run
+
+        def run_then_freeze(self, plan, batches, *, iteration=0):
+            if iteration == 1:
+                finalize = self.config.finalize_model_grads_func
+
+                def frozen(*args, **kwargs):
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                    return finalize(*args, **kwargs)
+
+                self.config.finalize_model_grads_func = frozen
+            return run(self, plan, batches, iteration=iteration)
+
+        PlanExecutor.run = run_then_freeze
+        return _megatron_exit_status(rank, world, argv)
+    started = time.monotonic()
+    status = _megatron_exit_status(rank, world, argv)
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    return status, time.monotonic() - started
+
+
+def test_megatron_program_names_a_frozen_rank_within_the_timeout(tmp_path, capfd) -> None:
+    """Issue 34: a rank frozen in Megatron's gradient sync (its group built by megatron.training
+    with --distributed-timeout-minutes) ends the job within --dynapipe-timeout, the smaller of
+    the two, with one line naming the rank; the groups had waited 10 minutes."""
+    flags = [*FLAGS, "--dynapipe-timeout", "10", "--distributed-timeout-minutes", "10"]
+    results = run_ranks(_megatron_rank_freezes, 2, flags, tmp_path / "pid", timeout_s=240,
+                        may_die={1})  # fmt: skip
+    (status, spent), _ = results
+    errors = [line for line in capfd.readouterr().err.splitlines() if ": error:" in line]
+    assert status == 1 and len(errors) == 1, errors
+    assert errors[0].startswith(
+        "megatron_lm_program.py: error: rank 0, iteration 2: rank 1 stopped answering"
+    ), errors[0]
+    assert spent < 120, spent  # start-up, two iterations, one timeout
 
 
 def test_checkpoint_of_megatrons_loop_resumes_in_ours(tmp_path) -> None:

@@ -136,8 +136,9 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         "--dynapipe-timeout",
         type=float,
         default=600.0,
-        help="seconds a rank waits for a plan or a peer before failing with an error (default: "
-        "Megatron's --distributed-timeout-minutes when given, else 600)",
+        help="seconds a rank waits for a plan, a peer or a collective before failing with an "
+        "error; with --distributed-timeout-minutes the smaller wins, and when DynaPipe plans "
+        "Megatron's process groups take it too (default: 600, Megatron's 10 minutes)",
     )
     g.add_argument(
         "--log-peak-memory",
@@ -711,10 +712,24 @@ def _check_dynapipe(args: argparse.Namespace, given: dict[str, str]) -> None:
         raise ArgumentError("--seq-length is required (the longest training sequence)")
     if args.baseline == "megatron-1f1b":
         _megatron_global_batch(args)
-    if "distributed_timeout_minutes" in given and "dynapipe_timeout" not in given:
-        args.dynapipe_timeout = 60.0 * args.distributed_timeout_minutes  # Megatron's timeout
+    _one_timeout(args, given)
     _check_batch(args, given)
     _check_recompute(args, given)
+
+
+def _one_timeout(args: argparse.Namespace, given: dict[str, str]) -> None:
+    """One timeout bounds every wait of a job: `--dynapipe-timeout` (seconds) and Megatron's
+    `--distributed-timeout-minutes` agree, the smaller given one wins (both default to 10
+    minutes). When DynaPipe plans, Megatron's process groups take it too, so a collective
+    with a frozen rank fails within it and DynaPipe's heartbeats name the rank; without a
+    DynaPipe flag Megatron's groups keep Megatron's timeout."""
+    given_s = [60.0 * args.distributed_timeout_minutes] * ("distributed_timeout_minutes" in given)
+    given_s += [args.dynapipe_timeout] * ("dynapipe_timeout" in given)
+    if not given_s:
+        return
+    args.dynapipe_timeout = min(given_s)
+    if args.dynapipe_plans:
+        args.distributed_timeout_minutes = args.dynapipe_timeout / 60  # a timedelta's minutes
 
 
 def per_sample_attention(args: argparse.Namespace) -> None:
