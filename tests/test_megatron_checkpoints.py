@@ -149,7 +149,7 @@ def _torch_file(path: Path, whole: bool = True) -> None:
         path.write_bytes(path.read_bytes()[:-40])
 
 
-def test_only_incomplete_iterations_after_the_tracked_one_are_removed(tmp_path, caplog) -> None:
+def test_only_incomplete_iterations_after_the_tracked_one_are_removed(tmp_path, capsys) -> None:
     """torch_dist is complete with its .metadata or metadata.json, torch with a whole
     model_optim_rng.pt in every mp_rank directory; the tracked iteration and earlier ones are
     never touched."""
@@ -171,12 +171,11 @@ def test_only_incomplete_iterations_after_the_tracked_one_are_removed(tmp_path, 
     (ckpt / "iter_0000008").mkdir()
     (ckpt / "iter_0000008" / ".metadata").write_bytes(b"x")  # every shard written
     (ckpt / "iter_notes").mkdir()  # not an iteration
-    with caplog.at_level("WARNING", logger="megatron.dynapipe.checkpointing"):
-        remove_interrupted_saves(ckpt)
+    remove_interrupted_saves(ckpt)
     left = sorted(p.name for p in ckpt.glob("iter_*"))
     kept = ["iter_0000001", "iter_0000002", "iter_0000004", "iter_0000006", "iter_0000008"]
     assert left == [*kept, "iter_notes"]
-    assert [r.getMessage() for r in caplog.records] == [
+    assert capsys.readouterr().err.splitlines() == [
         f"removed {ckpt / name}: a save interrupted before it was complete"
         for name in ("iter_0000003", "iter_0000005", "iter_0000007")
     ]
@@ -305,3 +304,96 @@ def test_a_flipped_byte_is_named_with_verify_integrity(tmp_path) -> None:
     shard.write_bytes(bytes(data))
     with pytest.raises(AssertionError, match=rf"integrity verification failed .*{shard.name}"):
         run_ranks(_train, 2, [*flags, "--train-iters", "2", "--load", str(ckpt)], timeout_s=120)
+
+
+def _megatron_program(rank: int, world: int, argv: list[str]) -> int | str | None:
+    from test_megatron_loop import _megatron_exit_status
+
+    return _megatron_exit_status(rank, world, argv)
+
+
+def _errors(capfd) -> list[str]:
+    return [line for line in capfd.readouterr().err.splitlines() if ": error:" in line]
+
+
+def test_megatrons_own_checkpoint_failures_end_in_one_line(tmp_path, capfd) -> None:
+    """Issue 34, Megatron's loop without DynaPipe flags: an LR schedule other than the
+    checkpoint's and a shard failing --verify-integrity are named in one line on rank 0
+    (exit status 2, nothing trained); an iteration an earlier save left incomplete is removed
+    with a line at the next start."""
+    from test_megatron_loop import CPU_FLAGS, MEGATRON_ONLY
+
+    ckpt = tmp_path / "ckpt"
+    flags = [*MEGATRON_ONLY, "--mock-data", *CPU_FLAGS, "--verify-integrity"]
+    saved = [*flags, "--save", str(ckpt), "--exit-interval", "2"]
+    assert run_ranks(_megatron_program, 2, saved, timeout_s=240) == [0, 0]
+    capfd.readouterr()
+    warmup = [*flags, "--lr-warmup-iters", "1", "--load", str(ckpt)]  # saved without warm-up
+    assert run_ranks(_megatron_program, 2, warmup, timeout_s=240) == [2, 2]
+    (line,) = _errors(capfd)
+    assert "iter_0000002 cannot be loaded: OptimizerParamScheduler" in line, line
+    assert "--override-opt-param-scheduler takes this run's flags" in line, line
+    shard = sorted((ckpt / "iter_0000002").glob("*.distcp"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    loaded = [*flags, "--load", str(ckpt)]
+    assert run_ranks(_megatron_program, 2, loaded, timeout_s=240) == [2, 2]
+    (line,) = _errors(capfd)
+    assert "integrity verification failed" in line and shard.name in line, line
+    partial = ckpt / "iter_0000009"
+    partial.mkdir()
+    (partial / "__0_0.distcp").write_bytes(b"\0" * 64)  # no .metadata: a save cut short
+    fresh = [*flags, "--save", str(ckpt), "--train-iters", "1", "--exit-interval", "1"]
+    shutil.rmtree(ckpt / "iter_0000002")
+    (ckpt / "latest_checkpointed_iteration.txt").unlink()
+    assert run_ranks(_megatron_program, 2, fresh, timeout_s=240) == [0, 0]
+    assert not partial.exists()
+    assert f"removed {partial}: a save interrupted" in capfd.readouterr().err
+
+
+def test_an_fp16_checkpoint_without_optimizer_state_is_named(tmp_path, capfd) -> None:
+    """Issue 34: fp16 skips its first steps while the loss scale settles, so a save at
+    iteration 2 holds no optimizer state (as upstream Megatron-LM's does); loading it stops in
+    one line naming --no-load-optim, with which it resumes. fp16 saves and loads on CPU ranks,
+    in Megatron's loop under DynaPipe."""
+    from test_megatron_loop import FLAGS
+
+    ckpt = str(tmp_path / "ckpt")
+    flags = [*FLAGS, "--fp16"]
+    saved = [*flags, "--save", ckpt, "--exit-interval", "2"]
+    assert run_ranks(_megatron_program, 2, saved, timeout_s=240) == [0, 0]
+    capfd.readouterr()
+    assert run_ranks(_megatron_program, 2, [*flags, "--load", ckpt], timeout_s=240) == [2, 2]
+    (line,) = _errors(capfd)
+    assert "iter_0000002 cannot be loaded: it holds no optimizer state" in line, line
+    assert "--no-load-optim loads the rest" in line, line
+    resumed = [*flags, "--load", ckpt, "--no-load-optim"]
+    assert run_ranks(_megatron_program, 2, resumed, timeout_s=240) == [0, 0]
+
+
+def _disk_full(rank: int, world: int, argv: list[str]) -> int | str | None:
+    """The program, its checkpoint writes failing as on a full disk."""
+    import errno
+
+    from megatron.core import dist_checkpointing
+
+    def full(state_dict, directory, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"{directory}/__{rank}_0.distcp")
+
+    dist_checkpointing.save = full
+    return _megatron_program(rank, world, argv)
+
+
+def test_a_full_disk_during_a_save_ends_in_one_line_per_rank(tmp_path, capfd) -> None:
+    """Issue 34: a save the file system refuses (disk full) ends Megatron's loop with exit
+    status 1 and one line per rank naming the directory and the reason, not a traceback."""
+    from test_megatron_loop import FLAGS
+
+    ckpt = tmp_path / "ckpt"
+    flags = [*FLAGS, "--save", str(ckpt), "--save-interval", "2"]
+    assert run_ranks(_disk_full, 2, flags, timeout_s=240) == [1, 1]
+    errors = _errors(capfd)
+    assert len(errors) == 2, errors
+    for line in errors:
+        assert f"saving iteration 2 to {ckpt} failed: No space left on device" in line, line

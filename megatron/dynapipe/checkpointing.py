@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
+import errno
 import os
 import shutil
+import sys
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,8 +42,6 @@ from . import checkpoint_metadata
 LATEST = "latest_iteration.txt"
 FULL_STATE = "full_state.pt"
 
-_log = logging.getLogger(__name__)
-
 
 @dataclass
 class TrainState:
@@ -56,6 +55,10 @@ class TrainState:
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, truncated or from a different job layout; names the path."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """A save failed on the file system (disk full, no permission); names where and why."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,7 @@ def _saved_args(directory: Path) -> argparse.Namespace:
     if not base.is_dir():
         raise CheckpointError(f"checkpoint directory {base} is missing")
     checkpoint_metadata.check(base)
-    with _named(base):
+    with named(base):
         if dist_checkpointing.check_is_distributed_checkpoint(str(base)):
             common = dist_checkpointing.load_common_state_dict(str(base))
         else:
@@ -146,7 +149,7 @@ def _saved_args(directory: Path) -> argparse.Namespace:
 
 
 @contextlib.contextmanager
-def _named(path: Path) -> Iterator[None]:
+def named(path: Path) -> Iterator[None]:
     """Any failure to read `path` becomes a CheckpointError naming it, or the damaged file in
     it (a torch_dist shard shorter than its metadata says). torch.distributed.checkpoint's
     CheckpointException is a BaseException, and Megatron's loader calls sys.exit on some bad
@@ -163,16 +166,34 @@ def _named(path: Path) -> Iterator[None]:
             raise CheckpointError(
                 f"checkpoint {damaged} is corrupt: shorter than {path / '.metadata'} records"
             ) from err
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-        first_line = lines[0] if lines else type(err).__name__
-        if first_line.endswith(":") and len(lines) > 1:  # a list follows: name its first item
-            first_line += " " + lines[1]
+        first_line = _first_line(err)
         if "OptimizerParamScheduler" in first_line:  # Megatron's resume rule for the LR schedule
             first_line += (
                 "; --override-opt-param-scheduler takes this run's flags, "
                 "--use-checkpoint-opt-param-scheduler the checkpoint's"
             )
+        elif "optimizer.state." in first_line and "not in state dict" in first_line:
+            first_line = (
+                "it holds no optimizer state, as a save before the first optimizer step leaves "
+                "it (fp16 skips steps while its loss scale settles); --no-load-optim loads the "
+                "rest"
+            )
         raise CheckpointError(f"checkpoint {path} cannot be loaded: {first_line}") from err
+
+
+def _first_line(err: BaseException) -> str:
+    """What went wrong, in one line: the first line of `err`'s message (and the first item of
+    a list it introduces), or of the first rank's failure torch's CheckpointException holds."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if isinstance(err, CheckpointException) and err.failures:
+        return _first_line(next(iter(err.failures.values()))[0])
+    text = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    first_line = lines[0] if lines else type(err).__name__
+    if first_line.endswith(":") and len(lines) > 1:  # a list follows: name its first item
+        first_line += " " + lines[1]
+    return first_line
 
 
 def _damaged_file(base: Path) -> Path | None:
@@ -199,6 +220,80 @@ def _damaged_file(base: Path) -> Path | None:
     return None
 
 
+def loaded_directory(load: str | os.PathLike) -> Path:
+    """The directory a load of `load` reads: its tracked iteration's, or `load` itself when
+    it holds no checkpoint (or its tracker names none)."""
+    directory = Path(load)
+    if not has_checkpoint(directory):
+        return directory
+    try:
+        iteration, release = _tracked_iteration(directory)
+    except CheckpointError:
+        return directory
+    return Path(
+        _megatron().get_checkpoint_name(str(directory), iteration, release, return_base_dir=True)
+    )
+
+
+@contextlib.contextmanager
+def written(directory: str | os.PathLike, iteration: int) -> Iterator[None]:
+    """A save of `iteration` into `directory` that fails on the file system (disk full, no
+    permission: an OSError on any rank, also inside torch's checkpoint writer) becomes a
+    CheckpointWriteError naming the directory and the reason; the incomplete iteration is
+    removed when the next run starts (`remove_interrupted_saves`)."""
+    try:
+        yield
+    except BaseException as err:  # torch's CheckpointException is a BaseException
+        reason = _write_failure(err, Path(directory))
+        if reason is None:
+            raise
+        raise CheckpointWriteError(
+            f"saving iteration {iteration} to {directory} failed: {reason}; the incomplete "
+            "save is removed when the next run starts"
+        ) from err
+
+
+def _write_failure(err: BaseException, directory: Path) -> str | None:
+    """Why a save failed on the file system or in torch's checkpoint writer, or None when it
+    failed otherwise. megatron-core's writer processes report an OSError by its class name
+    only; the disk is then asked. A rank whose own writes went through learns only that
+    another rank's did not."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    cause = _os_error(err)
+    if cause is not None:
+        reason = os.strerror(cause.errno) if cause.errno else str(cause)
+        return reason + (f" ({cause.filename})" if cause.filename else "")
+    if "OSError" not in str(err):
+        if isinstance(err, CheckpointException):
+            return _first_line(err) if err.failures else "another rank's writes failed"
+        return None
+    existing = next((p for p in (directory, *directory.parents) if p.is_dir()), Path("/"))
+    free = shutil.disk_usage(existing).free
+    if free < 2**20:
+        return f"{os.strerror(errno.ENOSPC)} ({free:,} bytes free)"
+    return "a writer process of the checkpoint hit an OSError"
+
+
+def _os_error(err: BaseException, depth: int = 0) -> OSError | None:
+    """The first OSError in `err`, its causes, or the per-rank failures torch's
+    CheckpointException collects."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if err is None or depth > 16:
+        return None
+    if isinstance(err, OSError):
+        return err
+    nested: list[BaseException | None] = [err.__cause__, err.__context__]
+    if isinstance(err, CheckpointException):
+        nested += [failure[0] for failure in err.failures.values()]
+    for inner in nested:
+        found = _os_error(inner, depth + 1) if inner is not None else None
+        if found is not None:
+            return found
+    return None
+
+
 def save(
     args: argparse.Namespace,
     state: TrainState,
@@ -211,9 +306,10 @@ def save(
     args.consumed_train_samples = state.consumed_samples
     args.dynapipe_consumed_tokens = state.consumed_tokens
     args.dynapipe_data_position = data_position
-    _megatron().save_checkpoint(
-        state.iteration, [model], optimizer, scheduler, state.floating_point_operations
-    )
+    with written(args.save, state.iteration):
+        _megatron().save_checkpoint(
+            state.iteration, [model], optimizer, scheduler, state.floating_point_operations
+        )
 
 
 def load(
@@ -225,7 +321,7 @@ def load(
             str(point.directory), point.state.iteration, False, return_base_dir=True
         )
     )
-    with _named(base):
+    with named(base):
         iteration, flops = _megatron().load_checkpoint([model], optimizer, scheduler)
     if iteration != point.state.iteration:
         raise CheckpointError(
@@ -272,7 +368,13 @@ def remove_partial_iterations(directory: Path, tracked: int | None) -> None:
         if (tracked is not None and int(number) <= tracked) or _complete_save(path):
             continue
         shutil.rmtree(path)
-        _log.warning("removed %s: a save interrupted before it was complete", path)
+        say_removed(path)
+
+
+def say_removed(path: Path) -> None:
+    """The line that names what an interrupted save left and the start removed (on stderr,
+    where Megatron's logging configuration cannot hide it)."""
+    print(f"removed {path}: a save interrupted before it was complete", file=sys.stderr, flush=True)
 
 
 def _complete_save(path: Path) -> bool:

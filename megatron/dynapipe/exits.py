@@ -23,7 +23,7 @@ from dynapipe_planner.cli_args import report_error
 from dynapipe_planner.errors import PlanningError, PlanningServiceError
 
 from .checkpoint_metadata import MetadataRefused
-from .checkpointing import CheckpointError
+from .checkpointing import CheckpointError, CheckpointWriteError
 from .data.base import DataError
 from .device_speed import DeviceSpeedError
 from .hetero.candidates import CandidateError
@@ -42,7 +42,7 @@ USER_ERRORS = (
     CandidateError,
     PlanningError,
 )
-JOB_FAULTS = (PeerFailure, PlanningServiceError, PlanMismatch, TransferError)
+JOB_FAULTS = (PeerFailure, PlanningServiceError, PlanMismatch, TransferError, CheckpointWriteError)
 PROGRAM_ERRORS = (MissingPackedParams,)
 
 

@@ -20,8 +20,13 @@ seams of megatron.training that run before its loop, patched by `install()`.
 - its data-loader build (`_no_validation_without_data`): no validation when the provider gives
   no validation data (megatron.training 0.19 would read a missing iterator);
 - its `pretrain` (`_reporting`): the flags and `--load` are checked before anything is built,
-  errors end the job as DynaPipe's do (`exits`), and the jobs only DynaPipe's own loop runs
-  (`arguments.runs_in_own_loop`) go there.
+  the saves an earlier run left incomplete in `--save` are removed (with a line), errors end
+  the job as DynaPipe's do (`exits`), and the jobs only DynaPipe's own loop runs
+  (`arguments.runs_in_own_loop`) go there;
+- its checkpoint load and save (`_named_checkpoints`): a checkpoint Megatron cannot load (an
+  LR schedule other than the flags', a failed `--verify-integrity`, missing optimizer state, a
+  truncated shard) is named in one line (exit status 2), and a save the file system refuses
+  (disk full) ends the job in one line per rank (exit status 1).
 
 What changes inside the loop (the schedule, the training step) is `megatron_loop`'s.
 """
@@ -36,9 +41,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import arguments, checkpoint_metadata, cpu_compat
+from . import arguments, checkpoint_metadata, checkpointing, cpu_compat
 from . import parallel_state as ps
-from .checkpointing import resume_point
 from .exits import megatron_args, run_or_exit
 
 # The training dataset the program's provider returned on this rank (`provided_training_dataset`).
@@ -67,6 +71,32 @@ def install() -> None:
         training.build_train_valid_test_data_loaders
     )
     megatron.training.pretrain = training.pretrain = _reporting(training.pretrain)
+    _named_checkpoints(training)
+
+
+def _named_checkpoints(training: Any) -> None:
+    """megatron.training's `load_checkpoint` and `save_checkpoint` (as its loop calls them)
+    with their failures named (`checkpointing.named`, `checkpointing.written`)."""
+    load, save = training.load_checkpoint, training.save_checkpoint
+
+    @functools.wraps(load)
+    def load_checkpoint(*args: Any, **kwargs: Any) -> Any:
+        from megatron.training import get_args
+
+        job = get_args()
+        if not job.load:
+            return load(*args, **kwargs)
+        with checkpointing.named(checkpointing.loaded_directory(job.load)):
+            return load(*args, **kwargs)
+
+    @functools.wraps(save)
+    def save_checkpoint(iteration: int, *args: Any, **kwargs: Any) -> Any:
+        from megatron.training import get_args
+
+        with checkpointing.written(get_args().save, iteration):
+            return save(iteration, *args, **kwargs)
+
+    training.load_checkpoint, training.save_checkpoint = load_checkpoint, save_checkpoint
 
 
 def _tokenizer_from_flags(args: Any) -> Any:
@@ -222,4 +252,6 @@ def _before_megatron(args: Any) -> None:
     if args.rank == 0:
         for note in args.dynapipe_notes:
             print(note, file=sys.stdout, flush=True)
-    resume_point(args)
+        if args.save:
+            checkpointing.remove_interrupted_saves(args.save)
+    checkpointing.resume_point(args)

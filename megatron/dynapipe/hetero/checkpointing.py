@@ -22,7 +22,6 @@ written before `full_state.pt` moves in, so a homogeneous job or Megatron-LM res
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,14 +37,13 @@ from ..checkpointing import (
     TrainState,
     remove_partial_iterations,
     rng_state,
+    say_removed,
     set_rng_state,
 )
 from .switch import DisaggregatedOptimizer
 
 FORMAT = "dynapipe-full-fp32-v1"
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"  # a homogeneous job's checkpoint
-
-_log = logging.getLogger(__name__)
 
 
 def _path(directory: Path, iteration: int) -> Path:
@@ -156,7 +154,7 @@ def remove_interrupted_saves(directory: str | os.PathLike) -> None:
     _pending_marker(directory).unlink(missing_ok=True)
     for leftover in sorted(directory.glob(f".iter_*.{FULL_STATE}*")):
         leftover.unlink()
-        _log.warning("removed %s: a save interrupted before it was complete", leftover)
+        say_removed(leftover)
     remove_partial_iterations(directory, tracked)
 
 
