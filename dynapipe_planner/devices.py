@@ -143,10 +143,14 @@ class HeteroCluster:
 
 
 def _number(value: Any, where: str, *, positive: bool = True) -> float:
+    """A finite number, positive (bandwidths, FLOPS) or, with `positive=False`, non-negative
+    (latencies: a link cannot answer before it is asked)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise PlanningError(f"{where} must be a number, got {value!r}")
     if positive and not value > 0:
         raise PlanningError(f"{where} must be positive, got {value!r}")
+    if not positive and not value >= 0:
+        raise PlanningError(f"{where} must be non-negative, got {value!r}")
     if not np.isfinite(value):
         raise PlanningError(f"{where} must be finite, got {value!r}")
     return float(value)

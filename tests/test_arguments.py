@@ -129,6 +129,8 @@ def test_batch_is_samples_or_tokens_never_both(capsys) -> None:
         flags = [f for f in MODEL if f not in ("--train-iters", "3")]
         parse_args([*flags, "--tokens-per-global-batch", "4096", "--train-samples", "24"])
     assert "--train-samples" in capsys.readouterr().err
+    line = _refused(capsys, "--tokens-per-global-batch", "63")  # MODEL's --seq-length is 64
+    assert "--tokens-per-global-batch 63 is below one sequence (--seq-length 64)" in line
 
 
 def test_train_samples_count_iterations_of_global_batches() -> None:

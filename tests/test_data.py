@@ -229,6 +229,11 @@ def test_jsonl_skips_blank_lines_and_counts_them(tmp_path):
         (['{"words": 3}'], {}, "d.jsonl line 1: none of the fields input_ids, text, length found"),
         (['{"length": 3}', '{"length": 2.5}'], {}, "d.jsonl line 2: field 'length' is '2.5'"),
         (['{"length": true}'], {}, "d.jsonl line 1: field 'length' is 'true'"),
+        # Issue 34: a well-known key holds its own kind, not another one read as a length.
+        (['{"text": 12345}'], {}, "d.jsonl line 1: field 'text' is '12345'; expected a string"),
+        (['{"input_ids": "hello"}'], {}, "field 'input_ids' is '\"hello\"'; expected a flat list"),
+        (['{"input_ids": [[1, 2], [3]]}'], {}, "field 'input_ids' is '.*; expected a flat list"),
+        (['{"length": "7"}'], {}, "field 'length' is '\"7\"'; expected an integer length"),
         (['{"input_ids": []}'], {}, "d.jsonl line 1: sample 0 has length 0"),
         (['{"length": 3}', '{"length": 3'], {}, "d.jsonl line 2: invalid JSON"),
         (["[1, 2]"], {}, r"d.jsonl line 1: expected a JSON object, got '\[1, 2\]'"),

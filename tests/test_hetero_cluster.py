@@ -98,6 +98,14 @@ def test_homogeneous_cluster() -> None:
             "network.bandwidth_gbs must be positive",
         ),
         (lambda d: d.pop("network"), "network.bandwidth_gbs (default between machines)"),
+        (  # issue 34: a latency below zero was taken
+            lambda d: d.update(network={"bandwidth_gbs": 1, "latency_us": -5}),
+            "network.latency_us must be non-negative, got -5",
+        ),
+        (
+            lambda d: d["machines"][0].update(intra_latency_us=-1),
+            "machine 'a': intra_latency_us must be non-negative",
+        ),
         (lambda d: d.update(machines=[]), "'machines' must be a non-empty list"),
         (
             lambda d: d["machines"][0].update(memory_gib=2),

@@ -209,3 +209,15 @@ def test_forged_and_replayed_plans_are_refused_and_the_store_listens_on_the_job_
         refused = reader["outcomes"][iteration]
         assert refused.startswith(f"rank 1: plan store entry 'dynapipe/plan/{iteration}' fails ")
         assert "refusing to run it" in refused
+
+
+def test_a_store_on_every_interface_is_warned_about(capfd) -> None:
+    """Issue 34: MASTER_ADDR 0.0.0.0 binds the plan store on every interface: one warning."""
+    from megatron.dynapipe.pipeline.plan_distribution import open_plan_store
+
+    store = open_plan_store(0, 1, host="0.0.0.0", port=free_port(), timeout_s=5)
+    del store
+    err = capfd.readouterr().err
+    assert "warning: MASTER_ADDR 0.0.0.0 makes the plan store listen on every network" in err
+    open_plan_store(0, 1, host="127.0.0.1", port=free_port(), timeout_s=5)
+    assert "warning" not in capfd.readouterr().err

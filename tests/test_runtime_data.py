@@ -355,6 +355,8 @@ def test_vocabulary_check_scans_in_chunks_with_progress(tmp_path: Path, monkeypa
             '{"input_ids": [1, "a"]}\n',
             r"line 1: field 'input_ids' must be text or a list of token ids",
         ),
+        ('{"input_ids": "hello"}\n', r"field 'input_ids' must be a flat list of integer token"),
+        ('{"text": 12345}\n', r"line 1: field 'text' must be a string, got '12345'"),
         ("[1, 2]\n", r"line 1: expected a JSON object"),
         ('{"body": "a"}\n', r"line 1: none of the fields text, input_ids"),
         ("\n", r": no samples"),

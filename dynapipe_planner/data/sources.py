@@ -230,21 +230,45 @@ def _first_key(record: dict, keys: tuple[str, ...]) -> str | None:
     return next((key for key in keys if key in record), None)
 
 
+# What the well-known keys hold ("targets" and "target" hold text or a length, as datasets
+# use them); any other key, as field= picks it, may hold any of the three.
+_KEY_KINDS = {"input_ids": "ids", "target_ids": "ids", "text": "text", "length": "length"}
+_KIND_NAMES = {"ids": "a flat list of integer token ids", "text": "a string",
+               "length": "an integer length"}  # fmt: skip
+
+
 def _record_length(record: dict, key: str, where: str) -> int:
-    """Token-id list -> its length, string -> UTF-8 bytes (byte-level tokens), integer -> itself."""
+    """Token-id list -> its length, string -> UTF-8 bytes (byte-level tokens), integer -> itself;
+    a well-known key must hold its own kind ("text" a string, "input_ids" a flat list of
+    integer ids, "length" an integer), so a number under "text" is not read as a length."""
     if key not in record:
         raise PlanningError(f"{where}: missing field {key!r} (fields: {', '.join(record)})")
     value = record[key]
-    if isinstance(value, list):
-        return len(value)
-    if isinstance(value, str):
-        return len(value.encode("utf-8"))
-    if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63:
-        return value
+    kind = _value_kind(value)
+    wanted = _KEY_KINDS.get(key)
+    if kind is not None and wanted in (None, kind):
+        if kind == "ids":
+            return len(value)
+        return len(value.encode("utf-8")) if kind == "text" else value
+    expected = _KIND_NAMES[wanted] if wanted else ", ".join(_KIND_NAMES.values())
     raise PlanningError(
-        f"{where}: field {key!r} is {_excerpt(json.dumps(value))}; "
-        "expected a token-id list, a string or an integer length"
+        f"{where}: field {key!r} is {_excerpt(json.dumps(value))}; expected {expected}"
     )
+
+
+def _value_kind(value: object) -> str | None:
+    """ "ids", "text" or "length" for what a length can be read from, else None."""
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return "length" if -(2**63) <= value < 2**63 else None
+    if isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        return "ids"
+    return None
 
 
 def _excerpt(text: str, limit: int = 80) -> str:

@@ -816,9 +816,10 @@ def _check_batch(args: argparse.Namespace, given: dict[str, str]) -> None:
     --tokens-per-global-batch), and iterations (--train-iters, or --train-samples with a
     sample count per batch)."""
     if args.tokens_per_global_batch is not None:
-        if args.tokens_per_global_batch < 1:
+        if args.tokens_per_global_batch < args.seq_length:
             raise ArgumentError(
-                f"--tokens-per-global-batch must be positive, got {args.tokens_per_global_batch}"
+                f"--tokens-per-global-batch {args.tokens_per_global_batch} is below one sequence "
+                f"(--seq-length {args.seq_length}): a global batch must hold the longest sample"
             )
         if "global_batch_size" in given:
             raise ArgumentError(

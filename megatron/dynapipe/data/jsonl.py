@@ -78,6 +78,12 @@ def record_tokens(record: dict, field: str, tokenizer: Tokenizer, where: str) ->
     if field not in record:
         raise DataError(f"{where}: missing field {field!r} (fields: {', '.join(record)})")
     value = record[field]
+    wanted = {"text": str, "input_ids": list}.get(field)
+    if wanted is not None and not isinstance(value, wanted):
+        kind = "a string" if wanted is str else "a flat list of integer token ids"
+        raise DataError(
+            f"{where}: field {field!r} must be {kind}, got {_excerpt(json.dumps(value))}"
+        )
     if isinstance(value, str):
         try:
             ids = tokenizer.encode(value)

@@ -42,6 +42,7 @@ import logging
 import os
 import secrets
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -84,6 +85,10 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+# Addresses that bind a listening socket on every interface.
+_EVERY_INTERFACE = ("", "0.0.0.0", "::", "[::]")
+
+
 def open_plan_store(
     rank: int,
     world_size: int,
@@ -105,6 +110,14 @@ def open_plan_store(
         ) from e
     listen_fd = None
     if rank == publisher_rank:
+        if host in _EVERY_INTERFACE:
+            print(
+                f"warning: MASTER_ADDR {host or '(empty)'} makes the plan store listen on every "
+                "network interface; its entries are authenticated, but anyone who reaches the "
+                "port can connect: set MASTER_ADDR to the job's own address",
+                file=sys.stderr,
+                flush=True,
+            )
         sock = _listening_socket(host, port)
         port = sock.getsockname()[1]
         listen_fd = sock.detach()  # the store's server owns the descriptor from here on
