@@ -370,7 +370,11 @@ def test_megatron_program_ends_on_a_refused_batch_as_pretrain_gpt_does(capfd) ->
     assert run_ranks(_megatron_exit_status, 2, flags, timeout_s=240) == [2, 2]
     errors = [line for line in capfd.readouterr().err.splitlines() if ": error:" in line]
     assert len(errors) == 1, errors
-    assert errors[0].startswith("megatron_lm_program.py: error: iteration 1: no feasible plan")
+    assert errors[0].startswith(
+        "megatron_lm_program.py: error: the program's MockGPTDataset: before "
+        "training, a global batch of"
+    ), errors[0]
+    assert "no feasible plan" in errors[0]
 
 
 def test_megatron_program_whose_stages_hold_other_layer_counts_is_refused(capfd) -> None:

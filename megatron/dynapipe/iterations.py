@@ -20,9 +20,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from dynapipe_planner.errors import PlanningError
 from dynapipe_planner.model_spec import ModelSpec
 from dynapipe_planner.online_fit import IterationTimeFit, PlanFeatures
 from dynapipe_planner.plan import ExecutionPlan
+from dynapipe_planner.preflight import longest_sample_refusal
 
 from . import parallel_state as ps
 from .checkpointing import ResumePoint
@@ -96,8 +98,10 @@ class PlannedIterations:
         elif resume is not None:
             for _ in range(resume.state.iteration):
                 next(self.sampler)
+        recipe = self._recipe()
+        self._check_longest_sample(recipe)
         self.plans = open_plan_source(
-            self._recipe(),
+            recipe,
             self.sampler,
             self.dataset.lengths(),
             stop_iteration=args.train_iters,
@@ -117,6 +121,24 @@ class PlannedIterations:
 
     def __exit__(self, *exc: object) -> None:
         self.plans.__exit__(*exc)
+
+    def _check_longest_sample(self, recipe) -> None:
+        """Stop every rank before training when the dataset's longest sample cannot be planned
+        (`dynapipe_planner.preflight`): the planning rank tries it and tells the others."""
+        refusal: list[str | None] = [None]
+        if recipe is not None:
+            args, lengths = self.args, self.dataset.lengths()
+            if args.tokens_per_global_batch is not None:
+                longest = int(np.max(lengths.sum(axis=1) if lengths.ndim == 2 else lengths))
+                capacity = args.tokens_per_global_batch // longest
+            else:
+                capacity = args.global_batch_size
+            name = self.dataset.name
+            refusal[0] = longest_sample_refusal(recipe.build(), lengths, capacity, name)
+        if dist.get_world_size() > 1:
+            dist.broadcast_object_list(refusal, src=PLANNING_RANK)
+        if refusal[0] is not None:
+            raise PlanningError(refusal[0])
 
     def _recipe(self):
         """The planner recipe on the planning rank, None elsewhere."""
