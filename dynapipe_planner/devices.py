@@ -33,6 +33,7 @@ import numpy as np
 
 from .cluster import GPU_PRESETS, GiB, GpuSpec, get_gpu
 from .errors import PlanningError
+from .input_files import check_input_file
 
 GB = 1e9
 _MACHINE_KEYS = {
@@ -321,6 +322,7 @@ def load_cluster(path: str | Path) -> HeteroCluster:
     import yaml
 
     path = Path(path)
+    check_input_file(path, "cluster file")
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
@@ -332,6 +334,8 @@ def load_cluster(path: str | Path) -> HeteroCluster:
     except yaml.YAMLError as e:
         where = " ".join(str(e).split())  # PyYAML quotes the line under a caret: one line here
         raise PlanningError(f"cluster file {path}: not valid YAML ({where})") from e
+    except RecursionError:
+        raise PlanningError(f"cluster file {path}: nested too deeply") from None
     return cluster_from_dict(data, str(path))
 
 

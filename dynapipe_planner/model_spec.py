@@ -19,11 +19,11 @@ Biases follow `add_bias_linear` (every linear layer) and `add_qkv_bias` (linear_
 
 from __future__ import annotations
 
-import json
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 from .errors import PlanningError
+from .input_files import check_input_file, json_loads
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 # Megatron's position embeddings of a GPT model; only learned absolute positions have weights.
@@ -329,12 +329,13 @@ def load_model_spec(name_or_path: str) -> ModelSpec:
         raise PlanningError(
             f"model {name_or_path!r} is neither a preset ({', '.join(MODEL_PRESETS)}) nor a file"
         )
+    check_input_file(path, "model spec")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json_loads(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise PlanningError(f"model spec {path}: cannot read ({e.strerror or e})") from e
     except UnicodeDecodeError as e:
         raise PlanningError(f"model spec {path}: not UTF-8 text ({e.reason})") from e
-    except json.JSONDecodeError as e:
+    except ValueError as e:
         raise PlanningError(f"model spec {path}: not valid JSON ({e})") from e
     return ModelSpec.from_dict(data)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import PlanningError
+from .input_files import check_input_file, json_loads
 
 PLAN_VERSION = 1
 MAGIC = b"DYNAPLAN"
@@ -372,6 +373,7 @@ class ExecutionPlan:
 def load_plan(path: str | Path) -> ExecutionPlan:
     """Read a JSON or binary plan (detected by content) with errors that name the file."""
     path = Path(path)
+    check_input_file(path, "plan")
     try:
         buf = path.read_bytes()
     except OSError as e:
@@ -379,8 +381,8 @@ def load_plan(path: str | Path) -> ExecutionPlan:
     if buf.startswith(MAGIC):
         return ExecutionPlan.from_bytes(buf, str(path))
     try:
-        data = json.loads(buf)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        data = json_loads(buf)
+    except ValueError as e:
         raise PlanningError(f"{path}: neither a binary plan nor valid JSON ({e})") from e
     return ExecutionPlan.from_dict(data, str(path))
 

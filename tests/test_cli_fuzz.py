@@ -439,3 +439,62 @@ def test_a_timeline_image_over_a_fifo_is_refused_and_kept(tmp_path):
     plan = str(next(plans.iterdir()))
     line = assert_refused("dynapipe-simulate", simulate_main, [plan, "--png", str(target)])
     assert f"{target} is not a regular file" in line and target.is_fifo(), line
+
+
+def _deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+# Issue 34: inputs that crashed a reader, exhausted memory or were taken silently. Each is one
+# line, exit status 2 (`where` is a file written per case, or a path as it is).
+BAD_INPUTS = [
+    ("dynapipe-simulate", None, "/dev/zero", "plan /dev/zero: not a regular file"),
+    ("dynapipe-hetero", "--cluster", "/dev/zero", "cluster file /dev/zero: not a regular file"),
+    ("dynapipe-plan", "--lengths", "/dev/zero", "lengths file /dev/zero: not a regular file"),
+    ("dynapipe-search", "--model", "/dev/zero", "model spec /dev/zero: not a regular file"),
+    ("dynapipe-plan", "--lengths", b"9" * 5000 + b"\n", "is not an integer length"),
+    ("dynapipe-plan", "--lengths", b'{"text": 12345}\n', "field 'text' is '12345'; expected"),
+    ("dynapipe-plan", "--model", _deep(100_000).encode(), "not valid JSON (nested too deeply)"),
+    ("dynapipe-plan", "--model", b'{"num_layers": ' + b"7" * 5000 + b"}", "does not fit int64"),
+    ("dynapipe-hetero", "--cluster", _deep(100_000).encode(), "nested too deeply"),
+    ("dynapipe-simulate", None, _deep(100_000).encode(), "nested too deeply"),
+    ("dynapipe-simulate", None, b'{"version": 1e999}', "is not finite"),
+]
+
+
+def _npy_declaring(elements: int) -> bytes:
+    header = f"{{'descr': '<i8', 'fortran_order': False, 'shape': ({elements},), }}"
+    header += " " * (118 - len(header)) + "\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + b"\0" * 64
+
+
+@pytest.mark.parametrize(("prog", "flag", "given", "named"), BAD_INPUTS)
+def test_inputs_that_crashed_or_exhausted_a_reader_are_one_line(
+    tmp_path, prog, flag, given, named
+) -> None:
+    main = simulate_main if prog == "dynapipe-simulate" else BASE[prog][0]
+    argv = [] if prog == "dynapipe-simulate" else list(BASE[prog][1])
+    if prog == "dynapipe-plan" and flag == "--lengths":
+        argv = [a for a in argv if a not in ("--preset", "flan")]
+    path = given
+    if isinstance(given, bytes):
+        path = str(tmp_path / ("lengths.jsonl" if b"text" in given else "input.json"))
+        Path(path).write_bytes(given)
+    argv = [*argv, path] if flag is None else with_flag(argv, flag, path)
+    assert named in assert_refused(prog, main, argv)
+
+
+def test_an_npy_header_larger_than_its_file_is_refused_before_allocating(tmp_path) -> None:
+    path = tmp_path / "lengths.npy"
+    path.write_bytes(_npy_declaring(10**13))
+    main, argv = BASE["dynapipe-plan"]
+    argv = [a for a in argv if a not in ("--preset", "flan")]
+    line = assert_refused("dynapipe-plan", main, [*argv, "--lengths", str(path)])
+    assert "its header declares shape (10000000000000,) of int64" in line
+
+
+def test_an_absurd_sequence_length_never_reaches_the_cpp_core_wrapped() -> None:
+    """--seq-length 10^15 priced memory past int64 and crashed the C++ layer DP (SIGSEGV)."""
+    main, argv = BASE["dynapipe-search"]
+    line = assert_refused("dynapipe-search", main, with_flag(argv, "--seq-length", str(10**15)))
+    assert "does not fit in 20.00 GiB per GPU" in line

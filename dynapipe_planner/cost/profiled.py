@@ -27,7 +27,6 @@ share one grid. Shapes past the grid are infeasible, never extrapolated.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ import numpy as np
 
 from ..cluster import ClusterSpec, cluster_to_dict
 from ..errors import PlanningError
+from ..input_files import check_input_file, json_loads
 from ..model_spec import ModelSpec
 from .stages import assemble_pipeline
 from .table import PipelineCosts
@@ -59,11 +59,12 @@ class ProfiledCostModel:
     @classmethod
     def load(cls, path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> ProfiledCostModel:
         path = Path(path)
+        check_input_file(path, "cost table")
         try:
-            data = json.loads(path.read_text())
+            data = json_loads(path.read_text())
         except OSError as e:
             raise PlanningError(f"cannot read cost table {path}: {e.strerror}") from e
-        except json.JSONDecodeError as e:
+        except ValueError as e:
             raise PlanningError(f"cost table {path}: not valid JSON ({e})") from e
         if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != 1:
             raise PlanningError(f"cost table {path}: expected format {FORMAT!r} version 1")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import re
 import struct
 import warnings
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PlanningError
+from ..input_files import check_input_file
 from .validation import check_positive, check_shape
 
 INPUT_KEYS = ("input_ids", "text", "length")
@@ -66,13 +68,15 @@ def _resolve(path: Path) -> tuple[str, Path]:
         if not index.is_file():
             raise PlanningError(f"{path}: Megatron index {index} not found")
         return "megatron", index
-    if not path.is_file():
+    if not path.exists():
         raise PlanningError(f"{path}: no such file")
+    check_input_file(path, "lengths file")
     kinds = {".idx": "megatron", ".npy": "npy", ".jsonl": "jsonl"}
     return kinds.get(suffix, "text"), path
 
 
 def _read_text(path: Path) -> str:
+    check_input_file(path, "lengths file")
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
@@ -122,7 +126,7 @@ def _parse_text_lines(path: Path, text: str) -> np.ndarray:
         return f"{path} line {numbers[row]}"
 
     def content(row: int) -> str:
-        return repr(lines[numbers[row] - 1])
+        return _excerpt(lines[numbers[row] - 1])
 
     width = len(rows[0])
     for row, fields in enumerate(rows):
@@ -133,7 +137,9 @@ def _parse_text_lines(path: Path, text: str) -> np.ndarray:
             )
         bad = next((field for field in fields if not _is_int64(field)), None)
         if bad is not None:
-            raise PlanningError(f"{where(row)}: {bad!r} is not an integer length in {content(row)}")
+            raise PlanningError(
+                f"{where(row)}: {_excerpt(bad, 24)} is not an integer length in {content(row)}"
+            )
     lengths = np.array(rows, dtype=np.int64).reshape(-1, width)
     lengths = lengths[:, 0] if width == 1 else lengths
     check_positive(lengths, where)
@@ -141,15 +147,20 @@ def _parse_text_lines(path: Path, text: str) -> np.ndarray:
 
 
 def _is_int64(field: str) -> bool:
-    """A plain decimal integer (what `np.loadtxt` parses) that fits int64."""
-    return bool(_INTEGER.fullmatch(field)) and -(2**63) <= int(field) < 2**63
+    """A plain decimal integer (what `np.loadtxt` parses) that fits int64 (its digits counted
+    first: Python refuses to convert more than 4,300)."""
+    if not _INTEGER.fullmatch(field) or len(field.lstrip("+-")) > 19:
+        return False
+    return -(2**63) <= int(field) < 2**63
 
 
 # ---------------------------------------------------------------- .npy
 
 
 def _load_npy(path: Path) -> np.ndarray:
-    """A 1-D or (N, 2) integer array; whole-number floats are accepted, other floats are not."""
+    """A 1-D or (N, 2) integer array; whole-number floats are accepted, other floats are not.
+    The header's shape must match the file's size before anything is allocated."""
+    _check_npy_header(path)
     try:
         values = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as error:
@@ -162,6 +173,30 @@ def _load_npy(path: Path) -> np.ndarray:
     lengths = values.astype(np.int64)
     check_positive(lengths, lambda _row: str(path))
     return lengths
+
+
+def _check_npy_header(path: Path) -> None:
+    """A `.npy` header whose shape holds more elements than the file's bytes is refused before
+    numpy allocates them (a 100-byte file can declare 10^13 elements)."""
+    try:
+        with path.open("rb") as file:
+            version = np.lib.format.read_magic(file)
+            read_header = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
+            shape, _, dtype = read_header(file)
+            offset = file.tell()
+    except (ValueError, OSError, EOFError, SyntaxError) as error:
+        raise PlanningError(f"{path}: not a readable .npy array ({error})") from None
+    needed = math.prod(shape) * dtype.itemsize
+    held = path.stat().st_size - offset
+    if needed != held:
+        raise PlanningError(
+            f"{path}: its header declares shape {tuple(shape)} of {dtype} ({needed:,} bytes), "
+            f"the file holds {held:,}"
+        )
 
 
 def _check_whole_int64(values: np.ndarray, path: Path) -> None:

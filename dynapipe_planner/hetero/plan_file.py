@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PlanningError
+from ..input_files import check_input_file, json_loads
 from ..plan import atomic_write
 from .layout import HeteroPipeline, HeteroPlan, HeteroStage
 
@@ -93,11 +94,12 @@ def save_plan(plan: HeteroPlan, path: str | Path) -> None:
 
 def load_plan(path: str | Path) -> HeteroPlan:
     path = Path(path)
+    check_input_file(path, "plan")
     try:
-        data = json.loads(path.read_text())
+        data = json_loads(path.read_text())
     except OSError as e:
         raise PlanningError(f"cannot read plan {path}: {e.strerror}") from e
-    except json.JSONDecodeError as e:
+    except ValueError as e:
         raise PlanningError(f"plan {path}: not valid JSON ({e})") from e
     return plan_from_dict(data, str(path))
 

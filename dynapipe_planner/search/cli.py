@@ -25,6 +25,7 @@ from ..cli_args import (
     positive_int,
     positive_memory_gib,
     report_error,
+    sample_count,
 )
 from ..cluster import GPU_PRESETS, GiB, get_gpu
 from ..errors import PlanningError
@@ -62,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--global-batch-size", type=positive_int, default=None, help="default: search it"
     )
-    s.add_argument("--max-batch-size", type=positive_int, default=8192)
+    s.add_argument("--max-batch-size", type=sample_count, default=8192)
     s.add_argument("--pp", type=positive_int, nargs="+", default=None, help="PP degrees to try")
     s.add_argument("--max-tp", type=positive_int, default=None, help="largest TP degree")
     s.add_argument("--base", action="store_true", help="Galvatron-Base: no bi-objective step")

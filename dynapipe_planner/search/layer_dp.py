@@ -180,10 +180,19 @@ def _peak(fwd, bwd, states, chosen) -> float:
     return peak + total
 
 
+# No budget has this many bins: a weight above it fits nowhere, and weights clipped to it add
+# up over any number of layers without overflowing int64 in the C++ DP.
+_MAX_WEIGHT_BINS = 2**40
+
+
 def memory_weights(tables: StageTables, granularity: float) -> np.ndarray:
-    """Forward memory of each (layer, strategy) in bins, rounded to the nearest bin."""
+    """Forward memory of each (layer, strategy) in bins, rounded to the nearest bin, at most
+    `_MAX_WEIGHT_BINS` (an absurd sequence length prices memory past int64, and a wrapped
+    weight would send the C++ DP out of its table)."""
     raw = np.floor((stage_fwd_bytes(tables) + tables.state_bytes) / granularity + 0.5)
-    return np.where(np.isfinite(tables.objective), raw, 0).astype(np.int64)
+    raw = np.where(np.isfinite(raw), raw, _MAX_WEIGHT_BINS)
+    capped = np.clip(raw, 0, _MAX_WEIGHT_BINS)
+    return np.where(np.isfinite(tables.objective), capped, 0).astype(np.int64)
 
 
 def _budget_bins(limit: float, memory_budget: float, granularity: float) -> int:

@@ -29,13 +29,14 @@ Bad flags raise `base.DataError` with one line naming the flag and the offending
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from dynapipe_planner.input_files import check_input_file, json_loads
 
 from .base import BYTE_TOKENIZER, DataError, SampleDataset, Tokenizer, TrainingSample
 from .indexed import indexed_dataset
@@ -405,9 +406,9 @@ def _raw_per_split_blends(args: argparse.Namespace) -> list[tuple[str, list[str]
             )
         flag = f"--per-split-data-args-path {path}"
         try:
-            table = json.loads(_read_text(path, "--per-split-data-args-path"))
+            table = json_loads(_read_text(path, "--per-split-data-args-path"))
             lists = [table.get(name) for name in SPLIT_NAMES]
-        except (json.JSONDecodeError, AttributeError) as error:
+        except (ValueError, AttributeError) as error:
             raise DataError(
                 f"{flag}: not a JSON object of train/valid/test lists ({error})"
             ) from None
@@ -425,6 +426,7 @@ def _raw_per_split_blends(args: argparse.Namespace) -> list[tuple[str, list[str]
 
 
 def _read_text(path: str, flag: str) -> str:
+    check_input_file(path, flag, DataError)
     try:
         with open(path, encoding="utf-8") as file:
             return file.read()

@@ -14,7 +14,6 @@ its layouts alone (`CandidateSet.index_of`).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dynapipe_planner.input_files import check_input_file, json_loads
 from dynapipe_planner.model_spec import ModelSpec
 from dynapipe_planner.plan import ExecutionPlan, ReplicaLayout
 from dynapipe_planner.strategy.mixed import (
@@ -73,12 +73,13 @@ def load_candidates(
     against this job: the file must have been made for `num_gpus` GPUs, and each scheme must be
     realisable on `spec` (errors name the file and the item)."""
     path = Path(path)
+    check_input_file(path, "strategy candidates file", CandidateError)
     try:
-        data = json.loads(path.read_text())
+        data = json_loads(path.read_text())
         schemes, raw = data["schemes"], data["proposals"]
     except FileNotFoundError as err:
         raise CandidateError(f"strategy candidates file {path} does not exist") from err
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
+    except (ValueError, KeyError, TypeError) as err:
         raise CandidateError(
             f"{path} is not a `dynapipe-strategy propose --output` file ({err!r})"
         ) from err

@@ -28,10 +28,10 @@ Everything is checked before any process group exists, and each error names the 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import NamedTuple
 
+from dynapipe_planner.input_files import check_input_file, json_loads
 from dynapipe_planner.model_spec import ModelSpec
 from dynapipe_planner.plan import ReplicaLayout, StageLayout
 
@@ -186,10 +186,11 @@ def _from_hexiscale(data: dict, source: str) -> dict:
 def load_hetero_plan(path: str | Path, spec: ModelSpec, world_size: int) -> HeteroPlanFile:
     """`parse_hetero_plan` of the JSON file at `path` (errors name the file)."""
     path = Path(path)
+    check_input_file(path, "--hetero-plan", HeteroPlanError)
     try:
-        data = json.loads(path.read_text())
+        data = json_loads(path.read_text())
     except FileNotFoundError as err:
         raise HeteroPlanError(f"--hetero-plan {path} does not exist") from err
-    except json.JSONDecodeError as err:
+    except ValueError as err:
         raise HeteroPlanError(f"--hetero-plan {path} is not valid JSON: {err}") from err
     return parse_hetero_plan(data, spec, world_size, source=str(path))
