@@ -253,6 +253,51 @@ def test_megatron_program_resumes_its_own_samples_under_dynapipe(tmp_path, capfd
     assert float(rows[0]["loss"]) == pytest.approx(float(uninterrupted[2]["loss"]), abs=1e-4)
 
 
+# FLAGS on the built-in corpus: DynaPipe's own documents of every length, in its seeded order.
+MOCK_DATA = ("--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "255")
+BUILT_IN_CORPUS = [flag for flag in FLAGS if flag not in MOCK_DATA]
+
+
+def _losses_of(rank: int, world: int, program: str, argv: list[str]) -> list[float]:
+    """`program` on a forked rank: each iteration's loss as Megatron's step reduced it, at full
+    precision (the last rank; none elsewhere)."""
+    from megatron.dynapipe import megatron_loop
+
+    losses: list[float] = []
+    log_step = megatron_loop._log_step
+
+    def logged(args, work, reported, *rest, **kwargs):
+        if reported:
+            losses.append(float(reported["lm loss"]))
+        return log_step(args, work, reported, *rest, **kwargs)
+
+    megatron_loop._log_step = logged
+    assert program_exit_status(rank, world, program, argv) == 0
+    return losses
+
+
+@pytest.mark.parametrize(
+    ("program", "dropout"),
+    [(PRETRAIN_GPT, "0"), (PRETRAIN_GPT, "0.1"), (USER_PROGRAM, "0.1")],
+    ids=["pretrain_gpt", "pretrain_gpt-dropout", "program-dropout"],
+)
+def test_a_resumed_run_is_bitwise_the_uninterrupted_one(tmp_path, program, dropout) -> None:
+    """Issue 34: 6 iterations straight, or 3, saved, and 3 more after --load: the same losses
+    to the last bit, with and without dropout, on DynaPipe's samples of the built-in corpus
+    (pretrain_gpt.py) and on the program's MockGPTDataset (the data position, the optimiser
+    state and the dropout stream restored; on CPU ranks the data loaders Megatron builds after
+    a load must not draw from the dropout stream, `cpu_compat`)."""
+    data = BUILT_IN_CORPUS if program == PRETRAIN_GPT else FLAGS
+    flags = [*data, "--hidden-dropout", dropout, "--attention-dropout", dropout,
+             "--train-iters", "6"]  # fmt: skip
+    straight = run_ranks(_losses_of, 2, program, flags, timeout_s=240)[1]
+    ckpt = str(tmp_path / "ckpt")
+    saved = [*flags, "--save", ckpt, "--exit-interval", "3"]
+    first = run_ranks(_losses_of, 2, program, saved, timeout_s=240)[1]
+    resumed = run_ranks(_losses_of, 2, program, [*flags, "--load", ckpt], timeout_s=240)[1]
+    assert len(straight) == 6 and first + resumed == straight, (straight, first, resumed)
+
+
 def _check_events(directory: Path, losses: list[float]) -> None:
     """The TensorBoard events Megatron's writer left in `directory`: each iteration's loss (as
     DynaPipe's line printed it, to 4 decimals) and DynaPipe's scalars."""

@@ -260,4 +260,34 @@ def install_training() -> bool:
 
     initialize_on_cpu._cpu_ranks = True  # type: ignore[attr-defined]
     training.initialize_megatron = initialize_on_cpu
+    _resume_dropout_stream(training)
     return True
+
+
+def _resume_dropout_stream(training: Any) -> None:
+    """A GPU rank keeps two generators: the CPU's, which data loaders draw their seeds from,
+    and the GPU's, which dropout draws from. A CPU rank has one for both (`install`). Megatron's
+    checkpoint load restores both (the GPU's last), but the data loaders it builds after the
+    load then draw from the restored dropout stream, so a resumed run's dropout would differ
+    from the uninterrupted run's. The state the load restored is set again as the first
+    training step after it starts, where a GPU's dropout stream would stand."""
+    load, step = training.load_checkpoint, training.train_step
+    restored: dict[str, torch.Tensor] = {}
+
+    def load_checkpoint(*args: Any, **kwargs: Any) -> Any:
+        from megatron.training import get_args
+
+        result = load(*args, **kwargs)
+        job = get_args()
+        loaded = isinstance(result, tuple) and result and result[0]
+        if loaded and not (job.no_load_rng or job.finetune):
+            restored["dropout"] = torch.cuda.get_rng_state()
+        return result
+
+    def train_step(*args: Any, **kwargs: Any) -> Any:
+        state = restored.pop("dropout", None)
+        if state is not None:
+            torch.cuda.set_rng_state(state)
+        return step(*args, **kwargs)
+
+    training.load_checkpoint, training.train_step = load_checkpoint, train_step
