@@ -282,8 +282,12 @@ def _seqlens(data):
             "entry 2 (tp=1, lm_head): forward_s at micro-batch 2, sequence length 128 is -0.5",
         ),
         (
-            _set(1, 0, "activation_bytes", float("nan"), b=0),
+            _set(1, 0, "activation_bytes", -1.0, b=0),
             "edited1.json entry 0 (tp=2, decoder_layer): activation_bytes at micro-batch 1",
+        ),
+        (  # JSON's NaN is refused as the file is read (issue 34)
+            _set(1, 0, "activation_bytes", float("nan"), b=0),
+            "edited1.json: not valid JSON (NaN is not a number JSON allows)",
         ),
         (_no_bandwidth, "no all-reduce bandwidth measured for groups of [2] ranks"),
         (_seqlens, "sequence length 128 was not profiled (profiled: [64, 96])"),

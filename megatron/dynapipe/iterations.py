@@ -12,6 +12,7 @@ evaluators. (`--baseline megatron-1f1b` is Megatron's loop without DynaPipe: no 
 from __future__ import annotations
 
 import argparse
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -124,7 +125,10 @@ class PlannedIterations:
 
     def _check_longest_sample(self, recipe) -> None:
         """Stop every rank before training when the dataset's longest sample cannot be planned
-        (`dynapipe_planner.preflight`): the planning rank tries it and tells the others."""
+        (`dynapipe_planner.preflight`): the planning rank tries it and tells the others. The
+        try gets half the job's timeout (the others wait for it in a collective bounded by the
+        whole): a planner that does not answer by then is left to the planning service, whose
+        own wait names the iteration."""
         refusal: list[str | None] = [None]
         if recipe is not None:
             args, lengths = self.args, self.dataset.lengths()
@@ -133,8 +137,20 @@ class PlannedIterations:
                 capacity = args.tokens_per_global_batch // longest
             else:
                 capacity = args.global_batch_size
+            found: list[str | None] = []
+
+            def try_longest() -> None:
+                try:
+                    planner = recipe.build()
+                    found.append(longest_sample_refusal(planner, lengths, capacity, name))
+                except Exception:  # the planning service meets it again and reports it
+                    found.append(None)
+
             name = self.dataset.name
-            refusal[0] = longest_sample_refusal(recipe.build(), lengths, capacity, name)
+            probe = threading.Thread(target=try_longest, name="dynapipe-preflight", daemon=True)
+            probe.start()
+            probe.join(args.dynapipe_timeout / 2)
+            refusal[0] = found[0] if found else None
         if dist.get_world_size() > 1:
             dist.broadcast_object_list(refusal, src=PLANNING_RANK)
         if refusal[0] is not None:
