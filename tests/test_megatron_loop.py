@@ -497,6 +497,44 @@ def test_megatron_program_names_a_rank_that_died(capfd) -> None:
     ), errors[0]
 
 
+def _megatron_rank_dies_as_under_torchrun(
+    rank: int, world: int, argv: list[str], pid_file: Path
+) -> int | str | None:
+    """Rank 1 dies in the second iteration and rank 0 gets SIGTERM at once, as torchrun
+    stops the other workers when one dies."""
+    import signal
+    import time
+
+    from megatron.dynapipe.pipeline.executor import PlanExecutor
+
+    if rank == 0:
+        pid_file.write_text(str(os.getpid()))
+    run = PlanExecutor.run
+
+    def run_or_die(self, plan, batches, *, iteration=0):
+        if iteration == 1 and rank == 1:
+            time.sleep(1.0)
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+            os._exit(1)
+        return run(self, plan, batches, iteration=iteration)
+
+    PlanExecutor.run = run_or_die
+    return _megatron_exit_status(rank, world, argv)
+
+
+def test_a_rank_stopped_by_its_launcher_names_the_rank_that_died(tmp_path, capfd) -> None:
+    """Issue 34: SIGTERM (torchrun's, after a worker died) ends the survivor with one line
+    naming the dead rank and exit status 1, not silently."""
+    flags = [*FLAGS, "--dynapipe-timeout", "10"]
+    results = run_ranks(_megatron_rank_dies_as_under_torchrun, 2, flags, tmp_path / "pid",
+                        timeout_s=240, may_die={1})  # fmt: skip
+    assert results == [1, None]
+    errors = [line for line in capfd.readouterr().err.splitlines() if ": error:" in line]
+    assert len(errors) == 1, errors
+    assert errors[0].startswith("megatron_lm_program.py: error: rank 0, iteration 2: "), errors
+    assert "rank 1 stopped answering" in errors[0], errors[0]
+
+
 def _megatron_rank_freezes(rank: int, world: int, argv: list[str], pid_file: Path) -> Any:
     """Rank 1 freezes whole (SIGSTOP: no heartbeat either) in iteration 2, after its planned
     passes, where megatron-core's gradient sync waits on it in a group megatron.training

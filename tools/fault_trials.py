@@ -5,9 +5,9 @@
 Each trial launches the README's job (scaled down: 2 CPU ranks, PP=2, DynaPipe's plans) under
 torchrun with `--dynapipe-timeout`, waits for a seeded random iteration line, then sends the
 signal to one rank (SIGSTOP freezes it whole, heartbeats included; SIGKILL ends it). A trial
-*ends well* when torchrun exits within the timeout + 30 s of the signal (torchrun's own grace
-period to stop the other workers) and a surviving rank printed one `pretrain_gpt.py: error:`
-line naming the signalled rank. Anything else is a hang (still running at 3x the timeout + 60 s,
+*ends well* when a surviving rank printed a `pretrain_gpt.py: error:` line naming the signalled
+rank within the timeout + 30 s of the signal and the job ended (torchrun waits 30 s more
+before it kills a frozen rank). Anything else is a hang (still running at 3x the timeout + 60 s,
 then killed), or other (printed). The table counts each (signal, rank) pair.
 """
 
@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ JOB = [
     "--attention-dropout", "0", "--hidden-dropout", "0", "--dynapipe-memory-limit", "1",
     "--log-interval", "1", "--eval-iters", "0",
 ]  # fmt: skip
-ITERATION = re.compile(rb"iteration (\d+)/")
+ITERATION = re.compile(rb"iteration +(\d+)/")
 
 
 @dataclass
@@ -45,13 +46,15 @@ class Trial:
     rank: int
     at_iteration: int
     outcome: str  # "ends well", "hang", or what else happened
-    seconds: float  # from the signal to torchrun's exit
+    said_s: float  # from the signal to the surviving rank's error line
+    ended_s: float  # from the signal to torchrun's exit (a frozen rank: + torchrun's 30 s)
     line: str
 
 
 def _rank_process(torchrun: psutil.Process, rank: int) -> psutil.Process | None:
-    """The worker of `rank` among torchrun's children (by its RANK variable)."""
-    for child in torchrun.children(recursive=True):
+    """The worker of `rank` among torchrun's own children (by its RANK variable; the rank's
+    own children, such as rank 0's planner workers, inherit it)."""
+    for child in torchrun.children():
         try:
             if child.environ().get("RANK") == str(rank):
                 return child
@@ -83,19 +86,27 @@ def run_trial(sig: str, rank: int, at: int, timeout_s: float, port: int) -> Tria
             target = _rank_process(torchrun, rank)
             if target is None or job.poll() is not None:
                 job.kill()
-                return Trial(sig, rank, at, "job ended before the signal", 0.0, "")
+                return Trial(sig, rank, at, "job ended before the signal", 0.0, 0.0, "")
             target.send_signal(getattr(signal, f"SIG{sig}"))
             sent = time.monotonic()
-            job.stdout.close()
-            try:
-                job.wait(timeout=3 * timeout_s + 60)
-                spent, outcome = time.monotonic() - sent, None
-            except subprocess.TimeoutExpired:
-                spent, outcome = time.monotonic() - sent, "hang"
-                for child in torchrun.children(recursive=True):
-                    child.kill()
-                job.kill()
-                job.wait()
+            drain = threading.Thread(target=job.stdout.read, daemon=True)  # keep the pipe open
+            drain.start()
+            said = None  # seconds from the signal to the first error line
+            outcome = None
+            while job.poll() is None:
+                if said is None and b"pretrain_gpt.py: error:" in err_path.read_bytes():
+                    said = time.monotonic() - sent
+                if time.monotonic() - sent > 3 * timeout_s + 60:
+                    outcome = "hang"
+                    for child in torchrun.children(recursive=True):
+                        child.kill()
+                    job.kill()
+                    job.wait()
+                    break
+                time.sleep(0.2)
+            spent = time.monotonic() - sent
+            if said is None and b"pretrain_gpt.py: error:" in err_path.read_bytes():
+                said = spent
         errors = [
             line
             for line in err_path.read_text(errors="replace").splitlines()
@@ -105,11 +116,11 @@ def run_trial(sig: str, rank: int, at: int, timeout_s: float, port: int) -> Tria
     if outcome is None:
         if not named:
             outcome = f"no line naming rank {rank} ({len(errors)} error lines)"
-        elif spent > timeout_s + 30:
-            outcome = f"ended after {spent:.0f} s"
+        elif said is None or said > timeout_s + 30:
+            outcome = "line too late"
         else:
             outcome = "ends well"
-    return Trial(sig, rank, at, outcome, spent, (named or errors or [""])[0][:200])
+    return Trial(sig, rank, at, outcome, said or 0.0, spent, (named or errors or [""])[0][:200])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                 trial = run_trial(sig, rank, at, args.timeout, args.port)
                 counts[(sig, rank, trial.outcome)] += 1
                 print(
-                    f"SIG{sig} rank {rank} at iteration {at}: {trial.outcome} in "
-                    f"{trial.seconds:.1f} s | {trial.line}",
+                    f"SIG{sig} rank {rank} at iteration {at}: {trial.outcome}, line after "
+                    f"{trial.said_s:.1f} s, job ended after {trial.ended_s:.1f} s | {trial.line}",
                     flush=True,
                 )
     print("\nsignal  rank  outcome                                   trials")

@@ -48,6 +48,7 @@ import atexit
 import contextlib
 import functools
 import inspect
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -58,6 +59,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from dynapipe_planner.errors import iteration_name
 from dynapipe_planner.megatron_model import spec_from_args
 from dynapipe_planner.online_fit import IterationTimeFit
 
@@ -73,7 +75,7 @@ from .log import iteration_line, iteration_scalars, peak_memory_field
 from .megatron_startup import provided_training_dataset
 from .memory import every_rank, traced_peak
 from .packed_attention import use_packed_attention
-from .pipeline.liveness import Liveness
+from .pipeline.liveness import Liveness, PeerFailure
 from .pipeline.plan_source import PLANNING_RANK
 
 
@@ -165,8 +167,29 @@ class DynaPipeSchedule:
         )
         self.liveness.start()
         atexit.register(self.liveness.stop)
+        if not args.exit_signal_handler:  # Megatron's own handler saves and exits instead
+            _name_what_stopped_us(self.liveness, args)
         iterations.bind(model[0], get_model_config(model[0]), ps.device(), forward_step_func)
         return iterations
+
+
+def _name_what_stopped_us(liveness: Liveness, args: Any) -> None:
+    """When one rank dies, torchrun stops the others with SIGTERM, whose default ends them
+    without a word. Under DynaPipe a rank so stopped ends as a failed step does: one line
+    naming it, the iteration and the ranks that stopped answering (exit status 1); one whose
+    failed step is being diagnosed already lets that report end it. A second SIGTERM ends it
+    at once."""
+
+    def stopped(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if liveness.diagnosing:
+            return
+        raise PeerFailure(
+            f"rank {liveness.rank}, {iteration_name(args.curr_iteration)}: stopped by its "
+            f"launcher (SIGTERM, sent when another rank ends); {liveness.diagnose()}"
+        )
+
+    signal.signal(signal.SIGTERM, stopped)
 
 
 def _training_samples(args: Any) -> tuple[SampleDataset, bool]:
@@ -342,7 +365,31 @@ def install() -> None:
     get_forward_backward_func._dynapipe = True  # type: ignore[attr-defined]
     training.get_forward_backward_func = get_forward_backward_func
     training.train_step = _logged_train_step(training.train_step, schedule)
+    training.train = _guarded_train(training.train, schedule)
     training.training_log = _planned_batch_logged(training.training_log, schedule)
+
+
+def _guarded_train(
+    megatron_train: Callable[..., Any], schedule: dict[str, DynaPipeSchedule]
+) -> Callable[..., Any]:
+    """megatron.training's `train` loop, whose collectives outside `train_step` (its FLOPs
+    accounting, logging reductions) also fail naming the ranks that stopped answering, as a
+    planned step does (`pipeline.liveness`)."""
+
+    @functools.wraps(megatron_train)
+    def train(*args: Any, **kwargs: Any) -> Any:
+        from megatron.training import get_args
+
+        try:
+            return megatron_train(*args, **kwargs)
+        except RuntimeError:
+            dynapipe = schedule.get("dynapipe")
+            if dynapipe is None:
+                raise
+            with dynapipe.guarded(get_args().curr_iteration):
+                raise
+
+    return train
 
 
 def _planned_batch_logged(

@@ -51,6 +51,7 @@ class Liveness:
         self.server_rank, self.interval_s, self.window_s = server_rank, interval_s, window_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.diagnosing = False  # a check is under way (its report is about to be raised)
 
     def start(self) -> None:
         """Start beating (no-op for a one-rank job, which has no one to tell)."""
@@ -87,11 +88,15 @@ class Liveness:
         others = [r for r in range(self.world_size) if r != self.rank]
         if not others:
             return "no other rank takes part"
+        self.diagnosing = True
         try:
-            before = [self.store.add(self._key(r), 0) for r in others]
-            time.sleep(self.window_s)
-            after = [self.store.add(self._key(r), 0) for r in others]
-        except RuntimeError:  # c10d's DistError family: the server is gone
+            before = self._read_beats(others)
+            if before is not None:
+                time.sleep(self.window_s)
+            after = self._read_beats(others) if before is not None else None
+        finally:
+            self.diagnosing = False
+        if before is None or after is None:
             return (
                 f"rank {self.server_rank} stopped answering (the plan store it serves is "
                 f"unreachable)"
@@ -101,6 +106,37 @@ class Liveness:
             return "every other rank still answers"
         ranks = f"rank{'s' if len(silent) > 1 else ''} {', '.join(silent)}"
         return f"{ranks} stopped answering (no heartbeat for {self.window_s:g} s)"
+
+    def _read_beats(self, ranks: list[int]) -> list[int] | None:
+        """The heartbeat counters of `ranks`, or None when the store does not answer within
+        twice the window. The reads run on a thread of their own, over a connection of their
+        own: a frozen server (its rank stopped) answers neither the connection's handshake nor
+        its requests, whatever the timeout, and the thread is then left behind."""
+        read: list[list[int]] = []
+
+        def read_counters() -> None:
+            try:
+                store = self._reader()
+                read.append([store.add(self._key(r), 0) for r in ranks])
+            except RuntimeError:  # c10d's DistError family: the server is gone
+                pass
+
+        reader = threading.Thread(target=read_counters, name="dynapipe-liveness", daemon=True)
+        reader.start()
+        reader.join(2 * self.window_s)
+        return read[0] if read else None
+
+    def _reader(self) -> dist.Store:
+        """A store connection of the reading thread's own (the main thread's may be busy)."""
+        if not isinstance(self.store, dist.TCPStore):
+            return self.store
+        return dist.TCPStore(
+            self.store.host,
+            self.store.port,
+            is_master=False,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=2 * self.window_s),
+        )
 
     @contextlib.contextmanager
     def step(self, iteration: int) -> Iterator[None]:
