@@ -236,23 +236,6 @@ def test_megatrons_flops_accounting_counts_the_planned_samples() -> None:
     assert training.consume_seqlen_stats_in_iteration() == (15.0, 25.0 + 9.0 + 49.0)
 
 
-def test_megatron_program_resumes_its_own_samples_under_dynapipe(tmp_path, capfd) -> None:
-    """Saved by Megatron's loop at iteration 2 under DynaPipe, loaded by the same program: the
-    third global batch is the provider's samples 32-47 again (Megatron's consumed samples
-    say where; its own training loader, which DynaPipe never reads, does not refuse them),
-    and its loss is the uninterrupted run's."""
-    run_ranks(_megatron_program, 2, FLAGS, "gpt", timeout_s=240)
-    uninterrupted = iteration_rows(capfd.readouterr().out)
-    ckpt = str(tmp_path / "ckpt")
-    run_ranks(_megatron_program, 2, [*FLAGS, "--save", ckpt, "--exit-interval", "2"], "gpt")
-    capfd.readouterr()
-    resumed = run_ranks(_megatron_program, 2, [*FLAGS, "--load", ckpt], "gpt", timeout_s=240)
-    assert resumed[0][1] == [16], resumed[0][1]  # one more planned batch of 16 windows
-    rows = iteration_rows(capfd.readouterr().out)
-    assert [row["it"] for row in rows] == ["3"], rows
-    assert float(rows[0]["loss"]) == pytest.approx(float(uninterrupted[2]["loss"]), abs=1e-4)
-
-
 # FLAGS on the built-in corpus: DynaPipe's own documents of every length, in its seeded order.
 MOCK_DATA = ("--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "255")
 BUILT_IN_CORPUS = [flag for flag in FLAGS if flag not in MOCK_DATA]
@@ -284,7 +267,8 @@ def _losses_of(rank: int, world: int, program: str, argv: list[str]) -> list[flo
 def test_a_resumed_run_is_bitwise_the_uninterrupted_one(tmp_path, program, dropout) -> None:
     """Issue 34: 6 iterations straight, or 3, saved, and 3 more after --load: the same losses
     to the last bit, with and without dropout, on DynaPipe's samples of the built-in corpus
-    (pretrain_gpt.py) and on the program's MockGPTDataset (the data position, the optimiser
+    (pretrain_gpt.py) and on the program's MockGPTDataset, read on from Megatron's consumed
+    samples, which its own unread training loader does not refuse (the data position, the optimiser
     state and the dropout stream restored; on CPU ranks the data loaders Megatron builds after
     a load must not draw from the dropout stream, `cpu_compat`)."""
     data = BUILT_IN_CORPUS if program == PRETRAIN_GPT else FLAGS
