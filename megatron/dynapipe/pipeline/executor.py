@@ -53,6 +53,13 @@ _BACKWARD_OPS = frozenset(
 )
 
 
+def _read_when_asked(batches: Mapping[int, Any], mb: int) -> Iterator[Any]:
+    """The data iterator a `forward_step` gets: micro-batch `mb`, built only if the program
+    reads it. A Megatron-LM program reads it on tensor-parallel rank 0 only and broadcasts
+    (`get_batch`); its dataset exists only there."""
+    yield batches[mb]
+
+
 def _is_backward(ins: Instruction) -> bool:
     """Backward passes and gradient transfers: what evaluation leaves out of a plan."""
     return ins.op in _BACKWARD_OPS
@@ -380,7 +387,7 @@ class PlanExecutor:
     ) -> tuple[torch.Tensor, dict] | None:
         if not self.is_first:
             self._set_input_tensor(state.input)
-        output, loss_func = self.forward_step_func(iter([batches[ins.mb]]), self.model)
+        output, loss_func = self.forward_step_func(_read_when_asked(batches, ins.mb), self.model)
         if not self.is_last:
             state.output = output
             return None
