@@ -14,7 +14,6 @@ import json
 import math
 import os
 import stat
-from pathlib import Path
 from typing import Any
 
 from .errors import PlanningError
@@ -42,20 +41,6 @@ def check_input_file(
         raise error(f"{what} {path}: {info.st_size:,} bytes, more than the {limit:,} read")
 
 
-def read_input_text(
-    path: str | os.PathLike[str], what: str, error: type[Exception] = PlanningError
-) -> str:
-    """The UTF-8 text of `path`, after `check_input_file`; unreadable or undecodable text is
-    one line naming it."""
-    check_input_file(path, what, error)
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise error(f"cannot read {what} {path}: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise error(f"{what} {path}: not UTF-8 text ({e.reason})") from None
-
-
 def json_loads(text: str | bytes) -> Any:
     """`json.loads` whose integers fit int64 and whose floats are finite; anything else, and
     nesting past the parser's recursion, raises ValueError."""
@@ -65,8 +50,14 @@ def json_loads(text: str | bytes) -> Any:
         raise ValueError("nested too deeply") from None
 
 
+def fits_int64(digits: str) -> bool:
+    """Whether a decimal integer's digits (an optional sign, then digits) fit int64; the
+    digits are counted first, since Python refuses to convert more than 4,300."""
+    return len(digits.lstrip("+-")) <= 19 and -(2**63) <= int(digits) < 2**63
+
+
 def _int64(digits: str) -> int:
-    if len(digits.lstrip("-")) > 19 or not -(2**63) <= int(digits) < 2**63:
+    if not fits_int64(digits):
         raise ValueError(
             f"integer {digits[:24]}{'...' if len(digits) > 24 else ''} does not fit int64"
         )

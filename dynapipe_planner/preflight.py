@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .data.batching import sample_tokens
 from .errors import PlanningError
 from .planner import IterationPlanner
 
@@ -22,6 +23,14 @@ from .planner import IterationPlanner
 _COPIES_PER_STAGE = 2
 
 
+def batch_capacity(lengths: np.ndarray, token_budget: int | None, samples_per_batch: int) -> int:
+    """How many copies of the longest sample one global batch holds: a token budget over its
+    tokens, or the samples of a batch."""
+    if token_budget is None:
+        return samples_per_batch
+    return token_budget // int(sample_tokens(np.asarray(lengths)).max())
+
+
 def longest_sample_refusal(
     planner: IterationPlanner, lengths: np.ndarray, batch_capacity: int, name: str = "dataset"
 ) -> str | None:
@@ -29,8 +38,7 @@ def longest_sample_refusal(
     cannot be planned, or None when it can. `batch_capacity`: how many copies of it one global
     batch may hold (a token budget over its length, or the samples per batch)."""
     lengths = np.asarray(lengths)
-    totals = lengths.sum(axis=1) if lengths.ndim == 2 else lengths
-    longest = int(np.argmax(totals))
+    longest = int(np.argmax(sample_tokens(lengths)))
     window = _COPIES_PER_STAGE * planner.num_stages * planner.config.num_replicas
     copies = max(1, min(batch_capacity, window))
     probe = np.repeat(lengths[longest : longest + 1], copies, axis=0)

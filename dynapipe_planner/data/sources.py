@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PlanningError
-from ..input_files import check_input_file
+from ..input_files import check_input_file, fits_int64
 from .validation import check_positive, check_shape
 
 INPUT_KEYS = ("input_ids", "text", "length")
@@ -76,7 +76,6 @@ def _resolve(path: Path) -> tuple[str, Path]:
 
 
 def _read_text(path: Path) -> str:
-    check_input_file(path, "lengths file")
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
@@ -147,11 +146,8 @@ def _parse_text_lines(path: Path, text: str) -> np.ndarray:
 
 
 def _is_int64(field: str) -> bool:
-    """A plain decimal integer (what `np.loadtxt` parses) that fits int64 (its digits counted
-    first: Python refuses to convert more than 4,300)."""
-    if not _INTEGER.fullmatch(field) or len(field.lstrip("+-")) > 19:
-        return False
-    return -(2**63) <= int(field) < 2**63
+    """A plain decimal integer (what `np.loadtxt` parses) that fits int64."""
+    return bool(_INTEGER.fullmatch(field)) and fits_int64(field)
 
 
 # ---------------------------------------------------------------- .npy

@@ -129,9 +129,7 @@ def _saved_args(directory: Path) -> argparse.Namespace:
     from megatron.core import dist_checkpointing
 
     iteration, release = _tracked_iteration(directory)
-    base = Path(
-        _megatron().get_checkpoint_name(str(directory), iteration, release, return_base_dir=True)
-    )
+    base = _iteration_dir(directory, iteration, release)
     if not base.is_dir():
         raise CheckpointError(f"checkpoint directory {base} is missing")
     checkpoint_metadata.check(base)
@@ -146,6 +144,13 @@ def _saved_args(directory: Path) -> argparse.Namespace:
     saved = common.get("args") or argparse.Namespace()
     saved.iteration = 0 if release else common.get("iteration", iteration)
     return saved
+
+
+def _iteration_dir(directory: Path, iteration: int, release: bool = False) -> Path:
+    """Where Megatron keeps the checkpoint of `iteration` (or the release) in `directory`."""
+    return Path(
+        _megatron().get_checkpoint_name(str(directory), iteration, release, return_base_dir=True)
+    )
 
 
 @contextlib.contextmanager
@@ -230,9 +235,7 @@ def loaded_directory(load: str | os.PathLike) -> Path:
         iteration, release = _tracked_iteration(directory)
     except CheckpointError:
         return directory
-    return Path(
-        _megatron().get_checkpoint_name(str(directory), iteration, release, return_base_dir=True)
-    )
+    return _iteration_dir(directory, iteration, release)
 
 
 @contextlib.contextmanager
@@ -316,11 +319,7 @@ def load(
     args: argparse.Namespace, point: ResumePoint, model: torch.nn.Module, optimizer, scheduler
 ) -> TrainState:
     """Megatron's load_checkpoint: weights, optimiser, LR schedule and random streams."""
-    base = Path(
-        _megatron().get_checkpoint_name(
-            str(point.directory), point.state.iteration, False, return_base_dir=True
-        )
-    )
+    base = _iteration_dir(point.directory, point.state.iteration)
     with named(base):
         iteration, flops = _megatron().load_checkpoint([model], optimizer, scheduler)
     if iteration != point.state.iteration:

@@ -25,7 +25,7 @@ from dynapipe_planner.errors import PlanningError
 from dynapipe_planner.model_spec import ModelSpec
 from dynapipe_planner.online_fit import IterationTimeFit, PlanFeatures
 from dynapipe_planner.plan import ExecutionPlan
-from dynapipe_planner.preflight import longest_sample_refusal
+from dynapipe_planner.preflight import batch_capacity, longest_sample_refusal
 
 from . import parallel_state as ps
 from .checkpointing import ResumePoint
@@ -132,11 +132,7 @@ class PlannedIterations:
         refusal: list[str | None] = [None]
         if recipe is not None:
             args, lengths = self.args, self.dataset.lengths()
-            if args.tokens_per_global_batch is not None:
-                longest = int(np.max(lengths.sum(axis=1) if lengths.ndim == 2 else lengths))
-                capacity = args.tokens_per_global_batch // longest
-            else:
-                capacity = args.global_batch_size
+            capacity = batch_capacity(lengths, args.tokens_per_global_batch, args.global_batch_size)
             found: list[str | None] = []
 
             def try_longest() -> None:
