@@ -2,8 +2,12 @@
 
 from glob import glob
 
-from pybind11.setup_helpers import Pybind11Extension, build_ext
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import setup
+
+# One compiler per core (the sources are independent): halves the install on a 2-core machine.
+# DYNAPIPE_BUILD_JOBS overrides the count.
+ParallelCompile("DYNAPIPE_BUILD_JOBS").install()
 
 core = Pybind11Extension(
     "dynapipe_planner._core",

@@ -30,7 +30,7 @@ def _fetch_all(rank: int, world: int, store_port: int) -> dict:
 
     from megatron.dynapipe.pipeline.plan_distribution import PlanChannel, open_plan_store
 
-    store = open_plan_store(rank, world, host="127.0.0.1", port=store_port, timeout_s=30)
+    store = open_plan_store(rank, secret=SECRET, host="127.0.0.1", port=store_port, timeout_s=30)
     service = PlanningService(RECIPE, work(3), num_workers=1) if rank == 0 else None
     try:
         channel = PlanChannel(store, rank, world, secret=SECRET, service=service, timeout_s=30)
@@ -60,7 +60,7 @@ def _miss_a_plan(rank: int, world: int, store_port: int) -> dict:
 
     from megatron.dynapipe.pipeline.plan_distribution import PlanChannel, open_plan_store
 
-    store = open_plan_store(rank, world, host="127.0.0.1", port=store_port, timeout_s=30)
+    store = open_plan_store(rank, secret=SECRET, host="127.0.0.1", port=store_port, timeout_s=30)
     messages: list[str] = []
     logger = logging.getLogger(f"plan-channel-{rank}")
     logger.addHandler(_ListHandler(messages))
@@ -118,7 +118,7 @@ def _refused_plan(rank: int, world: int, store_port: int) -> dict:
     from dynapipe_planner.errors import PlanningError
     from megatron.dynapipe.pipeline.plan_distribution import PlanChannel, open_plan_store
 
-    store = open_plan_store(rank, world, host="127.0.0.1", port=store_port, timeout_s=30)
+    store = open_plan_store(rank, secret=SECRET, host="127.0.0.1", port=store_port, timeout_s=30)
     service = _RefusingService() if rank == 0 else None
     channel = PlanChannel(store, rank, world, secret=SECRET, service=service, timeout_s=20)
     if rank == 2:
@@ -129,7 +129,7 @@ def _refused_plan(rank: int, world: int, store_port: int) -> dict:
         error = f"{type(e).__name__}: {e}"
     if rank == 0:
         left = store.check(["dynapipe/plan/0"])
-        del store  # the planning rank exits: its store server goes away
+        store.close()  # the planning rank exits: its store server goes away
         return {"error": error, "left": left}
     return {"error": error}
 
@@ -148,9 +148,9 @@ class _StoreThatDiesOnRead:
         return None
 
     def get(self, key):
-        import torch.distributed as dist
+        from megatron.dynapipe.pipeline.job_store import StoreUnreachable
 
-        raise dist.DistNetworkError(f"Connection reset by peer while reading {key}")
+        raise StoreUnreachable(f"Connection reset by peer while reading {key}")
 
 
 def test_a_store_lost_while_reading_names_the_planner_and_iteration():
@@ -166,14 +166,16 @@ def test_a_store_lost_while_reading_names_the_planner_and_iteration():
 
 
 def _forged_and_replayed(rank: int, world: int, store_port: int) -> dict:
-    """Rank 0 publishes iteration 0; then an intruder (no secret) writes a well-formed plan at
-    iteration 1's key, and replays iteration 0's sealed entry at iteration 2's key."""
+    """Rank 0 publishes iteration 0; then bytes sealed without the secret (what a writer on the
+    wire could inject) arrive at iteration 1's key, and iteration 0's sealed entry is replayed
+    at iteration 2's key. A stranger without the secret cannot connect at all."""
     import psutil
     import torch.distributed as dist
 
+    from megatron.dynapipe.pipeline.job_store import JobStore, StoreUnreachable
     from megatron.dynapipe.pipeline.plan_distribution import PlanChannel, open_plan_store
 
-    store = open_plan_store(rank, world, host="127.0.0.1", port=store_port, timeout_s=30)
+    store = open_plan_store(rank, secret=SECRET, host="127.0.0.1", port=store_port, timeout_s=30)
     channel = PlanChannel(store, rank, world, secret=SECRET, timeout_s=10)
     with PlanningService(RECIPE, work(1), num_workers=0) as inline:
         plan = inline.get(0)
@@ -183,6 +185,11 @@ def _forged_and_replayed(rank: int, world: int, store_port: int) -> dict:
         intruder = PlanChannel(store, 0, world, secret=b"a guess at the job secret", timeout_s=5)
         intruder.publish(1, plan)  # a well-formed plan, sealed with the wrong key
         store.set("dynapipe/plan/2", sealed)
+        try:  # a stranger, without the secret, cannot even connect
+            JobStore("127.0.0.1", store_port, b"a guess at the job secret", timeout_s=5)
+            stranger = "connected"
+        except StoreUnreachable as e:
+            stranger = str(e)
     dist.barrier()
     outcomes = {}
     for iteration in (0, 1, 2) if rank else ():
@@ -197,13 +204,14 @@ def _forged_and_replayed(rank: int, world: int, store_port: int) -> dict:
         if c.status == psutil.CONN_LISTEN and c.laddr.port == store_port
     )
     dist.barrier()
-    return {"outcomes": outcomes, "listening": listening}
+    return {"outcomes": outcomes, "listening": listening, "stranger": stranger if rank == 0 else ""}
 
 
 def test_forged_and_replayed_plans_are_refused_and_the_store_listens_on_the_job_address():
     port = free_port()
     server, reader = run_ranks(_forged_and_replayed, 2, port, timeout_s=60)
     assert server["listening"] == ["127.0.0.1"]
+    assert "did not complete its handshake" in server["stranger"]
     assert reader["outcomes"][0] == "ran"
     for iteration in (1, 2):
         refused = reader["outcomes"][iteration]
@@ -215,9 +223,8 @@ def test_a_store_on_every_interface_is_warned_about(capfd) -> None:
     """Issue 34: MASTER_ADDR 0.0.0.0 binds the plan store on every interface: one warning."""
     from megatron.dynapipe.pipeline.plan_distribution import open_plan_store
 
-    store = open_plan_store(0, 1, host="0.0.0.0", port=free_port(), timeout_s=5)
-    del store
+    open_plan_store(0, secret=SECRET, host="0.0.0.0", port=free_port(), timeout_s=5).close()
     err = capfd.readouterr().err
     assert "warning: MASTER_ADDR 0.0.0.0 makes the plan store listen on every network" in err
-    open_plan_store(0, 1, host="127.0.0.1", port=free_port(), timeout_s=5)
+    open_plan_store(0, secret=SECRET, host="127.0.0.1", port=free_port(), timeout_s=5).close()
     assert "warning" not in capfd.readouterr().err

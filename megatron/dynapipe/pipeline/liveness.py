@@ -10,8 +10,9 @@ did not move; if the store itself is gone, its server (the planning rank) is the
 Every blocking operation of a step is bounded (p2p waits and process groups by
 `--dynapipe-timeout`), so a dead peer always surfaces as a failure that reaches this check.
 
-The thread has its own store connection: a TCPStore client serves one request at a time, and
-the main thread may sit in a long wait for a plan.
+The thread has its own store connection: a connection serves one request at a time, and the
+main thread may sit in a long wait for a plan. Every store call has a deadline
+(`job_store.JobStore`), so a frozen server (its rank stopped) is found, not waited for.
 """
 
 from __future__ import annotations
@@ -20,11 +21,10 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
-
-import torch.distributed as dist
 
 from dynapipe_planner.errors import iteration_name
+
+from .job_store import JobStore, StoreError
 
 PREFIX = "dynapipe/alive"
 
@@ -39,7 +39,7 @@ class Liveness:
 
     def __init__(
         self,
-        store: dist.Store,
+        store: JobStore,
         rank: int,
         world_size: int,
         *,
@@ -57,13 +57,7 @@ class Liveness:
         """Start beating (no-op for a one-rank job, which has no one to tell)."""
         if self.world_size == 1 or self._thread is not None:
             return
-        conn = dist.TCPStore(
-            self.store.host,
-            self.store.port,
-            is_master=False,
-            wait_for_workers=False,
-            timeout=timedelta(seconds=max(10 * self.interval_s, 5.0)),
-        )
+        conn = self.store.connect_again(max(10 * self.interval_s, 5.0))
         conn.add(self._key(self.rank), 1)
         self._thread = threading.Thread(
             target=self._beat, args=(conn,), name=f"dynapipe-heartbeat-{self.rank}", daemon=True
@@ -109,34 +103,16 @@ class Liveness:
 
     def _read_beats(self, ranks: list[int]) -> list[int] | None:
         """The heartbeat counters of `ranks`, or None when the store does not answer within
-        twice the window. The reads run on a thread of their own, over a connection of their
-        own: a frozen server (its rank stopped) answers neither the connection's handshake nor
-        its requests, whatever the timeout, and the thread is then left behind."""
-        read: list[list[int]] = []
-
-        def read_counters() -> None:
+        twice the window; read over a connection of their own (the main thread's may be
+        busy, or broken by the failure being diagnosed)."""
+        try:
+            store = self.store.connect_again(2 * self.window_s)
             try:
-                store = self._reader()
-                read.append([store.add(self._key(r), 0) for r in ranks])
-            except RuntimeError:  # c10d's DistError family: the server is gone
-                pass
-
-        reader = threading.Thread(target=read_counters, name="dynapipe-liveness", daemon=True)
-        reader.start()
-        reader.join(2 * self.window_s)
-        return read[0] if read else None
-
-    def _reader(self) -> dist.Store:
-        """A store connection of the reading thread's own (the main thread's may be busy)."""
-        if not isinstance(self.store, dist.TCPStore):
-            return self.store
-        return dist.TCPStore(
-            self.store.host,
-            self.store.port,
-            is_master=False,
-            wait_for_workers=False,
-            timeout=timedelta(seconds=2 * self.window_s),
-        )
+                return [store.add(self._key(r), 0) for r in ranks]
+            finally:
+                store.close()
+        except StoreError:
+            return None
 
     @contextlib.contextmanager
     def step(self, iteration: int) -> Iterator[None]:
@@ -155,9 +131,10 @@ class Liveness:
     def _key(self, rank: int) -> str:
         return f"{PREFIX}/{rank}"
 
-    def _beat(self, conn: dist.TCPStore) -> None:
+    def _beat(self, conn: JobStore) -> None:
         while not self._stop.wait(self.interval_s):
             try:
                 conn.add(self._key(self.rank), 1)
-            except RuntimeError:
-                return  # the store is gone; silent_ranks reports its server
+            except StoreError:
+                return  # the store is gone; `diagnose` reports its server
+        conn.close()

@@ -2,9 +2,9 @@
 
 DynaPipe's planners push every execution plan to an instruction store in the host memory of
 machine 0, and the executors fetch their instructions from it (seed `dynapipe.txt` §3; §7 uses
-Redis). torch.distributed's `TCPStore` already is such a store: a server inside the hosting
-rank's process that every rank reaches over TCP, with blocking waits that the server answers
-as soon as a key is set, so there is no extra service to deploy and no polling.
+Redis). Here that store is the job's own (`job_store.JobStore`): a server thread in the
+publishing rank's process that every rank reaches over TCP, with blocking waits that the server
+answers as soon as a key is set, so there is no extra service to deploy and no polling.
 
 `PlanChannel` on the publishing rank (rank 0 by default) takes plans from a
 `dynapipe_planner.service.PlanningService` (or from explicit `publish` calls) and sets
@@ -14,23 +14,19 @@ planning rank when it never comes. Every reader then adds one to `dynapipe/plan/
 the last reader deletes both keys, so the store holds only plans some rank has still to read,
 and the publisher needs no extra round trip to clean up.
 
-torch's default store (`init_process_group`'s) is reachable only through a private function, so
-plans get their own store (`open_plan_store`, on MASTER_PORT + 1 unless told otherwise); any
-`torch.distributed.Store` works. c10d prints a warning of its own each time a wait times out,
-that is once per "waiting for plan" line.
-
 When the planner refuses an iteration's batch (a `PlanningError`: the input's fault, such as
 a model that fits nowhere), the publisher writes the refusal under the plan's key instead and
 waits, a bounded time, until every reader has read it before it raises: each reader then raises
 the same `PlanningError`, so the job ends as a user error on every rank, reported once, rather
 than with readers that lose the store when the publisher exits.
 
-A plan is a program every rank runs, so the store is guarded twice. Its server listens only on
-the address the job was given (a socket bound to it and handed to the TCPStore), not on every
-interface. And every entry carries an HMAC-SHA256 of its key and bytes under a per-job secret
-(`new_job_secret`, handed to the ranks over the job's process group, never through the store):
-an entry written by anyone without the secret, or an old plan replayed under another
-iteration's key, is refused before it is decoded, naming the key.
+A plan is a program every rank runs, so the store is guarded three times. Its server listens only
+on the address the job was given, not on every interface. Only connections that prove they hold
+the per-job secret (`new_job_secret`, handed to the ranks over the job's process group, never
+through the store) may read or write, so a stranger can neither forge, delete nor flood entries.
+And every entry carries an HMAC-SHA256 of its key and bytes under that secret: bytes altered on
+the way, or an old plan replayed under another iteration's key, are refused before they are
+decoded, naming the key.
 """
 
 from __future__ import annotations
@@ -45,9 +41,6 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
-from datetime import timedelta
-
-import torch.distributed as dist
 
 from dynapipe_planner.errors import (
     PlanningError,
@@ -57,6 +50,8 @@ from dynapipe_planner.errors import (
 )
 from dynapipe_planner.plan import ExecutionPlan
 from dynapipe_planner.service import PlanningService
+
+from .job_store import JobStore, StoreTimeout, StoreUnreachable
 
 _log = logging.getLogger(__name__)
 
@@ -91,16 +86,17 @@ _EVERY_INTERFACE = ("", "0.0.0.0", "::", "[::]")
 
 def open_plan_store(
     rank: int,
-    world_size: int,
     *,
+    secret: bytes,
     host: str | None = None,
     port: int | None = None,
     publisher_rank: int = 0,
     timeout_s: float = 600.0,
-) -> dist.TCPStore:
-    """A TCPStore for plans, served by `publisher_rank` at `host:port` (default: MASTER_ADDR and
-    MASTER_PORT + 1) and listening on that address only. Other ranks retry connecting until
-    `timeout_s`."""
+) -> JobStore:
+    """The job's store for plans, served by `publisher_rank` at `host:port` (default:
+    MASTER_ADDR and MASTER_PORT + 1; port 0 on the publisher: one the OS picks, then
+    `store.port`) and listening on that address only. Other ranks retry connecting until
+    `timeout_s`; every rank must hold the job's `secret`."""
     try:
         host = host if host is not None else os.environ["MASTER_ADDR"]
         port = port if port is not None else int(os.environ["MASTER_PORT"]) + 1
@@ -108,7 +104,6 @@ def open_plan_store(
         raise PlanningServiceError(
             f"the plan store needs a host and port: pass them or set {e.args[0]}"
         ) from e
-    listen_fd = None
     if rank == publisher_rank:
         if host in _EVERY_INTERFACE:
             print(
@@ -118,18 +113,8 @@ def open_plan_store(
                 file=sys.stderr,
                 flush=True,
             )
-        sock = _listening_socket(host, port)
-        port = sock.getsockname()[1]
-        listen_fd = sock.detach()  # the store's server owns the descriptor from here on
-    return dist.TCPStore(
-        host,
-        port,
-        world_size,
-        is_master=rank == publisher_rank,
-        timeout=timedelta(seconds=timeout_s),
-        wait_for_workers=False,
-        master_listen_fd=listen_fd,
-    )
+        return JobStore.serve(_listening_socket(host, port), secret, timeout_s=timeout_s)
+    return JobStore(host, port, secret, timeout_s=timeout_s)
 
 
 class PlanChannel:
@@ -142,7 +127,7 @@ class PlanChannel:
 
     def __init__(
         self,
-        store: dist.Store,
+        store: JobStore,
         rank: int,
         world_size: int,
         *,
@@ -250,7 +235,7 @@ class PlanChannel:
         """A store that drops the connection means its server, the planning rank, is gone."""
         try:
             yield
-        except dist.DistNetworkError as e:
+        except StoreUnreachable as e:
             raise PlanningServiceError(
                 f"rank {self.rank}: lost the plan store of rank {self.publisher_rank} (the "
                 f"planner) while {doing} the plan of {iteration_name(iteration)}: {e}"
@@ -273,9 +258,9 @@ class PlanChannel:
                 )
             try:
                 with self._store_lost(iteration, "waiting for"):
-                    self.store.wait([key], timedelta(seconds=min(remaining, self.log_interval_s)))
+                    self.store.wait([key], min(remaining, self.log_interval_s))
                 return
-            except dist.DistStoreError:
+            except StoreTimeout:
                 pass  # not there yet
             if time.monotonic() < deadline:
                 self._log.warning(

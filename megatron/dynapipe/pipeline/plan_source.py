@@ -38,6 +38,7 @@ from dynapipe_planner.service import PlannerRecipe, PlanningService
 from ..data.sampler import GlobalBatchSampler
 from ..local_costs import local_cost_table
 from ..model_flags import dtype_name
+from .job_store import JobStore
 from .plan_distribution import PlanChannel, new_job_secret, open_plan_store
 
 PLANNING_RANK = 0
@@ -96,7 +97,7 @@ class PlanSource:
         self.channel, self.service = channel, service
 
     @property
-    def store(self) -> dist.Store:
+    def store(self) -> JobStore:
         """The store the plans travel through (other job-wide bookkeeping may share it)."""
         return self.channel.store
 
@@ -116,7 +117,8 @@ class PlanSource:
         return plan, waited_s
 
     def close(self) -> None:
-        """Stop the planner workers (rank 0); the store lives as long as this object."""
+        """Stop the planner workers (rank 0); the store lives as long as the process, for
+        ranks that still read it after this one is done."""
         if self.service is not None:
             self.service.close()
 
@@ -169,20 +171,20 @@ def _work_items(
         yield iteration, lengths[batch], batch
 
 
-def open_store(rank: int, world: int, timeout_s: float) -> tuple[dist.Store, bytes]:
-    """The plan store and the job's secret for its entries' MACs. The planning rank serves the
-    store on MASTER_ADDR, on a port the OS picks (a fixed one such as MASTER_PORT + 1 may be
-    taken), and draws the secret; both reach the others over the world group, never through
-    the store itself."""
-    if world == 1:
-        return dist.HashStore(), new_job_secret()
-    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+def open_store(rank: int, world: int, timeout_s: float) -> tuple[JobStore, bytes]:
+    """The plan store and the job's secret, which opens the store and seals its entries. The
+    planning rank draws the secret and serves the store on MASTER_ADDR, on a port the OS picks
+    (a fixed one such as MASTER_PORT + 1 may be taken); port and secret reach the others over
+    the world group, never through the store itself."""
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1") if world > 1 else "127.0.0.1"
     store = None
     if rank == PLANNING_RANK:
-        store = open_plan_store(rank, world, host=host, port=0, timeout_s=timeout_s)
-    job = [(store.port, new_job_secret()) if store is not None else None]
-    dist.broadcast_object_list(job, src=PLANNING_RANK)
-    port, secret = job[0]
+        secret = new_job_secret()
+        store = open_plan_store(rank, secret=secret, host=host, port=0, timeout_s=timeout_s)
+    if world > 1:
+        job = [(store.port, secret) if store is not None else None]
+        dist.broadcast_object_list(job, src=PLANNING_RANK)
+        port, secret = job[0]
     if store is None:
-        store = open_plan_store(rank, world, host=host, port=port, timeout_s=timeout_s)
+        store = open_plan_store(rank, secret=secret, host=host, port=port, timeout_s=timeout_s)
     return store, secret
