@@ -224,10 +224,13 @@ def torch_checkpoint(tmp_path: Path) -> Path:
 
 
 def test_a_real_checkpoints_metadata_loads_through_the_restricted_reader(torch_checkpoint):
-    """torch's reader with `checkpoint_metadata` installed loads real metadata as before."""
+    """torch's reader with `checkpoint_metadata` installed loads real metadata and non-tensor
+    items as before; a crafted `.metadata` or byte item is refused, its command not run."""
     from torch.distributed import checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     from megatron.dynapipe.checkpoint_metadata import install
+    from megatron.dynapipe.checkpointing import _refused_global
 
     install()
     metadata = dcp.FileSystemReader(str(torch_checkpoint)).read_metadata()
@@ -237,6 +240,11 @@ def test_a_real_checkpoints_metadata_loads_through_the_restricted_reader(torch_c
     dcp.load(loaded, checkpoint_id=str(torch_checkpoint), no_dist=True)
     assert loaded["w"].sum() == 12 and loaded["b"].sum() == 0 and loaded["step"] == 7
     marker = torch_checkpoint.parent / "ran"
+    crafted = torch_checkpoint.parent / "crafted"  # a non-tensor item that runs a command
+    dcp.save({"w": torch.ones(4, 3), "step": _Command(marker)}, checkpoint_id=crafted, no_dist=True)
+    with pytest.raises(CheckpointException) as refused:
+        dcp.load({"w": torch.zeros(4, 3), "step": 0}, checkpoint_id=crafted, no_dist=True)
+    assert _refused_global(refused.value) == "posix.system"
     (torch_checkpoint / ".metadata").write_bytes(pickle.dumps(_Command(marker)))
     with pytest.raises(MetadataRefused, match=r"\.metadata names posix\.system, which"):
         dcp.FileSystemReader(str(torch_checkpoint)).read_metadata()
@@ -281,15 +289,44 @@ def _megatron_program(rank: int, world: int, argv: list[str]) -> int | str | Non
     return _megatron_exit_status(rank, world, argv)
 
 
+def _craft_common_state(iteration_dir: Path, marker: Path) -> None:
+    """Point a torch_dist checkpoint's common state (args, iteration: a pickle that
+    megatron-core reads through torch's load planner) at a pickle that runs `touch marker`, and
+    rewrite its `--verify-integrity` manifest to match."""
+    import dataclasses
+    import hashlib
+    import io
+    import json
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    metadata = FileSystemReader(str(iteration_dir)).read_metadata()
+    payload = io.BytesIO()
+    torch.save(_Command(marker), payload)
+    (iteration_dir / "__9_0.distcp").write_bytes(payload.getvalue())
+    for index, info in metadata.storage_data.items():
+        if index.fqn.startswith("common_state"):
+            metadata.storage_data[index] = dataclasses.replace(
+                info, relative_path="__9_0.distcp", offset=0, length=payload.tell()
+            )
+    (iteration_dir / ".metadata").write_bytes(pickle.dumps(metadata))
+    files = sorted(p for p in iteration_dir.iterdir() if p.name != "integrity.json")
+    manifest = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+    (iteration_dir / "integrity.json").write_text(
+        json.dumps({"algorithm": "sha256", "files": manifest})
+    )
+
+
 def _errors(capfd) -> list[str]:
     return [line for line in capfd.readouterr().err.splitlines() if ": error:" in line]
 
 
 def test_megatrons_own_checkpoint_failures_end_in_one_line(tmp_path, capfd) -> None:
     """Issue 34, Megatron's loop without DynaPipe flags: an LR schedule other than the
-    checkpoint's and a shard failing --verify-integrity are named in one line on rank 0
-    (exit status 2, nothing trained); an iteration an earlier save left incomplete is removed
-    with a line at the next start."""
+    checkpoint's, a common state crafted to run a command (its integrity manifest rewritten to
+    match, as whoever can write the directory can) and a shard failing --verify-integrity are
+    named in one line on rank 0 (exit status 2, nothing trained, nothing run); an iteration an
+    earlier save left incomplete is removed with a line at the next start."""
     from test_megatron_loop import CPU_FLAGS, MEGATRON_ONLY
 
     ckpt = tmp_path / "ckpt"
@@ -302,6 +339,16 @@ def test_megatrons_own_checkpoint_failures_end_in_one_line(tmp_path, capfd) -> N
     (line,) = _errors(capfd)
     assert "iter_0000002 cannot be loaded: OptimizerParamScheduler" in line, line
     assert "--override-opt-param-scheduler takes this run's flags" in line, line
+    crafted, marker = tmp_path / "crafted", tmp_path / "ran"
+    shutil.copytree(ckpt, crafted)
+    _craft_common_state(crafted / "iter_0000002", marker)
+    assert run_ranks(_megatron_program, 2, [*flags, "--load", str(crafted)], timeout_s=240) == [
+        2,
+        2,
+    ]
+    (line,) = _errors(capfd)
+    assert f"checkpoint {crafted / 'iter_0000002'} names posix.system, which" in line, line
+    assert not marker.exists()
     shard = sorted((ckpt / "iter_0000002").glob("*.distcp"))[0]
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF

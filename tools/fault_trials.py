@@ -85,8 +85,11 @@ def run_trial(sig: str, rank: int, at: int, timeout_s: float, port: int) -> Tria
                     break
             target = _rank_process(torchrun, rank)
             if target is None or job.poll() is not None:
+                why = "job ended before the signal" if job.poll() is not None else "no rank process"
                 job.kill()
-                return Trial(sig, rank, at, "job ended before the signal", 0.0, 0.0, "")
+                job.wait()
+                last = err_path.read_text(errors="replace").strip().splitlines() or [""]
+                return Trial(sig, rank, at, why, 0.0, 0.0, last[-1][:200])
             target.send_signal(getattr(signal, f"SIG{sig}"))
             sent = time.monotonic()
             drain = threading.Thread(target=job.stdout.read, daemon=True)  # keep the pipe open

@@ -8,6 +8,13 @@ only what the format is made of: the data classes and enums of torch's checkpoin
 `torch.Size`, dtypes and layouts. Anything else stops the load with one line naming the file
 and the global it asked for (`MetadataRefused`, exit status 2). The reader is wrapped at its
 `pickle` seam: torch's own `read_metadata` runs unchanged.
+
+The shards hold pickles too: every non-tensor item of a torch_dist checkpoint (Megatron's
+common state: args, iteration, RNG states; its sharded objects) is a byte item that torch's
+`DefaultLoadPlanner.load_bytes` reads with `torch.load(..., weights_only=False)`. `install()`
+makes that planner's `torch.load` weights-only, as torch's own default is since 2.6 and as
+megatron-core reads its common state elsewhere (with the classes it registers as safe); a
+crafted item then fails torch's check, which names the global it refused.
 """
 
 from __future__ import annotations
@@ -82,12 +89,27 @@ def check(directory: Path) -> None:
             MetadataUnpickler(file, str(path)).load()
 
 
+class _WeightsOnlyTorch:
+    """`torch` as torch's default load planner sees it: `load` weights-only whatever the
+    caller asked, everything else torch's own."""
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(torch, attr)
+
+    @staticmethod
+    def load(file: Any, *args: Any, **kwargs: Any) -> Any:
+        return torch.load(file, *args, **{**kwargs, "weights_only": True})
+
+
 def install() -> None:
-    """Make torch's `FileSystemReader` read `.metadata` with `MetadataUnpickler` (idempotent)."""
-    from torch.distributed.checkpoint import filesystem
+    """Make torch's `FileSystemReader` read `.metadata` with `MetadataUnpickler`, and its
+    default load planner read byte items weights-only (idempotent)."""
+    from torch.distributed.checkpoint import default_planner, filesystem
 
     if not isinstance(filesystem.pickle, _MetadataPickle):
         filesystem.pickle = _MetadataPickle()
+    if not isinstance(default_planner.torch, _WeightsOnlyTorch):
+        default_planner.torch = _WeightsOnlyTorch()
 
 
 def _is_dtype(module: str, name: str) -> bool:

@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import errno
 import os
+import re
 import shutil
 import sys
 import zipfile
@@ -166,6 +167,13 @@ def named(path: Path) -> Iterator[None]:
     except (CheckpointError, checkpoint_metadata.MetadataRefused):
         raise
     except (Exception, CheckpointException, SystemExit) as err:  # many types for bad files
+        refused = _refused_global(err)
+        if refused is not None:
+            where = path / "common.pt" if (path / "common.pt").is_file() else path
+            raise CheckpointError(
+                f"checkpoint {where} names {refused}, which checkpoints never hold; not loading "
+                "it (a crafted pickle could run code)"
+            ) from err
         damaged = _damaged_file(path)
         if damaged is not None:
             raise CheckpointError(
@@ -184,6 +192,22 @@ def named(path: Path) -> Iterator[None]:
                 "rest"
             )
         raise CheckpointError(f"checkpoint {path} cannot be loaded: {first_line}") from err
+
+
+# How torch's weights-only unpickler (torch.load's default, which megatron-core's common.pt
+# reader relies on) names the global it refused.
+_REFUSED_GLOBAL = re.compile(r"Weights only load failed.*?GLOBAL ([\w.]+)", re.DOTALL)
+
+
+def _refused_global(err: BaseException) -> str | None:
+    """The code a checkpoint's pickle asked for, when torch.load refused it (also inside the
+    first failure torch's CheckpointException holds)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if isinstance(err, CheckpointException) and err.failures:
+        return _refused_global(next(iter(err.failures.values()))[0])
+    match = _REFUSED_GLOBAL.search(str(err))
+    return match.group(1) if match else None
 
 
 def _first_line(err: BaseException) -> str:
