@@ -44,12 +44,10 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
-import sys
 import threading
 import time
 import traceback
-import types
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from typing import NamedTuple, Protocol
@@ -59,6 +57,7 @@ import numpy as np
 from .errors import PlanningError, PlanningServiceError, PlanTimeoutError, iteration_name
 from .plan import ExecutionPlan
 from .planner import CostModel, IterationPlanner, PlannerConfig
+from .processes import main_hidden
 
 _log = logging.getLogger(__name__)
 
@@ -173,7 +172,7 @@ class PlanningService:
         ctx = mp.get_context("spawn")
         self._tasks = ctx.Queue()
         try:
-            with contextlib.nullcontext() if needs_main else _main_hidden():
+            with contextlib.nullcontext() if needs_main else main_hidden():
                 self._start_workers(ctx, recipe)
             self._top_up()
         except BaseException:
@@ -400,17 +399,6 @@ class PlanningService:
         if starting:
             parts.append(f"{starting} of {len(self._workers)} workers still starting")
         return "; ".join(parts)
-
-
-@contextlib.contextmanager
-def _main_hidden() -> Iterator[None]:
-    """Spawn leaves `__main__` alone in the child when the parent's has no file and no spec."""
-    main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = main
 
 
 def _worker_main(recipe: Recipe, tasks: mp.Queue, conn: Connection) -> None:

@@ -56,6 +56,7 @@ def install() -> None:
 
     arguments.hook_megatron_parser()
     checkpoint_metadata.install()
+    checkpointing.lean_writer_manager()
     global_vars.build_tokenizer = _tokenizer_from_flags
     cpu_compat.install_training()
     _use_prebuilt_dataset_helpers()
