@@ -28,6 +28,7 @@ from .cli_args import (
     report_error,
     sample_count,
     seed,
+    sequence_cap,
 )
 from .cluster import GPU_PRESETS, ClusterSpec, GiB, get_gpu
 from .cost import (
@@ -37,7 +38,7 @@ from .cost import (
     cost_model_from_description,
 )
 from .cost.table import mix_stages
-from .data import PRESETS, global_batches, load_lengths, sample_lengths, truncate
+from .data import PRESETS, global_batches, load_lengths, sample_lengths, sample_tokens, truncate
 from .errors import PlanningError, iteration_name
 from .model_spec import MODEL_PRESETS, load_model_spec
 from .plan import ExecutionPlan, MicroBatch, load_plan
@@ -68,7 +69,7 @@ def _plan_parser() -> argparse.ArgumentParser:
     data.add_argument("--field", help="jsonl key holding the input (default input_ids/text)")
     data.add_argument("--target-field", help="jsonl key holding targets (encoder-decoder)")
     data.add_argument(
-        "--max-seqlen", type=nonnegative_int, default=0, help="truncate samples to this length"
+        "--max-seqlen", type=sequence_cap, default=0, help="truncate samples to this length"
     )
     data.add_argument("--global-batch-tokens", type=positive_int, default=65536)
     data.add_argument("--iterations", type=positive_int, default=1, help="global batches to plan")
@@ -139,6 +140,12 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
 def _run_plan(args: argparse.Namespace) -> int:
     cost_model, cluster = _cost_model(args)
     lengths = _lengths(args, cost_model.model.is_encoder_decoder)
+    longest = int(sample_tokens(lengths).max())
+    if args.global_batch_tokens < longest:
+        raise PlanningError(
+            f"--global-batch-tokens {args.global_batch_tokens} cannot hold the longest sample "
+            f"({longest} tokens); a global batch holds whole samples (--max-seqlen truncates)"
+        )
     methods = [m for m in METHODS if args.batching in ("all", m[1])]
     if args.batching != "all":
         methods = [(f"{args.batching}+{args.schedule}", args.batching, args.schedule)]

@@ -20,6 +20,10 @@ MAX_COUNT = 2**62
 MAX_GIB = 2**20
 MAX_SAMPLES = 10**8  # synthetic samples drawn: int64 arrays of 800 MB
 MAX_GPUS = 16384  # as `devices.MAX_CLUSTER_DEVICES`
+# Tokens in one sequence: past every context window in use; the planners histogram lengths and
+# price attention per token, so a typo of 10**11 asked for terabytes.
+MAX_SEQUENCE = 2**24
+MAX_BINS = 2**16  # layer-DP memory bins: its tables grow with the bins times the layers
 
 
 DEBUG_HELP = "on an error, print its traceback before the one-line message (as DYNAPIPE_DEBUG=1)"
@@ -93,6 +97,22 @@ def nonnegative_int(text: str) -> int:
 def sample_count(text: str) -> int:
     value = positive_int(text)
     return _require(value, text, value <= MAX_SAMPLES, f"is more than {MAX_SAMPLES} samples")
+
+
+def sequence_length(text: str) -> int:
+    value = positive_int(text)
+    why = f"is more than {MAX_SEQUENCE} tokens in one sequence"
+    return _require(value, text, value <= MAX_SEQUENCE, why)
+
+
+def sequence_cap(text: str) -> int:
+    """A truncation length: 0 for none, else a `sequence_length`."""
+    return 0 if nonnegative_int(text) == 0 else sequence_length(text)
+
+
+def bin_count(text: str) -> int:
+    value = positive_int(text)
+    return _require(value, text, value <= MAX_BINS, f"is more than {MAX_BINS} bins")
 
 
 def gpu_count(text: str) -> int:

@@ -50,6 +50,12 @@ def json_loads(text: str | bytes) -> Any:
         raise ValueError("nested too deeply") from None
 
 
+def json_reason(error: ValueError) -> str:
+    """What `json_loads` refused, in a few words (a decoding error's message without its
+    position, which callers give as a line number)."""
+    return error.msg if isinstance(error, json.JSONDecodeError) else str(error)
+
+
 def fits_int64(digits: str) -> bool:
     """Whether a decimal integer's digits (an optional sign, then digits) fit int64; the
     digits are counted first, since Python refuses to convert more than 4,300."""

@@ -118,6 +118,23 @@ def test_bad_lengths_file_names_the_line(tmp_path, capsys):
     assert "bad.txt" in err and "line 3" in err
 
 
+def test_a_budget_below_the_longest_sample_or_a_deep_record_is_one_line(tmp_path, capsys):
+    """Issue 34 sweep: a global batch that cannot hold the longest sample is refused (it planned
+    one sample a batch); a 100,000-deep JSON line is named, not a RecursionError."""
+    path = tmp_path / "lengths.txt"
+    path.write_text("100\n900\n")
+    assert plan_main([*SMALL, "--lengths", str(path), "--global-batch-tokens", "500"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "dynapipe-plan: error: --global-batch-tokens 500 cannot hold the longest sample (900 "
+        "tokens); a global batch holds whole samples (--max-seqlen truncates)"
+    )
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"length": 5}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
+    assert plan_main([*SMALL, "--lengths", str(deep)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "deep.jsonl line 2: invalid JSON (nested too deeply)" in line
+
+
 def test_sample_that_never_fits_is_named_exit_2_and_nothing_written(tmp_path, capsys):
     path = tmp_path / "long.txt"
     path.write_text("100\n200\n120000\n")  # dataset id 2, wherever shuffling puts it

@@ -494,7 +494,10 @@ def test_an_npy_header_larger_than_its_file_is_refused_before_allocating(tmp_pat
 
 
 def test_an_absurd_sequence_length_never_reaches_the_cpp_core_wrapped() -> None:
-    """--seq-length 10^15 priced memory past int64 and crashed the C++ layer DP (SIGSEGV)."""
+    """--seq-length 10^15 priced memory past int64 and crashed the C++ layer DP (SIGSEGV); it
+    is refused at parse time now, and the longest length allowed is priced without wrapping."""
     main, argv = BASE["dynapipe-search"]
     line = assert_refused("dynapipe-search", main, with_flag(argv, "--seq-length", str(10**15)))
+    assert "is more than 16777216 tokens in one sequence" in line
+    line = assert_refused("dynapipe-search", main, with_flag(argv, "--seq-length", str(2**24)))
     assert "does not fit in 20.00 GiB per GPU" in line

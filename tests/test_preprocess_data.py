@@ -107,10 +107,10 @@ def test_ids_past_the_vocabulary_fail_naming_file_and_line(
     source = _jsonl(tmp_path / "in.jsonl", [{"input_ids": [1, 2]}, {"input_ids": [3, 500, 4]}])
     flags = ["--input", str(source), "--output-prefix", str(tmp_path / "new" / "x")]
     flags += ["--json-keys", "input_ids", "--workers", workers]
-    assert preprocess_tool.main([*flags, *gpt2_bpe.flags()]) == 1
+    assert preprocess_tool.main([*flags, *gpt2_bpe.flags()]) == 2
     assert capsys.readouterr().err == (
-        f"error: {source} line 2: field 'input_ids' has token id 500 outside the vocabulary "
-        "[0, 500) of the GPT2BPETokenizer (vocab.json, merges.txt) tokenizer\n"
+        f"preprocess_data.py: error: {source} line 2: field 'input_ids' has token id 500 outside "
+        "the vocabulary [0, 500) of the GPT2BPETokenizer (vocab.json, merges.txt) tokenizer\n"
     )
     assert _files(tmp_path) == ["in.jsonl"]  # not even the output directory
 
@@ -137,9 +137,9 @@ def test_refusals_are_one_line_and_write_nothing(
 ) -> None:
     source = _jsonl(tmp_path / "in.jsonl", [{"text": "abc"}])
     argv = ["--input", str(source), "--output-prefix", str(tmp_path / "x"), *flags]
-    assert preprocess_tool.main(argv) == 1
+    assert preprocess_tool.main(argv) == 2
     error = capsys.readouterr().err
-    assert error.startswith(f"error: {message}") and error.count("\n") == 1
+    assert error.startswith(f"preprocess_data.py: error: {message}") and error.count("\n") == 1
     assert _files(tmp_path) == ["in.jsonl"]
 
 
@@ -178,8 +178,9 @@ def test_command_line_failure_prints_exactly_one_line(tmp_path) -> None:
         "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
     }
     done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=environment)
-    assert done.returncode == 1
-    assert (
-        done.stderr == "error: --tokenizer-model nope.model: no such file (nothing is downloaded)\n"
+    assert done.returncode == 2
+    assert done.stderr == (
+        "preprocess_data.py: error: --tokenizer-model nope.model: no such file (nothing is "
+        "downloaded)\n"
     )
     assert _files(tmp_path) == ["in.jsonl"]

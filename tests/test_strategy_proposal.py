@@ -362,6 +362,7 @@ def test_cli_names_a_sequence_no_scheme_holds(tmp_path, capsys):
     lengths = tmp_path / "lengths.txt"
     lengths.write_text("100\n500000\n")
     argv = ["propose", "--lengths", str(lengths), "--context-length", "600000", "--num-gpus", "2"]
+    argv += ["--tokens-per-iteration", "1000000"]  # an iteration holds the long sample
     assert strategy_main([*argv, "--gpu", "RTX3090", "--model", "gpt-1.3b"]) == 2
     assert "sample 1 (length 500000)" in capsys.readouterr().err
 

@@ -298,9 +298,9 @@ def main(argv: list[str] | None = None) -> int:
             max_documents=args.max_documents,
             log_interval=args.log_interval,
         )
-    except DataError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    except DataError as error:  # the input's fault: one line, as a bad flag
+        print(f"preprocess_data.py: error: {error}", file=sys.stderr)
+        return 2
     for prefix, written in zip(prefixes, tokens, strict=True):
         print(f"wrote {prefix}.bin/.idx: {count} documents, {written} tokens ({tokenizer.name})")
     return 0

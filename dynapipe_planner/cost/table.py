@@ -288,7 +288,8 @@ class PipelineCosts:
         if len(packed):
             length = np.asarray(seq, dtype=np.float64)[packed]
             tokens = np.asarray(rows, dtype=np.float64)[packed] * length
-            s_eq = (tokens * length - saved[packed]) / tokens
+            # At least 1 (each token attends to itself); rounding at absurd lengths gives 0.
+            s_eq = np.maximum((tokens * length - saved[packed]) / tokens, 1.0)
             equal_f, equal_b, _, _ = self.stage_costs_many(tokens / s_eq, s_eq)
             forward[packed] = np.minimum(forward[packed], equal_f)
             backward[packed] = np.minimum(backward[packed], equal_b)

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PlanningError
-from ..input_files import check_input_file, fits_int64
+from ..input_files import check_input_file, fits_int64, json_loads, json_reason
 from .validation import check_positive, check_shape
 
 INPUT_KEYS = ("input_ids", "text", "length")
@@ -242,10 +242,10 @@ def _read_records(path: Path) -> list[tuple[int, dict]]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
+            record = json_loads(line)
+        except ValueError as error:  # malformed, nested too deeply, or a number out of range
             raise PlanningError(
-                f"{path} line {number}: invalid JSON ({error.msg}): {_excerpt(line)}"
+                f"{path} line {number}: invalid JSON ({json_reason(error)}): {_excerpt(line)}"
             ) from None
         if not isinstance(record, dict):
             raise PlanningError(

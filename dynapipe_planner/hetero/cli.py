@@ -21,6 +21,7 @@ from ..cli_args import (
     positive_int,
     report_error,
     seed,
+    sequence_length,
 )
 from ..cost.analytic import RECOMPUTE_CHOICES
 from ..devices import load_cluster
@@ -42,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="dynapipe-hetero", description=__doc__.splitlines()[0])
     p.add_argument("--cluster", required=True, help="cluster YAML (see examples/clusters/)")
     p.add_argument("--model", default="llama2-7b", help=f"{', '.join(MODEL_PRESETS)} or JSON")
-    p.add_argument("--seqlen", type=positive_int, default=4096)
+    p.add_argument("--seqlen", type=sequence_length, default=4096)
     p.add_argument("--global-batch", type=positive_int, default=128, help="samples per iteration")
     p.add_argument("--micro-batch-size", type=positive_int, default=1)
     p.add_argument(

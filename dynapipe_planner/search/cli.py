@@ -19,6 +19,7 @@ from itertools import groupby
 
 from ..cli_args import (
     OneLineParser,
+    bin_count,
     check_output_file,
     gpu_count,
     positive_float,
@@ -26,6 +27,7 @@ from ..cli_args import (
     positive_memory_gib,
     report_error,
     sample_count,
+    sequence_length,
 )
 from ..cluster import GPU_PRESETS, GiB, get_gpu
 from ..errors import PlanningError
@@ -47,8 +49,10 @@ def _parser() -> argparse.ArgumentParser:
     job.add_argument(
         "--memory-budget-gb", type=positive_memory_gib, required=True, help="GiB per GPU"
     )
-    job.add_argument("--seq-length", type=positive_int, default=1024)
-    job.add_argument("--tgt-seq-length", type=positive_int, default=None, help="T5 decoder length")
+    job.add_argument("--seq-length", type=sequence_length, default=1024)
+    job.add_argument(
+        "--tgt-seq-length", type=sequence_length, default=None, help="T5 decoder length"
+    )
     job.add_argument("--flash-attention", action="store_true")
     job.add_argument("--overlap-slowdown", type=positive_float, default=1.3, help="§V, default 1.3")
     job.add_argument(
@@ -61,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     s = p.add_argument_group("search")
     s.add_argument(
-        "--global-batch-size", type=positive_int, default=None, help="default: search it"
+        "--global-batch-size", type=sample_count, default=None, help="default: search it"
     )
     s.add_argument("--max-batch-size", type=sample_count, default=8192)
     s.add_argument("--pp", type=positive_int, nargs="+", default=None, help="PP degrees to try")
@@ -74,9 +78,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="only plans pretrain_gpt.py --parallel-plan runs (one TP degree for every layer)",
     )
-    s.add_argument(
-        "--memory-bins", type=positive_int, default=256, help="layer DP memory resolution"
-    )
+    s.add_argument("--memory-bins", type=bin_count, default=256, help="layer DP memory resolution")
     p.add_argument("--output", help="write the plan file (JSON) here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p

@@ -29,6 +29,7 @@ from ..cli_args import (
     report_error,
     sample_count,
     seed,
+    sequence_length,
 )
 from ..cluster import GPU_PRESETS, GiB, get_gpu
 from ..data import PRESETS, global_batches, load_lengths, sample_lengths
@@ -83,7 +84,7 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     )
     data.add_argument("--seed", type=seed, default=0)
     data.add_argument(
-        "--context-length", type=positive_int, default=32768, help="truncate samples here"
+        "--context-length", type=sequence_length, default=32768, help="truncate samples here"
     )
     data.add_argument("--tokens-per-iteration", type=positive_int, default=200000)
     data.add_argument(
@@ -143,6 +144,12 @@ def _job(args: argparse.Namespace) -> _Job:
     else:
         lengths = sample_lengths(args.preset or "webcode", args.num_samples, seed=args.seed)
     lengths = np.minimum(lengths, args.context_length)
+    if args.tokens_per_iteration < lengths.max():
+        raise PlanningError(
+            f"--tokens-per-iteration {args.tokens_per_iteration} cannot hold the longest sample "
+            f"({lengths.max()} tokens); an iteration holds whole samples (--context-length "
+            "truncates)"
+        )
     started = time.perf_counter()
     models = analytic_scheme_models(
         model,

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dynapipe_planner.input_files import json_loads, json_reason
+
 from .base import BYTE_TOKENIZER, DataError, Tokenizer
 from .variable_length import VariableLengthDataset, tokenized_dataset, with_eod
 
@@ -54,9 +56,9 @@ def _parse_record(raw: bytes, where: str) -> dict | None:
     if not line.strip():
         return None
     try:
-        record = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise DataError(f"{where}: invalid JSON ({error.msg}): {_excerpt(line)}") from None
+        record = json_loads(line)
+    except ValueError as error:  # malformed, nested too deeply, or a number out of range
+        raise DataError(f"{where}: invalid JSON ({json_reason(error)}): {_excerpt(line)}") from None
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {_excerpt(line)}")
     return record
