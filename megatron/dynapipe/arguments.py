@@ -33,7 +33,7 @@ from typing import NoReturn
 
 import torch
 
-from dynapipe_planner.cli_args import DEBUG_HELP
+from dynapipe_planner.cli_args import DEBUG_HELP, MAX_GIB, MAX_SEQUENCE
 from dynapipe_planner.cluster import GPU_PRESETS
 from dynapipe_planner.planner import BATCHING, RECOMPUTE, SCHEDULES
 
@@ -499,8 +499,8 @@ _NONNEGATIVE = (lambda v: v >= 0, "non-negative")
 _NUMBERS: dict[str, tuple[Callable[[float], bool], str]] = {
     **dict.fromkeys(
         (
-            "seq_length", "tokens_per_global_batch", "dynapipe_memory_limit",
-            "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+            "tokens_per_global_batch", "num_layers", "hidden_size", "num_attention_heads",
+            "ffn_hidden_size",
             "kv_channels", "num_query_groups", "max_position_embeddings",
             "make_vocab_size_divisible_by", "padded_vocab_size", "rotary_base",
             "layernorm_epsilon", "tensor_model_parallel_size", "pipeline_model_parallel_size",
@@ -534,6 +534,8 @@ _NUMBERS: dict[str, tuple[Callable[[float], bool], str]] = {
         "positive and at most 10**7 minutes",
     ),
     "planner_workers": (lambda v: 0 <= v <= 1024, "between 0 and 1024 processes"),
+    "dynapipe_memory_limit": (lambda v: 0 < v <= MAX_GIB, f"positive and at most {MAX_GIB} GiB"),
+    "seq_length": (lambda v: 0 < v <= MAX_SEQUENCE, f"positive and at most {MAX_SEQUENCE}"),
 }  # fmt: skip
 
 
