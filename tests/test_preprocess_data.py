@@ -184,3 +184,18 @@ def test_command_line_failure_prints_exactly_one_line(tmp_path) -> None:
         "downloaded)\n"
     )
     assert _files(tmp_path) == ["in.jsonl"]
+
+
+def test_an_output_that_is_not_a_regular_file_is_refused(preprocess_tool, tmp_path, capsys):
+    """Issue 34 sweep: a FIFO where the .bin goes was replaced by the finished file (exit 0)."""
+    import stat
+
+    source = _jsonl(tmp_path / "in.jsonl", [{"text": "abc"}])
+    os.mkfifo(tmp_path / "x_text_document.bin")
+    argv = ["--input", str(source), "--output-prefix", str(tmp_path / "x")]
+    assert preprocess_tool.main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"preprocess_data.py: error: {tmp_path / 'x_text_document.bin'} exists and is not a "
+        "regular file; not replacing it\n"
+    )
+    assert stat.S_ISFIFO(os.stat(tmp_path / "x_text_document.bin").st_mode)

@@ -246,7 +246,7 @@ def test_preprocess_round_trip_gives_identical_tokens(tmp_path: Path, preprocess
 def test_preprocess_failure_leaves_no_output(tmp_path: Path, preprocess, capsys) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text('{"text": "fine"}\n{"text": broken\n')
-    assert preprocess.main(["--input", str(path), "--output-prefix", str(tmp_path / "o")]) == 1
+    assert preprocess.main(["--input", str(path), "--output-prefix", str(tmp_path / "o")]) == 2
     assert f"{path} line 2: invalid JSON" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl"]
 

@@ -59,6 +59,9 @@ _STDLIB_KEY = "text"
 _WORKER_CHUNK = 16  # records per task sent to a worker
 
 
+MAX_WORKERS = 1024
+
+
 class _OneLineParser(argparse.ArgumentParser):
     """argparse reporting a bad flag on one line, without the (long) usage block."""
 
@@ -125,6 +128,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if args.workers > MAX_WORKERS:  # each is a process holding the tokenizer
+        parser.error(f"--workers must be at most {MAX_WORKERS}, got {args.workers}")
     return args
 
 
@@ -246,7 +251,13 @@ def write_indexed_datasets(
 
 
 def _make_parents(prefixes: list[str]) -> list[Path]:
-    """Create the output directories; returns those created, outermost first."""
+    """Create the output directories; returns those created, outermost first. An output that
+    exists and is not a regular file (a device, FIFO or directory) is refused first: the
+    finished file is moved over it."""
+    for prefix in prefixes:
+        for path in (Path(f"{prefix}.bin"), Path(f"{prefix}.idx")):
+            if (path.exists() or path.is_symlink()) and not path.is_file():
+                raise DataError(f"{path} exists and is not a regular file; not replacing it")
     created: list[Path] = []
     for prefix in prefixes:
         missing = [d for d in reversed(Path(prefix).parents) if not d.exists()]

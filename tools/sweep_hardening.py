@@ -366,11 +366,12 @@ def cases() -> list[Case]:
     add(Case("preprocess a directory", [*PREPROCESS, "--input", "{d}", *prefix]))
     add(Case("preprocess missing", [*PREPROCESS, "--input", "{d}/none.jsonl", *prefix]))
     good = {"in.jsonl": _jsonl({"text": "hello world"})}
-    for dev in ("/dev/full", "/dev/null"):
-        add(Case(f"preprocess --output-prefix {dev}", [*PREPROCESS, "--input", "{d}/in.jsonl",
-                 "--output-prefix", dev], files=good))  # fmt: skip
-    add(Case("preprocess output in no dir", [*PREPROCESS, "--input", "{d}/in.jsonl",
-             "--output-prefix", "{d}/no/out"], files=good))  # fmt: skip
+    add(Case("preprocess output .bin a fifo", [*PREPROCESS, "--input", "{d}/in.jsonl", *prefix],
+             files=good, setup=_fifo("out_text_document.bin")))  # fmt: skip
+    add(Case("preprocess output .idx a directory", [*PREPROCESS, "--input", "{d}/in.jsonl",
+             *prefix], files={**good, "out_text_document.idx/x": ""}))  # fmt: skip
+    add(Case("preprocess output in a new dir", [*PREPROCESS, "--input", "{d}/in.jsonl",
+             "--output-prefix", "{d}/new/out"], 0, files=good))  # fmt: skip
     for flag, value in [
         ("--workers", "0"),
         ("--workers", str(2**63)),
