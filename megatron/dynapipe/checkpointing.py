@@ -226,21 +226,24 @@ _REFUSED_GLOBAL = re.compile(r"Weights only load failed.*?GLOBAL ([\w.]+)", re.D
 def _refused_global(err: BaseException) -> str | None:
     """The code a checkpoint's pickle asked for, when torch.load refused it (also inside the
     first failure torch's CheckpointException holds)."""
+    match = _REFUSED_GLOBAL.search(str(_first_failure(err)))
+    return match.group(1) if match else None
+
+
+def _first_failure(err: BaseException) -> BaseException:
+    """`err`, or the first rank's failure when it is torch's CheckpointException (which holds
+    one per failed rank)."""
     from torch.distributed.checkpoint.api import CheckpointException
 
     if isinstance(err, CheckpointException) and err.failures:
-        return _refused_global(next(iter(err.failures.values()))[0])
-    match = _REFUSED_GLOBAL.search(str(err))
-    return match.group(1) if match else None
+        return _first_failure(next(iter(err.failures.values()))[0])
+    return err
 
 
 def _first_line(err: BaseException) -> str:
     """What went wrong, in one line: the first line of `err`'s message (and the first item of
     a list it introduces), or of the first rank's failure torch's CheckpointException holds."""
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    if isinstance(err, CheckpointException) and err.failures:
-        return _first_line(next(iter(err.failures.values()))[0])
+    err = _first_failure(err)
     text = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]
     first_line = lines[0] if lines else type(err).__name__
