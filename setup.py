@@ -1,4 +1,5 @@
-"""Builds the C++ planning core `dynapipe_planner._core` (sources in csrc/)."""
+"""Builds the C++ planning core `dynapipe_planner._core` (csrc/*.cpp) and the runtime's bus-error
+report `megatron.dynapipe._bus_error` (csrc/runtime/)."""
 
 from glob import glob
 
@@ -17,5 +18,11 @@ core = Pybind11Extension(
     # fp-contract=off keeps C++ arithmetic bit-identical to the Python references.
     extra_compile_args=["-O2", "-Wall", "-Wextra", "-ffp-contract=off"],
 )
+bus_error = Pybind11Extension(
+    "megatron.dynapipe._bus_error",
+    ["csrc/runtime/bus_error.cpp"],
+    cxx_std=17,
+    extra_compile_args=["-O2", "-Wall", "-Wextra"],
+)
 
-setup(ext_modules=[core], cmdclass={"build_ext": build_ext})
+setup(ext_modules=[core, bus_error], cmdclass={"build_ext": build_ext})

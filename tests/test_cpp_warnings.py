@@ -1,4 +1,4 @@
-"""The C++ core compiles warning-free under -Wall -Wextra (a syntax-only pass per source)."""
+"""The C++ core (and the runtime's bus-error handler, csrc/runtime/) compiles warning-free under -Wall -Wextra (a syntax-only pass per source)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pybind11
 import pytest
 
-SOURCES = sorted((Path(__file__).parent.parent / "csrc").glob("*.cpp"))
+SOURCES = sorted((Path(__file__).parent.parent / "csrc").glob("**/*.cpp"))
 COMPILER = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
 
 

@@ -160,3 +160,72 @@ def test_a_plan_that_never_comes_fails_every_rank_naming_the_iteration() -> None
     assert error.startswith("PlanTimeoutError: rank 1: no plan for iteration 1 after 5.0 s; ")
     assert "rank 0 plans and publishes it" in error
     assert planner_spent < 3 * TIMEOUT_S and spent < 3 * TIMEOUT_S
+
+
+_READ_AFTER_TRUNCATION = """
+import os, sys
+import torch
+from megatron.dynapipe.data.base import BYTE_TOKENIZER
+from megatron.dynapipe.data.indexed import indexed_dataset
+from megatron.dynapipe.exits import exit_status, name_bus_errors_in_workers
+
+sys.argv[0] = "pretrain_gpt.py"  # the program every line names
+dataset = indexed_dataset(sys.argv[1], 64, tokenizer=BYTE_TOKENIZER)
+os.truncate(sys.argv[1] + ".bin", 0)  # as a user rewriting the file mid-training would
+last = len(dataset) - 1
+if sys.argv[2] == "worker":  # read in a worker process, as Megatron's own data loader does
+    class Samples(torch.utils.data.Dataset):
+        def __len__(self): return 1
+        def __getitem__(self, index): return dataset.tokens(last)
+    loader = torch.utils.data.DataLoader(Samples(), num_workers=1)
+    read = lambda: next(iter(name_bus_errors_in_workers(loader)))
+else:
+    read = lambda: dataset.tokens(last)
+sys.exit(exit_status("pretrain_gpt.py", read))
+"""
+
+
+@pytest.mark.parametrize("reader", ["rank", "worker"])
+def test_a_data_file_truncated_while_read_is_named(tmp_path: Path, reader: str) -> None:
+    """A `.bin` that shrinks under its memory map kills the reading process by SIGBUS, which
+    Python cannot handle; the native handler `exit_status` installs (and Megatron's data-loader
+    workers reinstall over torch's) names the file and the rank in one line instead, exit
+    status 1; a SIGBUS sent by another process still kills as before."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    prefix = str(tmp_path / "docs")
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16)
+    for _ in range(400):  # 400 documents of 50 tokens: 40 KB, ten pages
+        builder.add_document(np.arange(1, 51, dtype=np.uint16), [50])
+    builder.finalize(f"{prefix}.idx")
+    env = {**os.environ, "RANK": "1"}
+    read = subprocess.run(
+        [sys.executable, "-c", _READ_AFTER_TRUNCATION, prefix, reader],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    lines = [line for line in read.stderr.splitlines() if line.startswith("pretrain_gpt.py")]
+    assert read.returncode == 1, read.stderr
+    reading = "rank 1" if reader == "rank" else "rank 1, data-loader worker 0"
+    assert lines[0].startswith(
+        f"pretrain_gpt.py: error: {reading}: {prefix}.bin changed while the job read it: "
+        "bus error at byte "
+    ), read.stderr
+    if reader == "worker":  # then the rank's own line on its worker's end
+        assert lines[1].startswith("pretrain_gpt.py: error: rank 1: DataLoader worker (pid")
+    assert len(lines) == (1 if reader == "rank" else 2), read.stderr
+    assert "Traceback" not in read.stderr and "Fatal Python error" not in read.stderr
+    if reader == "worker":
+        return
+    sent = subprocess.run(
+        [
+            sys.executable, "-c",
+            "import os, signal; from megatron.dynapipe import _bus_error; "
+            "_bus_error.install('x: '); os.kill(os.getpid(), signal.SIGBUS)",
+        ],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert sent.returncode == -signal.SIGBUS and sent.stderr == ""

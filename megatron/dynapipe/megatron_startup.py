@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from . import arguments, checkpoint_metadata, checkpointing, cpu_compat
 from . import parallel_state as ps
-from .exits import megatron_args, run_or_exit
+from .exits import megatron_args, name_bus_errors_in_workers, run_or_exit
 
 # The training dataset the program's provider returned on this rank (`provided_training_dataset`).
 _PROVIDED: dict[str, Any] = {}
@@ -165,7 +165,8 @@ def _unread_when_planned(build_loader: Callable[..., Any]) -> Callable[..., Any]
     """megatron.training's data-loader build, giving the training dataset a loader nobody
     reads while DynaPipe plans: Megatron's sampler would count samples DynaPipe's batches do
     not follow (and refuse a resumed run whose planned samples passed the dataset's length),
-    and its worker processes would read ahead samples nobody takes."""
+    and its worker processes would read ahead samples nobody takes. Megatron's own loaders
+    name a data file truncated under their workers (`exits.name_bus_errors_in_workers`)."""
 
     @functools.wraps(build_loader)
     def build_pretraining_data_loader(dataset: Any, consumed_samples: int) -> Any:
@@ -174,7 +175,7 @@ def _unread_when_planned(build_loader: Callable[..., Any]) -> Callable[..., Any]
         planned = dataset is not None and dataset is _PROVIDED.get("train")
         if planned and get_args().dynapipe_plans:
             return _ReadThroughPlans()
-        return build_loader(dataset, consumed_samples)
+        return name_bus_errors_in_workers(build_loader(dataset, consumed_samples))
 
     return build_pretraining_data_loader
 
