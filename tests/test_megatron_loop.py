@@ -282,6 +282,36 @@ def test_a_resumed_run_is_bitwise_the_uninterrupted_one(tmp_path, program, dropo
     assert len(straight) == 6 and first + resumed == straight, (straight, first, resumed)
 
 
+@pytest.mark.parametrize(
+    "precision", [["--bf16"], ["--fp16", "--loss-scale", "1"]], ids=["bf16", "fp16"]
+)
+def test_a_half_precision_job_saves_and_resumes_bitwise(tmp_path, precision) -> None:
+    """Issue 34: bf16 and fp16 saves hung on CPU ranks (an empty `iter_N/` left behind); on 2
+    CPU ranks under DynaPipe they save, and 2 iterations after --load repeat the uninterrupted
+    run's to the last bit (fp16 with a fixed loss scale: a dynamic one skips the first steps,
+    leaving no optimizer state to save, `test_megatron_checkpoints`)."""
+    flags = [*FLAGS, *precision, "--train-iters", "4"]
+    straight = run_ranks(_losses_of, 2, PRETRAIN_GPT, flags, timeout_s=240)[1]
+    ckpt = str(tmp_path / "ckpt")
+    saved = [*flags, "--save", ckpt, "--exit-interval", "2"]
+    first = run_ranks(_losses_of, 2, PRETRAIN_GPT, saved, timeout_s=240)[1]
+    assert (tmp_path / "ckpt" / "iter_0000002" / ".metadata").is_file()
+    resumed = run_ranks(_losses_of, 2, PRETRAIN_GPT, [*flags, "--load", ckpt], timeout_s=240)[1]
+    assert len(straight) == 4 and first + resumed == straight, (straight, first, resumed)
+
+
+def test_megatrons_rerun_of_a_step_runs_its_plan_again() -> None:
+    """Megatron's rerun state machine (`--rerun-mode validate_results`, its default) runs a
+    step again when a loss or gradient check fails, to tell a transient fault from a
+    reproducible one. Under DynaPipe the step runs the same plan again (it asked the plan
+    store for a second plan of the iteration and stopped: "already taken"); with Megatron's own
+    fault injection the rerun differs from the injected result and Megatron ends the job for a
+    restart, exit status 17, as it does without DynaPipe."""
+    injected = [*FLAGS, "--train-iters", "2", "--error-injection-rate", "1",
+                "--error-injection-type", "transient_error"]  # fmt: skip
+    assert run_ranks(program_exit_status, 2, PRETRAIN_GPT, injected, timeout_s=240) == [17, 17]
+
+
 def _check_events(directory: Path, losses: list[float]) -> None:
     """The TensorBoard events Megatron's writer left in `directory`: each iteration's loss (as
     DynaPipe's line printed it, to 4 decimals) and DynaPipe's scalars."""

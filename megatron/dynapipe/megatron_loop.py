@@ -88,6 +88,7 @@ class DynaPipeSchedule:
         self.iterations: PlannedIterations | None = None
         self.liveness: Liveness | None = None  # heartbeats in the plan store, once it exists
         self.last: Iteration | None = None  # the latest iteration's plan and stats
+        self.last_index = -1  # Megatron's `curr_iteration` that `last` was planned for
 
     def guarded(self, iteration: int) -> contextlib.AbstractContextManager[object]:
         """Megatron's training step of `iteration` (0-based): a failure inside names the
@@ -120,7 +121,12 @@ class DynaPipeSchedule:
         args = get_args()
         if self.iterations is None:
             self.iterations = self._start(args, model, forward_step_func)
-        self.last = self.iterations.next(args.curr_iteration)
+        # Megatron's rerun state machine (`--rerun-mode validate_results`, its default) runs a
+        # step again when it met a NaN or Inf, to tell a transient fault from a reproducible
+        # one: the same iteration then runs the same plan on the same samples.
+        if self.last is None or self.last_index != args.curr_iteration:
+            self.last = self.iterations.next(args.curr_iteration)
+            self.last_index = args.curr_iteration
         reports = self.last.run().reports
         lengths = self.iterations.dataset.lengths()
         _count_planned_tokens(self.last.plan, ps.replica(), lengths, ps.device())
