@@ -294,9 +294,7 @@ def _craft_common_state(iteration_dir: Path, marker: Path) -> None:
     megatron-core reads through torch's load planner) at a pickle that runs `touch marker`, and
     rewrite its `--verify-integrity` manifest to match."""
     import dataclasses
-    import hashlib
     import io
-    import json
 
     from torch.distributed.checkpoint import FileSystemReader
 
@@ -310,6 +308,14 @@ def _craft_common_state(iteration_dir: Path, marker: Path) -> None:
                 info, relative_path="__9_0.distcp", offset=0, length=payload.tell()
             )
     (iteration_dir / ".metadata").write_bytes(pickle.dumps(metadata))
+    _rewrite_manifest(iteration_dir)
+
+
+def _rewrite_manifest(iteration_dir: Path) -> None:
+    """Make the `--verify-integrity` manifest match the files as they are now."""
+    import hashlib
+    import json
+
     files = sorted(p for p in iteration_dir.iterdir() if p.name != "integrity.json")
     manifest = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
     (iteration_dir / "integrity.json").write_text(
@@ -323,8 +329,9 @@ def _errors(capfd) -> list[str]:
 
 def test_megatrons_own_checkpoint_failures_end_in_one_line(tmp_path, capfd) -> None:
     """Issue 34, Megatron's loop without DynaPipe flags: an LR schedule other than the
-    checkpoint's, a common state crafted to run a command (its integrity manifest rewritten to
-    match, as whoever can write the directory can) and a shard failing --verify-integrity are
+    checkpoint's, a common state or a `.metadata` crafted to run a command (the integrity
+    manifest rewritten to match, as whoever can write the directory can) and a shard failing
+    --verify-integrity are
     named in one line on rank 0 (exit status 2, nothing trained, nothing run); an iteration an
     earlier save left incomplete is removed with a line at the next start."""
     from test_megatron_loop import CPU_FLAGS, MEGATRON_ONLY
@@ -348,6 +355,14 @@ def test_megatrons_own_checkpoint_failures_end_in_one_line(tmp_path, capfd) -> N
     ]
     (line,) = _errors(capfd)
     assert f"checkpoint {crafted / 'iter_0000002'} names posix.system, which" in line, line
+    assert not marker.exists()
+    metadata = crafted / "iter_0000002" / ".metadata"  # the index itself, manifest to match
+    metadata.write_bytes(pickle.dumps(_Command(marker)))
+    _rewrite_manifest(crafted / "iter_0000002")
+    loaded = [*flags, "--load", str(crafted)]
+    assert run_ranks(_megatron_program, 2, loaded, timeout_s=240) == [2, 2]
+    (line,) = _errors(capfd)
+    assert f"{metadata} names posix.system, which checkpoint metadata never" in line, line
     assert not marker.exists()
     shard = sorted((ckpt / "iter_0000002").glob("*.distcp"))[0]
     data = bytearray(shard.read_bytes())
