@@ -121,7 +121,7 @@ def median(rows: list[dict[str, str]], key: str = "tps") -> float:
 
 def plan(cost: HeteroCostModel, args: argparse.Namespace) -> tuple[RankBinding, float]:
     """HexiScale's plan bound to ranks, and its estimated iteration time."""
-    result = hexiscale_search(cost, SearchConfig(time_budget_s=args.planner_budget_s))
+    result = hexiscale_search(cost, SearchConfig(max_plans=args.planner_max_plans))
     print(plan_table(result.plan))
     binding = bind_ranks(result.plan)
     ranks = ", ".join(f"rank {r} = device {d}" for r, d in enumerate(binding.device_of_rank))
@@ -174,7 +174,7 @@ def main() -> None:
     p.add_argument("--memory-limit-gb", type=float, default=1.0)
     p.add_argument("--link-gbs", type=float, default=1.0, help="planner's view of gloo links")
     p.add_argument("--link-latency-us", type=float, default=100.0)
-    p.add_argument("--planner-budget-s", type=float, default=3.0)
+    p.add_argument("--planner-max-plans", type=int, default=200)
     p.add_argument("--warmup-iters", type=int, default=1)
     p.add_argument("--measured-iters", type=int, default=3)
     p.add_argument("--run-timeout-s", type=float, default=90.0, help="a run past it is dropped")

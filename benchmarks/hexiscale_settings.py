@@ -174,7 +174,7 @@ def _cell(r: BestOverBatches) -> str:
     return f"{r.best.mfu:5.1%}@{r.batch}" if r.batch else "   OOM    "
 
 
-def compare(budget: float, batches: Sequence[int], cases) -> list[tuple[str, dict]]:
+def compare(max_plans: int, batches: Sequence[int], cases) -> list[tuple[str, dict]]:
     """The headline table: each system's maximum MFU over `batches`, with its batch."""
     print(
         f"maximum MFU over global batches {', '.join(map(str, batches))} (samples of 4096 "
@@ -190,7 +190,7 @@ def compare(budget: float, batches: Sequence[int], cases) -> list[tuple[str, dic
     results = []
     for label, file, model in cases:
         cluster = load_cluster(CLUSTERS / file)
-        res = max_mfu_over_batches(cluster, model, batches, SearchConfig(time_budget_s=budget))
+        res = max_mfu_over_batches(cluster, model, batches, SearchConfig(max_plans=max_plans))
         ours, homo = res["ours"], res["homogeneous"]
         mfu = ours.best.mfu
         search_s = ours.best.plan.stats["search_s"] if ours.best.plan else math.nan
@@ -279,7 +279,7 @@ VARIANTS = {
 }
 
 
-def variant(name: str, budget: float, batches: Sequence[int], cases) -> None:
+def variant(name: str, max_plans: int, batches: Sequence[int], cases) -> None:
     """The headline's maximum MFUs under one change of the cost model (`VARIANTS`): the
     network choice the paper leaves open that moves the gaps most (whether transfers leaving a
     machine at once share its link, or each device pair has the whole link as App. A Eq. 4-5
@@ -295,7 +295,7 @@ def variant(name: str, budget: float, batches: Sequence[int], cases) -> None:
     print("-" * len(header))
     for label, file, model in cases:
         cluster = load_cluster(CLUSTERS / file)
-        config = SearchConfig(time_budget_s=budget)
+        config = SearchConfig(max_plans=max_plans)
         res = max_mfu_over_batches(cluster, model, batches, config, SYSTEMS, **change)
         ours, homo, metis = res["ours"], res["homogeneous"], res["metis"]
         plan = ours.best.plan
@@ -312,7 +312,7 @@ def variant(name: str, budget: float, batches: Sequence[int], cases) -> None:
 
 
 def measure_scaling(
-    budget: float, sizes: Sequence[int], model: str = "llama2-70b", batch_per_gpu: int = 4
+    max_plans: int, sizes: Sequence[int], model: str = "llama2-70b", batch_per_gpu: int = 4
 ) -> list[dict]:
     """Search wall and process (CPU) time, plans priced, MFU of our search and the MFU points
     its DP sync costs (`hexiscale_breakdown.breakdown`) on App. B's machine mix cut at each
@@ -323,7 +323,7 @@ def measure_scaling(
         cluster = scaled_cluster(n)
         cost = job_cost(cluster, model, batch_per_gpu * n)
         cpu = time.process_time()
-        r = hexiscale_search(cost, SearchConfig(time_budget_s=budget))
+        r = hexiscale_search(cost, SearchConfig(max_plans=max_plans))
         rows.append(
             {
                 "gpus": n,
@@ -339,16 +339,16 @@ def measure_scaling(
     return rows
 
 
-def scaling(budget: float, sizes: Sequence[int], model: str, batch_per_gpu: int) -> None:
+def scaling(max_plans: int, sizes: Sequence[int], model: str, batch_per_gpu: int) -> None:
     print(
         f"\nsearch time, {model}, {batch_per_gpu} samples per GPU per iteration, one core "
-        f"(budget {budget:g} s; a search stops earlier when a round brings no improvement)"
+        f"(at most {max_plans} plans; a search stops earlier when a round brings no improvement)"
     )
     print(
         f"{'GPUs':>5} {'machines':>8} {'search s':>9} {'CPU s':>6} {'plans':>6} {'DP':>4} "
         f"{'MFU':>6}"
     )
-    for r in measure_scaling(budget, sizes, model, batch_per_gpu):
+    for r in measure_scaling(max_plans, sizes, model, batch_per_gpu):
         print(
             f"{r['gpus']:>5} {r['machines']:>8} {r['search_s']:>9.2f} {r['cpu_s']:>6.2f} "
             f"{r['plans']:>6} "
@@ -359,7 +359,7 @@ def scaling(budget: float, sizes: Sequence[int], model: str, batch_per_gpu: int)
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--budget", type=float, default=10.0, help="search seconds per plan")
+    p.add_argument("--max-plans", type=int, default=200, help="plans priced per search")
     p.add_argument("--quick", action="store_true", help="settings 1-3 only, no scaling runs")
     p.add_argument(
         "--batches",
@@ -374,14 +374,14 @@ def main() -> None:
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores\n")
     cases = [c for c in CASES if not args.quick or "App" not in c[0]]
     t0 = time.perf_counter()
-    results = compare(args.budget, args.batches, cases)
+    results = compare(args.max_plans, args.batches, cases)
     by_batch_table(results, args.batches)
     verdicts(results)
     paper_cases = [c for c in cases if "App" not in c[0]]
     for name in VARIANTS:
-        variant(name, args.budget, args.batches, paper_cases)
+        variant(name, args.max_plans, args.batches, paper_cases)
     if not args.quick:
-        scaling(max(args.budget, 60.0), args.sizes, "llama2-70b", 4)
+        scaling(max(args.max_plans, 1000), args.sizes, "llama2-70b", 4)
     load = os.getloadavg()
     print(
         f"\ntotal {time.perf_counter() - t0:.0f} s; load average now {load[0]:.2f} "

@@ -31,7 +31,6 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -316,6 +315,7 @@ struct Pass {
   double next = kInf;         // smallest range cost above T (the next threshold worth trying)
   std::vector<int64_t> ends;  // exclusive end of each micro-batch
   std::vector<int64_t> row_lengths;  // packed: each micro-batch's row length
+  int64_t work = 0;                  // ranges priced: the DP's unit of work
 };
 
 Pass run_pass(const Problem& p, std::vector<Band>* bands, double threshold, std::vector<double>* f,
@@ -332,6 +332,7 @@ Pass run_pass(const Problem& p, std::vector<Band>* bands, double threshold, std:
     if (cut < static_cast<int64_t>(band.cost.size())) out.next = std::min(out.next, band.cost[cut]);
     const double* cost = band.cost.data();
     const double* fj = f->data() + j;  // fj[-k] == f[j - k]
+    out.work += cut;
     double best = kInf;
     int64_t best_k = -1;  // the shortest range attaining the minimum
     for (int64_t k = 0; k < cut; ++k) {
@@ -372,7 +373,7 @@ py::dict microbatch_dp(py::array_t<int64_t, py::array::c_style | py::array::forc
                        py::array_t<double, py::array::c_style | py::array::forcecast> time_table,
                        py::array_t<double, py::array::c_style | py::array::forcecast> mem_table,
                        int num_stages, int num_replicas, double bucket_abs, double bucket_rel,
-                       double time_budget_s,
+                       int64_t work_budget,
                        py::array_t<double, py::array::c_style | py::array::forcecast> stage_time,
                        py::array_t<double, py::array::c_style | py::array::forcecast> coef) {
   Problem p;
@@ -410,11 +411,11 @@ py::dict microbatch_dp(py::array_t<int64_t, py::array::c_style | py::array::forc
   py::dict result;
   int64_t infeasible = -1;
   double objective = kInf, passes = 0;
+  int64_t work = 0;
   bool exhausted = false;
   Pass best;
   {
     py::gil_scoped_release release;
-    const auto start = std::chrono::steady_clock::now();
     const double bubble = num_stages - 1;
     const double replicas = num_replicas;
     std::vector<Band> bands(n);
@@ -438,15 +439,14 @@ py::dict microbatch_dp(py::array_t<int64_t, py::array::c_style | py::array::forc
       while (true) {
         Pass pass = run_pass(p, &bands, threshold, &f, &take);
         passes += 1;
+        work += pass.work;
         const double obj = bubble * pass.max_cost + pass.total / replicas;
         if (obj < objective) {
           objective = obj;
           best = std::move(pass);
         }
         if (std::isinf(pass.next) || bubble * pass.next + bound >= objective) break;
-        const double elapsed =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        if (time_budget_s > 0 && elapsed > time_budget_s) {
+        if (work_budget > 0 && work > work_budget) {
           exhausted = true;
           break;
         }
@@ -461,6 +461,7 @@ py::dict microbatch_dp(py::array_t<int64_t, py::array::c_style | py::array::forc
   result["max_time"] = best.max_cost;
   result["sum_time"] = best.total;
   result["passes"] = passes;
+  result["work"] = work;
   result["budget_exhausted"] = exhausted;
   return result;
 }
@@ -471,7 +472,7 @@ void register_microbatch_dp(py::module_& m) {
   m.def("microbatch_dp", &microbatch_dp, py::arg("src"), py::arg("tgt"), py::arg("b_grid"),
         py::arg("s_grid"), py::arg("t_grid"), py::arg("time_table"), py::arg("mem_table"),
         py::arg("num_stages"), py::arg("num_replicas"), py::arg("bucket_abs"),
-        py::arg("bucket_rel"), py::arg("time_budget_s"), py::arg("stage_time"), py::arg("coef"),
+        py::arg("bucket_rel"), py::arg("work_budget"), py::arg("stage_time"), py::arg("coef"),
         "DynaPipe Eq. 2 DP over ordered samples, ranges padded or packed rows; see "
         "csrc/microbatch_dp.cpp.");
 }

@@ -38,7 +38,7 @@ from .microbatch.baselines import (
     trimmed_rows_groups,
     trimmed_rows_shapes,
 )
-from .microbatch.dp import dynamic_microbatches, validate_lengths
+from .microbatch.dp import DEFAULT_WORK_BUDGET, dynamic_microbatches, validate_lengths
 from .microbatch.ordering import order_samples
 from .microbatch.replicas import karmarkar_karp
 from .plan import ExecutionPlan, MicroBatch, RankPlan
@@ -83,7 +83,7 @@ class PlannerConfig:
     dtype: str = "bf16"
     num_replicas: int = 1
     bucket_rel: float = 1e-3
-    dp_time_budget_s: float = 2.0
+    dp_work_budget: int = DEFAULT_WORK_BUDGET
     num_clusters: int = 4
     micro_batch_size: int = 0
     token_budget: int = 0
@@ -483,7 +483,7 @@ class IterationPlanner:
             num_replicas=cfg.num_replicas,
             order=order,
             bucket_rel=cfg.bucket_rel,
-            time_budget_s=cfg.dp_time_budget_s,
+            work_budget=cfg.dp_work_budget,
             sample_ids=ids,
             packed_rows=packed,
         )

@@ -31,9 +31,8 @@ Design choices and why:
   `close()` (or leaving the `with` block) terminates the workers at once.
 
 Determinism: a plan is a function of the recipe and the work item, the same for any number of
-workers or finishing order, except `stats["planning_time_s"]` (wall time). This holds when the
-DP's wall-clock budget (`PlannerConfig.dp_time_budget_s`) is never reached; a reproducible job
-should set it to 0 (no budget), since an exhausted budget depends on how busy the CPU is.
+workers or finishing order, except `stats["planning_time_s"]` (wall time): the DP's budget
+(`PlannerConfig.dp_work_budget`) counts work, not seconds, so a busy CPU plans the same.
 """
 
 from __future__ import annotations
@@ -218,7 +217,7 @@ class PlanningService:
                 raise PlanTimeoutError(
                     f"plan of {iteration_name(iteration)} not ready after {now - started:.1f} s "
                     f"({self._progress()}); planning is slower than training: add planner "
-                    f"workers, raise the lookahead or the timeout, or lower the DP time budget"
+                    f"workers, raise the lookahead or the timeout, or lower the DP work budget"
                 )
             if now >= next_log:
                 self._log.warning(

@@ -1,4 +1,5 @@
-"""The C++ core (and the runtime's bus-error handler, csrc/runtime/) compiles warning-free under -Wall -Wextra (a syntax-only pass per source)."""
+"""The C++ core (and the runtime's bus-error handler, csrc/runtime/) compiles warning-free
+under -Wall -Wextra (a syntax-only pass per source)."""
 
 from __future__ import annotations
 

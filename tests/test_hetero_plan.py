@@ -37,7 +37,7 @@ GOLDEN = "tests/data/homogeneous_plan"
 def planner(depth: int, tp: int) -> IterationPlanner:
     cluster = ClusterSpec(get_gpu("A100-80GB"), num_stages=depth, tp=tp)
     cost_model = AnalyticCostModel(MODEL, cluster)
-    return IterationPlanner(cost_model, depth, PlannerConfig(dp_time_budget_s=0.2))
+    return IterationPlanner(cost_model, depth, PlannerConfig())
 
 
 def layout(replica: int, depth: int, tp: int, first_device: int) -> ReplicaLayout:

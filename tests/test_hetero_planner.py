@@ -28,7 +28,7 @@ from dynapipe_planner.hetero.simulate import one_f_one_b, simulate_plan
 from dynapipe_planner.model_spec import MODEL_PRESETS, ModelSpec
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "clusters"
-FAST = SearchConfig(time_budget_s=5.0)
+FAST = SearchConfig()
 
 
 def two_boxes(a: str, na: int, b: str, nb: int, gbs: float = 1.25):
@@ -278,8 +278,8 @@ def test_cli(tmp_path: Path, capsys) -> None:
             "32",
             "--seqlen",
             "2048",
-            "--time-budget",
-            "3",
+            "--max-plans",
+            "40",
             "--output",
             str(out),
         ]
@@ -321,7 +321,7 @@ def test_secondary_partition_k_scales_widen_search() -> None:
     # §4.4 varies k_i: with k_i up to 3x a pipeline's machines, setting 3 (Llama 30B) finds a
     # faster plan than with k_i in {1x, 2x} (the previous default), and never a slower one.
     cost, found = setting("hexiscale_setting3.yaml", "llama-30b", 256)
-    narrow = hexiscale_search(cost, SearchConfig(time_budget_s=5.0, k_scales=(1.0, 2.0)))
+    narrow = hexiscale_search(cost, SearchConfig(k_scales=(1.0, 2.0)))
     assert 3.0 in SearchConfig().k_scales
     assert found.estimate.iteration_s < 0.99 * narrow.estimate.iteration_s
 
@@ -364,7 +364,7 @@ def test_search_partitioner_is_pluggable() -> None:
         return partition_graph(*args, **kwargs)
 
     default = hexiscale_search(cost, FAST)
-    swapped = hexiscale_search(cost, SearchConfig(time_budget_s=5.0, partition=recording))
+    swapped = hexiscale_search(cost, SearchConfig(partition=recording))
     assert 2 in calls
     assert swapped.estimate.iteration_s == pytest.approx(default.estimate.iteration_s)
 

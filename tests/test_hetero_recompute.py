@@ -34,7 +34,7 @@ from dynapipe_planner.hetero.simulate import simulate_plan
 from dynapipe_planner.model_spec import MODEL_PRESETS
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "clusters"
-FAST = SearchConfig(time_budget_s=5.0)
+FAST = SearchConfig()
 
 
 def brute_force(shapes: list[StageShape], layers: int) -> float:
@@ -189,8 +189,8 @@ def test_cli_auto_prints_each_stages_mode(capsys) -> None:
             "64",
             "--recompute",
             "auto",
-            "--time-budget",
-            "3",
+            "--max-plans",
+            "40",
             "--quiet",
         ]
     )

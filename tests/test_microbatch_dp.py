@@ -187,7 +187,7 @@ def test_set_partition_enumerator_counts_bell_numbers():
 
 
 def run(lengths, costs, inflight, replicas, **kw):
-    kw.setdefault("time_budget_s", 60.0)
+    kw.setdefault("work_budget", 0)
     return dynamic_microbatches(lengths, costs, inflight=inflight, num_replicas=replicas, **kw)
 
 
@@ -371,27 +371,27 @@ def test_core_rejects_mismatched_tables_and_empty_input():
     no_packing = (np.zeros(0), np.zeros(0))
     with pytest.raises(ValueError, match="table sizes"):
         _core.microbatch_dp(
-            np.array([4]), np.zeros(0, np.int64), *args, table[:1], table, 1, 1, 0.0, 0.0, 1.0,
+            np.array([4]), np.zeros(0, np.int64), *args, table[:1], table, 1, 1, 0.0, 0.0, 0,
             *no_packing,
         )  # fmt: skip
     with pytest.raises(ValueError, match="no samples"):
         _core.microbatch_dp(
-            np.zeros(0, np.int64), np.zeros(0, np.int64), *args, table, table, 1, 1, 0.0, 0.0, 1.0,
+            np.zeros(0, np.int64), np.zeros(0, np.int64), *args, table, table, 1, 1, 0.0, 0.0, 0,
             *no_packing,
         )  # fmt: skip
     with pytest.raises(ValueError, match="one table per coefficient"):
         _core.microbatch_dp(
-            np.array([4]), np.zeros(0, np.int64), *args, table, table, 1, 1, 0.0, 0.0, 1.0,
+            np.array([4]), np.zeros(0, np.int64), *args, table, table, 1, 1, 0.0, 0.0, 0,
             table, np.zeros(2),
         )  # fmt: skip
     with pytest.raises(ValueError, match="sorted by length"):
         _core.microbatch_dp(
-            np.array([5, 4]), np.zeros(0, np.int64), *args, table, table, 1, 1, 0.0, 0.0, 1.0,
+            np.array([5, 4]), np.zeros(0, np.int64), *args, table, table, 1, 1, 0.0, 0.0, 0,
             table, np.zeros(1),
         )  # fmt: skip
     with pytest.raises(ValueError, match="coefficients must be >= 0"):
         _core.microbatch_dp(
-            np.array([4]), np.zeros(0, np.int64), *args, table, table, 1, 1, 0.0, 0.0, 1.0,
+            np.array([4]), np.zeros(0, np.int64), *args, table, table, 1, 1, 0.0, 0.0, 0,
             table, np.array([-1.0]),
         )  # fmt: skip
 
@@ -451,7 +451,7 @@ def test_bucketing_stays_within_bucket_rel_when_the_first_pass_is_far_off(backen
     exact = run(lengths, costs, inflight, 1, bucket_rel=0, backend=backend)
     assert exact.objective == pytest.approx(4.2)
     assert [len(m) for m in exact.microbatches] == [16, 16]
-    first = run(lengths, costs, inflight, 1, time_budget_s=1e-12, backend=backend)
+    first = run(lengths, costs, inflight, 1, work_budget=1, backend=backend)
     assert first.objective == pytest.approx(34 * 0.98)  # all singletons: (2 + 32) * 0.98
     assert first.objective > 7 * exact.objective
     res = run(lengths, costs, inflight, 1, bucket_rel=1e-3, backend=backend)
@@ -608,18 +608,16 @@ def test_unknown_backend_and_order_are_rejected():
         run(np.array([5]), costs, np.ones(2), 1, order="random")
 
 
-# ---- time budget ---------------------------------------------------------------------------
+# ---- work budget ---------------------------------------------------------------------------
 
 
 @FAST
 @given(problems(max_n=30))
-def test_tiny_time_budget_returns_a_valid_partition(problem):
+def test_tiny_work_budget_returns_a_valid_partition(problem):
     lengths, costs, inflight, replicas = problem
     for backend in BACKENDS:
         full = run(lengths, costs, inflight, replicas, bucket_rel=0, backend=backend)
-        cut = run(
-            lengths, costs, inflight, replicas, bucket_rel=0, time_budget_s=1e-12, backend=backend
-        )
+        cut = run(lengths, costs, inflight, replicas, bucket_rel=0, work_budget=1, backend=backend)
         assert_valid(cut, lengths, costs, inflight, replicas)
         assert cut.passes == 1
         assert cut.budget_exhausted == (full.passes > 1)
@@ -627,11 +625,11 @@ def test_tiny_time_budget_returns_a_valid_partition(problem):
         assert not full.budget_exhausted
 
 
-def test_time_budget_is_hit_on_a_problem_needing_many_passes():
+def test_work_budget_is_hit_on_a_problem_needing_many_passes():
     lengths, costs, inflight = staircase_problem()
     full = run(lengths, costs, inflight, 1, bucket_rel=0)
     assert full.passes > 1 and not full.budget_exhausted
-    cut = run(lengths, costs, inflight, 1, bucket_rel=0, time_budget_s=1e-9)
+    cut = run(lengths, costs, inflight, 1, bucket_rel=0, work_budget=1)
     assert cut.budget_exhausted and cut.passes == 1
     assert_valid(cut, lengths, costs, inflight, 1)
 

@@ -183,12 +183,12 @@ def test_cpp_and_python_are_bit_identical_with_packing(problem, bucket_rel, buck
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(packing_problems(max_n=30))
-def test_time_budget_with_packing(problem):
+def test_work_budget_with_packing(problem):
     lengths, costs, inflight, replicas = problem
     for backend in BACKENDS:
         full = run_packed(lengths, costs, inflight, replicas, bucket_rel=0, backend=backend)
         cut = run_packed(
-            lengths, costs, inflight, replicas, bucket_rel=0, time_budget_s=1e-12, backend=backend
+            lengths, costs, inflight, replicas, bucket_rel=0, work_budget=1, backend=backend
         )
         assert cut.passes == 1 and cut.budget_exhausted == (full.passes > 1)
         assert not full.budget_exhausted and cut.objective >= full.objective

@@ -14,7 +14,7 @@ from test_service import COST_MODEL, LENGTHS
 from dynapipe_planner.planner import PlannerConfig
 from dynapipe_planner.service import PlannerRecipe
 
-RECIPE = PlannerRecipe(COST_MODEL, 2, PlannerConfig(dp_time_budget_s=0))
+RECIPE = PlannerRecipe(COST_MODEL, 2, PlannerConfig(dp_work_budget=0))
 
 
 def _resume_and_mismatch(rank: int, world: int) -> str:

@@ -188,14 +188,14 @@ def test_an_exhausted_dp_budget_reaches_the_plans_stats():
     lengths = np.random.default_rng(3).integers(1, 2000, 80)
     model = MODEL_PRESETS["gpt-350m"]
     dp_only = {"bucket_rel": 0.0, "packed_rows": False}  # packed rows could win without a DP
-    full = make_planner(model, 3, 2, 20, dp_time_budget_s=0.0, **dp_only).plan(lengths)
+    full = make_planner(model, 3, 2, 20, dp_work_budget=0, **dp_only).plan(lengths)
     assert full.stats["dp_passes"] > 1 and full.stats["budget_exhausted"] is False
-    planner = make_planner(model, 3, 2, 20, dp_time_budget_s=1e-9, **dp_only)
+    planner = make_planner(model, 3, 2, 20, dp_work_budget=1, **dp_only)
     cut = planner.plan(lengths)
     assert cut.stats["dp_passes"] == 1 and cut.stats["budget_exhausted"] is True
     check_plan(planner, cut, lengths)
     assert ExecutionPlan.from_bytes(cut.to_bytes()).stats["budget_exhausted"] is True
-    padded = make_planner(model, 3, 2, 20, batching="padding", dp_time_budget_s=1e-9)
+    padded = make_planner(model, 3, 2, 20, batching="padding", dp_work_budget=1)
     assert padded.plan(lengths).stats["budget_exhausted"] is False
 
 
@@ -325,3 +325,40 @@ def test_dp_micro_batches_become_packed_rows_where_cheaper() -> None:
     plan = planner.plan(lengths)
     check_plan(planner, plan, lengths)
     assert any(m.row_sizes for m in plan.microbatches), plan.stats["batching"]
+
+
+def _burn_cpu() -> None:
+    while True:
+        pass
+
+
+def test_a_busy_machine_plans_what_an_idle_one_plans() -> None:
+    """Issue 35: the DP's budget counts ranges priced, not seconds. An N=8,000 batch planned
+    exactly (bucket_rel 0) runs out of a small budget; planned again beside two CPU-bound
+    processes it gives the same plan, byte for byte but for its wall-clock stat."""
+    import multiprocessing
+
+    from dynapipe_planner.data import sample_lengths
+
+    lengths = sample_lengths("lognormal", 8000, seed=8000, median=256, sigma=1.0, lo=8, hi=4096)
+    planner = make_planner(
+        MODEL_PRESETS["gpt-1.3b"], 4, 2, 40, bucket_rel=0.0, dp_work_budget=10**8
+    )
+
+    def planned() -> dict:
+        plan = planner.plan(lengths).to_dict()
+        del plan["stats"]["planning_time_s"]
+        return plan
+
+    idle = planned()
+    assert idle["stats"]["budget_exhausted"] is True
+    burners = [multiprocessing.get_context("fork").Process(target=_burn_cpu) for _ in range(2)]
+    for burner in burners:
+        burner.start()
+    try:
+        busy = planned()
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.join()
+    assert busy == idle

@@ -91,7 +91,7 @@ def test_planner_plans_the_long_tailed_batch_faster_than_the_work_balanced_split
     cluster = ClusterSpec(get_gpu("A100-80GB"), num_stages=STAGES, num_replicas=2)
     cost_model = AnalyticCostModel(MODEL_PRESETS["gpt-1.3b"], cluster)
     lengths = np.array([6000] + [300 + 37 * i for i in range(60)])
-    config = PlannerConfig(num_replicas=2, dp_time_budget_s=0)
+    config = PlannerConfig(num_replicas=2, dp_work_budget=0)
     plan = IterationPlanner(cost_model, STAGES, config).plan(lengths)
     # The same micro-batches, split by work only.
     work_only = IterationPlanner(cost_model, STAGES, config)

@@ -31,9 +31,9 @@ COST_MODEL = AnalyticCostModel(
     MODEL_PRESETS["gpt-350m"], ClusterSpec(get_gpu("A100-40GB"), num_stages=2)
 )
 # No DP time budget: an exhausted budget would make plans depend on CPU load.
-RECIPE = PlannerRecipe(COST_MODEL, 2, PlannerConfig(dp_time_budget_s=0))
+RECIPE = PlannerRecipe(COST_MODEL, 2, PlannerConfig(dp_work_budget=0))
 # Exact DP (no threshold bucketing): slow on a few hundred samples, for late plans.
-EXACT = PlannerRecipe(COST_MODEL, 2, PlannerConfig(bucket_rel=0, dp_time_budget_s=0))
+EXACT = PlannerRecipe(COST_MODEL, 2, PlannerConfig(bucket_rel=0, dp_work_budget=0))
 LENGTHS = sample_lengths("flan", 2000, seed=3, max_seqlen=2048)
 
 
@@ -164,7 +164,7 @@ def test_workers_skip_the_main_script_and_die_with_a_killed_parent(tmp_path):
                 pass
 
             if __name__ == "__main__":
-                own = dataclasses.replace(RECIPE, config=ScriptConfig(dp_time_budget_s=0))
+                own = dataclasses.replace(RECIPE, config=ScriptConfig(dp_work_budget=0))
                 services = [
                     PlanningService(RECIPE, work(), num_workers=2),
                     PlanningService(own, work(), num_workers=1),

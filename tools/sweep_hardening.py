@@ -76,8 +76,8 @@ HETERO = [
     "8",
     "--seqlen",
     "1024",
-    "--time-budget",
-    "1",
+    "--max-plans",
+    "40",
     "--quiet",
 ]
 CLUSTER = str(ROOT / "examples" / "clusters" / "mixed_8gpu.yaml")
@@ -299,7 +299,7 @@ def cases() -> list[Case]:
         ("--seqlen", str(10**15)),
         ("--global-batch", str(2**63)),
         ("--tau", "nan"),
-        ("--time-budget", "-1"),
+        ("--max-plans", "-1"),
         ("--max-dp", DIGITS),
     ]:
         add(Case(f"hetero {flag} {value[:12]}", [*HETERO, "--cluster", CLUSTER, flag, value]))

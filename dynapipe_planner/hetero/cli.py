@@ -17,7 +17,6 @@ from ..cli_args import (
     OneLineParser,
     check_output_file,
     nonnegative_int,
-    positive_float,
     positive_int,
     report_error,
     seed,
@@ -59,7 +58,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep full optimiser states on every pipeline (default: sharded over pipelines)",
     )
-    p.add_argument("--time-budget", type=positive_float, default=10.0, help="search seconds")
+    p.add_argument(
+        "--max-plans",
+        type=positive_int,
+        default=200,
+        help="plans priced before the search keeps its best (a count, so that a busy machine "
+        "finds the same plan)",
+    )
     p.add_argument("--max-dp", type=nonnegative_int, default=0, help="most pipelines (0: no limit)")
     p.add_argument("--tau", type=positive_int, default=2, help="stage-order branching (§4.3)")
     p.add_argument("--seed", type=seed, default=0)
@@ -102,7 +107,7 @@ def hetero_main(argv: Sequence[str] | None = None) -> int:
         )
         cost = HeteroCostModel(cluster, job)
         config = SearchConfig(
-            time_budget_s=args.time_budget, max_dp=args.max_dp, tau=args.tau, seed=args.seed
+            max_plans=args.max_plans, max_dp=args.max_dp, tau=args.tau, seed=args.seed
         )
         result = hexiscale_search(cost, config, say)
         plan, est = result.plan, result.estimate

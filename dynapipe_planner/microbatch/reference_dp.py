@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +27,7 @@ class DPResult:
     passes: int
     budget_exhausted: bool = False
     infeasible_position: int = -1
+    work: int = 0  # ranges priced over all passes: the budget's unit
     row_lengths: list[int] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
@@ -173,12 +173,14 @@ def _pass(bands: list[tuple[list[float], list[int]]], threshold: float):
     f = [0.0] * (n + 1)
     take = [-1] * (n + 1)
     nxt = math.inf
+    work = 0
     for j in range(n):
         best, best_k = math.inf, -1
         for k, c in enumerate(bands[j][0]):
             if c > threshold:
                 nxt = min(nxt, c)
                 break
+            work += 1
             v = f[j - k] + c
             if v < best:
                 best, best_k = v, k
@@ -192,7 +194,7 @@ def _pass(bands: list[tuple[list[float], list[int]]], threshold: float):
             if lengths:
                 row_lengths.append(lengths[take[end]])
             end -= take[end] + 1
-    return f[n], max_cost, nxt, ends[::-1], row_lengths[::-1]
+    return f[n], max_cost, nxt, ends[::-1], row_lengths[::-1], work
 
 
 def microbatch_dp_reference(
@@ -207,13 +209,12 @@ def microbatch_dp_reference(
     num_replicas: int,
     bucket_abs: float,
     bucket_rel: float,
-    time_budget_s: float,
+    work_budget: int,
     stage_time: np.ndarray,
     coef: np.ndarray,
 ) -> DPResult:
     """Same contract as `_core.microbatch_dp` (tables shaped (nb, ns, nt); `stage_time`
     (num_stages, nb, ns, nt) or empty when ranges are never packed)."""
-    start = time.perf_counter()
     p = _Problem(src, tgt, (b_grid, s_grid, t_grid), time_table, mem_table, stage_time, coef)
     if p.pack and (len(t_grid) != 1 or any(a > b for a, b in itertools.pairwise(p.src))):
         raise ValueError("microbatch_dp: packing needs decoder-only grids and sorted samples")
@@ -227,18 +228,21 @@ def microbatch_dp_reference(
     width = max(bucket_abs, bucket_rel * (bubble * threshold + bound) / max(1.0, bubble))
     if num_stages == 1:
         threshold = math.inf
-    objective, best, passes, exhausted = math.inf, None, 0, False
+    objective, best, passes, work, exhausted = math.inf, None, 0, 0, False
     while True:
-        total, max_cost, nxt, ends, row_lengths = _pass(bands, threshold)
+        total, max_cost, nxt, ends, row_lengths, pass_work = _pass(bands, threshold)
         passes += 1
+        work += pass_work
         obj = bubble * max_cost + total / replicas
         if obj < objective:
             objective, best = obj, (ends, max_cost, total, row_lengths)
         if math.isinf(nxt) or bubble * nxt + bound >= objective:
             break
-        if time_budget_s > 0 and time.perf_counter() - start > time_budget_s:
+        if work_budget > 0 and work > work_budget:
             exhausted = True
             break
         threshold = max(nxt, threshold + width)
     ends, max_cost, total, row_lengths = best
-    return DPResult(ends, objective, max_cost, total, passes, exhausted, row_lengths=row_lengths)
+    return DPResult(
+        ends, objective, max_cost, total, passes, exhausted, row_lengths=row_lengths, work=work
+    )

@@ -219,7 +219,7 @@ class ClusterPricer:
                 costs,
                 len(pipeline.stages),
                 PlannerConfig(
-                    batching="packing", schedule="1f1b", num_replicas=1, dp_time_budget_s=0.0
+                    batching="packing", schedule="1f1b", num_replicas=1, dp_work_budget=0
                 ),
             )
         return self._planners[key]

@@ -404,7 +404,7 @@ class StrategyRecipe:
 class PipelinePlanners:
     """The planner core of each scheme's pipeline, built once per scheme: packed micro-batches
     under 1F1B (`inside="packing"`) or DynaPipe's DP with the adaptive schedule
-    (`inside="dynapipe"`); one replica, no DP time budget (deterministic)."""
+    (`inside="dynapipe"`); one replica, no DP work budget (every pass runs)."""
 
     def __init__(
         self,
@@ -432,7 +432,7 @@ class PipelinePlanners:
                     recompute=self.recompute,
                     dtype=self.dtype,
                     num_replicas=1,
-                    dp_time_budget_s=0.0,
+                    dp_work_budget=0,
                     # "packing" is the paper's Eq. 1 packing; "dynapipe" DynaPipe's DP as the
                     # paper's alternative, padded, so the two stay distinct in the ablations
                     packed_rows=False,

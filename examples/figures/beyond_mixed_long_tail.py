@@ -145,7 +145,7 @@ def hexiscale_system(cluster: HeteroCluster, pricer: ClusterPricer, rows_per_bat
     job = TrainingJob(
         MODEL_PRESETS[MODEL], seqlen=CONTEXT, global_batch=rows_per_batch, recompute="none"
     )
-    found = hexiscale_search(HeteroCostModel(cluster, job), SearchConfig(time_budget_s=10.0))
+    found = hexiscale_search(HeteroCostModel(cluster, job), SearchConfig())
     pipes = found.plan.pipelines
     shares = [p.micro_batches for p in pipes]
     name = " | ".join(

@@ -157,7 +157,6 @@ def hetero_job(args: argparse.Namespace, vocab_size: int, lengths: np.ndarray, w
             dtype=dtype,
             max_seqlen=args.seq_length,
             micro_batch_size=args.micro_batch_size if args.batching != "dynamic" else 0,
-            dp_time_budget_s=0.0,  # plans must not depend on a busy CPU
         )
         # The file's per-stage modes apply unless a mode was asked for explicitly.
         stage_modes = plan_file.recompute if args.dynapipe_recompute == "auto" else ()

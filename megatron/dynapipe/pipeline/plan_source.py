@@ -7,8 +7,8 @@ the plans to the executors through an instruction store (§3, §7). Here rank 0 
 publishes each plan through a `plan_distribution.PlanChannel`; every other rank fetches it and
 builds no planner at all.
 
-Plans must not depend on where or when they were made: the DP runs without its wall-clock
-budget (`PlannerConfig.dp_time_budget_s=0`), so a plan is a function of the seed and the batch
+Plans must not depend on where or when they were made: the DP's budget counts work, not
+seconds (`PlannerConfig.dp_work_budget`), so a plan is a function of the seed and the batch
 alone, and the service reads batches from a copy of the sampler taken at its current, possibly
 resumed, position, so a run resumed from a checkpoint plans exactly the batches the
 uninterrupted run would have planned. Each rank still advances its own sampler, which is what
@@ -71,7 +71,6 @@ def planner_recipe(args: argparse.Namespace, spec: ModelSpec, num_replicas: int)
         dtype=dtype_name(args),
         max_seqlen=args.seq_length,
         micro_batch_size=args.micro_batch_size if args.batching != "dynamic" else 0,
-        dp_time_budget_s=0.0,  # a budget cut short by a busy CPU would change the plan
         packed_rows=args.dynapipe_packed_rows != "off",
         dp_packing=args.dynapipe_packed_rows == "dp",
     )
