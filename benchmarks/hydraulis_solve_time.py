@@ -14,8 +14,8 @@ Part 1, the paper's methods (same algorithm, our implementation against the pape
   candidate strategy proposed around the batch's maximum length (4 lengths above it, the
   paper's candidate set);
 - packing: Eq. 1 as an ILP per V (CP-SAT, `pack_pipeline(method="exact")`, the LPT packing as
-  its hint, `--ilp-time-limit` seconds per V) of every pipeline of every candidate dispatched,
-  in the first `--ilp-iterations` iterations.
+  its hint, `--ilp-work-limit` units of CP-SAT deterministic time per V) of every pipeline
+  of every candidate dispatched, in the first `--ilp-iterations` iterations.
 The paper's dispatch and packing times are 10 iterations combined on 10 processes; both sides
 are shown per iteration (the paper's total / 10). Not timed: the ideal (ILP) dispatch, which
 Hydraulis itself rejects for its time.
@@ -129,7 +129,7 @@ def measure(
     *,
     paper_dp: bool = True,
     ilp_iterations: int = 2,
-    ilp_time_limit_s: float = 1.0,
+    ilp_work_limit: float = 1.0,
 ) -> Measured:
     """Every part of `num_gpus`' setting: the paper's methods (`paper_dp`: run its DP; the
     ILP on the first `ilp_iterations` iterations) and our heuristics on the same inputs."""
@@ -180,7 +180,7 @@ def measure(
                     own,
                     by_scheme[scheme],
                     method="exact",
-                    time_limit_s=ilp_time_limit_s,
+                    work_limit=ilp_work_limit,
                 )
                 m.ilp_s += seconds
                 m.proved += exact.optimal
@@ -208,7 +208,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--trials", type=int, default=100)
-    parser.add_argument("--ilp-time-limit", type=float, default=1.0, help="seconds per V")
+    parser.add_argument(
+        "--ilp-work-limit", type=float, default=1.0, help="CP-SAT deterministic time per V"
+    )
     parser.add_argument(
         "--dp-gpus",
         type=int,
@@ -233,7 +235,7 @@ def main() -> None:
             args.trials,
             paper_dp=num_gpus in args.dp_gpus,
             ilp_iterations=args.ilp_iterations,
-            ilp_time_limit_s=args.ilp_time_limit,
+            ilp_work_limit=args.ilp_work_limit,
         )
         results.append((num_gpus, tokens, m))
     print("Part 1: the paper's methods, ours against the paper's (seconds of one core; the")

@@ -9,12 +9,15 @@ without the runtime extra; the fixtures skip when it is missing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import unittest.mock
 import warnings
 from collections.abc import Callable
@@ -22,6 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import NamedTuple
 
+import hypothesis_profiles  # noqa: F401  (registers and loads the Hypothesis profile)
 import pytest
 
 # Plans in tests must not depend on how fast this machine ran a profile: the runtime's tests plan
@@ -29,6 +33,53 @@ import pytest
 # profile's own tests set this back. Forked ranks and torchrun children inherit both.
 os.environ["DYNAPIPE_COST_MODEL"] = "analytic"
 os.environ.setdefault("DYNAPIPE_CACHE_DIR", tempfile.mkdtemp(prefix="dynapipe-cache-"))
+
+
+# Every process the suite starts inherits this mark (xdist workers, forked ranks, torchrun and
+# its children, spawned planners); the process that set it checks at the end that none of them
+# outlives the suite (`pytest_sessionfinish`).
+SESSION_MARK = "DYNAPIPE_TEST_SESSION"
+os.environ.setdefault(SESSION_MARK, str(os.getpid()))
+LEAK_GRACE_S = 15.0  # for children still on their way out when the last test ends
+
+
+def _marked_processes() -> dict[int, str]:
+    """The processes (pid -> command line) carrying this session's mark, except this one and
+    the multiprocessing resource tracker it started itself (which ends when it ends)."""
+    mark = f"{SESSION_MARK}={os.environ[SESSION_MARK]}".encode()
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if mark not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):  # gone meanwhile, or not ours to read
+            continue
+        if parent == os.getpid() and "resource_tracker" in command:
+            continue
+        found[int(entry.name)] = command.strip()
+    return found
+
+
+@pytest.hookimpl(trylast=True)  # after xdist has shut its workers down
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Fail the run when a process the suite started is still alive at its end (issue 35:
+    orphaned ranks and spawned children once held 4 GB after a run); they are killed."""
+    if os.environ.get(SESSION_MARK) != str(os.getpid()) or not Path("/proc").is_dir():
+        return
+    deadline = time.monotonic() + LEAK_GRACE_S
+    while (leaked := _marked_processes()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not leaked:
+        return
+    for pid, command in leaked.items():
+        print(f"\nprocess {pid} outlived the test suite: {command[:200]}", file=sys.stderr)
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _cuda_available() -> bool:

@@ -18,9 +18,11 @@ ORDER_METHODS = ("sort", "tsp")
 
 
 def order_samples(
-    lengths: np.ndarray, method: str = "sort", time_limit_s: float = 0.2
+    lengths: np.ndarray, method: str = "sort", solution_limit: int = 1000
 ) -> np.ndarray:
-    """Permutation of sample indices in the order the DP partitions them."""
+    """Permutation of sample indices in the order the DP partitions them. `tsp` stops its local
+    search after `solution_limit` improving paths (a count, not a clock: the same order on a
+    busy machine)."""
     if method not in ORDER_METHODS:
         raise PlanningError(f"unknown sample order {method!r}; use one of {ORDER_METHODS}")
     if lengths.ndim == 1:
@@ -28,10 +30,10 @@ def order_samples(
     by_pair = np.lexsort((lengths[:, 1], lengths[:, 0]))
     if method == "sort":
         return by_pair
-    return _tsp_order(lengths, time_limit_s)
+    return _tsp_order(lengths, solution_limit)
 
 
-def _tsp_order(lengths: np.ndarray, time_limit_s: float) -> np.ndarray:
+def _tsp_order(lengths: np.ndarray, solution_limit: int) -> np.ndarray:
     try:
         from ortools.constraint_solver import pywrapcp, routing_enums_pb2
     except ImportError as e:
@@ -58,7 +60,7 @@ def _tsp_order(lengths: np.ndarray, time_limit_s: float) -> np.ndarray:
     routing.SetArcCostEvaluatorOfAllVehicles(callback)
     params = pywrapcp.DefaultRoutingSearchParameters()
     params.first_solution_strategy = routing_enums_pb2.FirstSolutionStrategy.PATH_CHEAPEST_ARC
-    params.time_limit.FromMilliseconds(max(1, int(time_limit_s * 1000)))
+    params.solution_limit = solution_limit
     solution = routing.SolveWithParameters(params)
     if solution is None:
         raise PlanningError("OR-Tools found no path through the sample lengths")

@@ -12,7 +12,7 @@ with and without activation checkpointing (CKPT). Takeaway #3 (never DP together
 prunes the space.
 
 For 8 GPUs this gives the paper's 68 strategies before and 44 after pruning (see
-tests/test_search_space.py). Degrees are any divisors, not only powers of two, so 6 or 12 GPUs
+tests/unit/test_search_space.py). Degrees are any divisors, not only powers of two, so 6 or 12 GPUs
 get a space too.
 """
 

@@ -167,11 +167,12 @@ def dispatch_exact(
     strategy: Strategy,
     profiles: list[SchemeProfile],
     *,
-    time_limit_s: float = 10.0,
+    work_limit: float = 10.0,
     resolution_s: float = 1e-6,
     pricing: str = "full",
 ) -> Dispatch:
-    """Eq. 3 by CP-SAT (times in units of `resolution_s`); optimal when it finishes in time."""
+    """Eq. 3 by CP-SAT (times in units of `resolution_s`); optimal when it finishes within
+    `work_limit` (CP-SAT's deterministic time: a count of work, not a clock)."""
     from ortools.sat.python import cp_model
 
     pipelines = _pipelines(strategy, profiles)
@@ -199,11 +200,11 @@ def dispatch_exact(
         model.add(objective >= work + (p.scheme.pp - 1) * longest)
     model.minimize(objective)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.max_deterministic_time = work_limit
     solver.parameters.num_workers = 1
     status = solver.solve(model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise PlanningError(f"CP-SAT found no dispatch in {time_limit_s} s")
+        raise PlanningError(f"CP-SAT found no dispatch within {work_limit} units of work")
     assignment = np.array(
         [
             next(j for j in range(len(pipelines)) if (i, j) in x and solver.value(x[i, j]))

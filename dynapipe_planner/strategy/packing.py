@@ -77,7 +77,7 @@ def pack_exact(
     lengths: np.ndarray,
     max_len: int,
     count: int,
-    time_limit_s: float,
+    work_limit: float,
     *,
     resolution_s: float = 1e-6,
 ) -> tuple[list[list[int]] | None, bool]:
@@ -85,10 +85,11 @@ def pack_exact(
     (sequence i in micro-batch j), each sequence in exactly one micro-batch, each
     micro-batch's tokens within `max_len`, minimising the slowest micro-batch's time (the
     factor PP - 1 + V is a constant once V is fixed). Times are integers of `resolution_s`.
-    The LPT packing of the same V is the solver's hint and the incumbent: when the time limit
-    stops CP-SAT with nothing better, the hint is returned. Returns the non-empty
+    The LPT packing of the same V is the solver's hint and the incumbent: when `work_limit`
+    (CP-SAT's deterministic time: a count of its work, about seconds of one core, never a
+    clock) stops CP-SAT with nothing better, the hint is returned. Returns the non-empty
     micro-batches (None: no packing fits, or none was found in time) and whether CP-SAT
-    proved that answer (optimal, or infeasible) within `time_limit_s`. Empty micro-batches are
+    proved that answer (optimal, or infeasible) within `work_limit`. Empty micro-batches are
     allowed, as in Eq. 1; the caller prices the packing at the number it fills, which the V
     enumeration also tries."""
     from ortools.sat.python import cp_model
@@ -115,7 +116,7 @@ def pack_exact(
                 model.add_hint(o[i][j], where[i] == j)
     model.minimize(slowest)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.max_deterministic_time = work_limit
     solver.parameters.num_workers = 1
     status = solver.solve(model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -135,9 +136,10 @@ def pack_pipeline(
     profile: SchemeProfile,
     *,
     method: str = "lpt",
-    time_limit_s: float = 1.0,
+    work_limit: float = 1.0,
 ) -> Packing:
-    """Best packing of one pipeline's sequences over the pruned V range (Eq. 1)."""
+    """Best packing of one pipeline's sequences over the pruned V range (Eq. 1); `exact` gives
+    CP-SAT `work_limit` of deterministic time per V (`pack_exact`)."""
     if method not in PACKING_METHODS:
         raise PlanningError(f"packing method must be one of {PACKING_METHODS}, got {method!r}")
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -162,7 +164,7 @@ def pack_pipeline(
         proved = []
 
         def solve(count: int) -> list[list[int]] | None:
-            bins, proof = pack_exact(times, lengths, profile.max_len, count, time_limit_s)
+            bins, proof = pack_exact(times, lengths, profile.max_len, count, work_limit)
             proved.append(proof)
             return bins
 

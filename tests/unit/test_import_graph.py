@@ -1,0 +1,153 @@
+"""The runtime package's import graph has no cycle (GitHub issue #17).
+
+Every module under `megatron/dynapipe/` is parsed (not imported), every import statement in it
+is read, those inside functions included (a lazy import is still an edge: it runs whenever
+that function does), and each import of a `megatron.dynapipe` module, relative or absolute, is
+resolved to the module it loads. Importing a module also runs the `__init__` of every package
+above it, so those are edges too; they stay sinks because package `__init__` files hold only a
+docstring (checked here as well). A cycle in that graph fails the test, naming its modules in
+order. The cycle finder is checked on graphs with known cycles first, so the test can fail.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from paths import ROOT as REPOSITORY
+
+PACKAGE = "megatron.dynapipe"
+ROOT = REPOSITORY / "megatron" / "dynapipe"
+
+
+def module_names(root: Path, package: str) -> dict[str, Path]:
+    """Every module of the package under `root`, by dotted name (a package by its own name)."""
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join([package, *parts])] = path
+    return found
+
+
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The module `import name` loads: `name` itself, or the longest module prefix of it (the
+    module an attribute was taken from)."""
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _imported(node: ast.AST, module: str, is_package: bool, package: str) -> list[str]:
+    """The dotted names an import statement in `module` asks for, inside `package` only."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom):
+        if node.level:
+            base = module if is_package else module.rpartition(".")[0]
+            for _ in range(node.level - 1):
+                base = base.rpartition(".")[0]
+            base = f"{base}.{node.module}" if node.module else base
+        else:
+            base = node.module or ""
+        # `from base import x`: x is a submodule if one has that name, else an attribute of base.
+        names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+    else:
+        return []
+    return [n for n in names if n == package or n.startswith(package + ".")]
+
+
+def import_graph(root: Path = ROOT, package: str = PACKAGE) -> dict[str, set[str]]:
+    """module -> the package's modules it imports (directly, anywhere in its source)."""
+    modules = module_names(root, package)
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            for wanted in _imported(node, name, is_package, package):
+                target = _resolve(wanted, modules)
+                while target:  # the module and every package above it run
+                    if target != name:
+                        graph[name].add(target)
+                    target = _resolve(target.rpartition(".")[0], modules)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of `graph` as [a, b, ..., a], or None when it has none (iterative DFS)."""
+    done: set[str] = set()
+    for start in sorted(graph):
+        if start in done:
+            continue
+        path = [start]
+        on_path = {start}
+        todo = [iter(sorted(graph.get(start, ())))]
+        while todo:
+            step = next(todo[-1], None)
+            if step is None:
+                todo.pop()
+                done.add(path[-1])
+                on_path.discard(path.pop())
+            elif step in on_path:
+                return [*path[path.index(step) :], step]
+            elif step not in done:
+                path.append(step)
+                on_path.add(step)
+                todo.append(iter(sorted(graph.get(step, ()))))
+    return None
+
+
+def test_cycle_finder_reports_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"a"}}
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"a"}}) == ["a", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None  # a diamond is fine
+
+
+def test_graph_resolves_relative_and_lazy_imports(tmp_path: Path):
+    """A synthetic package whose only cycle runs through a relative import inside a function
+    and an absolute one: both are found, and the cycle is named."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text('"""Top."""\n')
+    (pkg / "sub" / "__init__.py").write_text('"""Sub."""\n')
+    (pkg / "loop.py").write_text("def run():\n    from .sub.worker import work\n")
+    (pkg / "sub" / "worker.py").write_text("from pkg import loop\nfrom ..loop import run\n")
+    graph = import_graph(pkg, "pkg")
+    assert graph["pkg.loop"] == {"pkg.sub.worker", "pkg.sub", "pkg"}
+    assert graph["pkg.sub.worker"] == {"pkg.loop", "pkg"}
+    assert find_cycle(graph) == ["pkg.loop", "pkg.sub.worker", "pkg.loop"]
+
+
+def test_graph_sees_the_runtime_imports():
+    """Spot checks that the parser reads the real package: a lazy import inside a function,
+    relative imports across subpackages, and an absolute import."""
+    graph = import_graph()
+    assert len(graph) > 30
+    assert "megatron.dynapipe.hetero.training" in graph["megatron.dynapipe.training"]
+    assert {
+        "megatron.dynapipe.checkpointing",
+        "megatron.dynapipe.pipeline.executor",
+        "megatron.dynapipe.data.datasets",
+        "megatron.dynapipe.hetero.switch",
+    } <= graph["megatron.dynapipe.hetero.training"]
+    assert "megatron.dynapipe.arguments" in graph["megatron.dynapipe.model"]  # lazy, relative
+
+
+def test_runtime_has_no_import_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle in megatron/dynapipe: " + " -> ".join(cycle)
+
+
+@pytest.mark.parametrize(
+    "init", sorted(ROOT.rglob("__init__.py")), ids=lambda p: str(p.relative_to(ROOT))
+)
+def test_package_init_holds_only_a_docstring(init: Path):
+    """Importing a subpackage adds no edges: its `__init__` is a docstring and nothing else."""
+    body = ast.parse(init.read_text()).body
+    assert len(body) == 1 and isinstance(body[0], ast.Expr), f"{init}: more than a docstring"
+    assert isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)
