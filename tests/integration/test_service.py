@@ -156,7 +156,7 @@ def test_workers_skip_the_main_script_and_die_with_a_killed_parent(tmp_path):
             f"""
             import dataclasses, os, signal, sys
             print("script imported as", __name__, file=sys.stderr, flush=True)
-            sys.path.insert(0, {str(TESTS)!r})
+            sys.path[:0] = [{str(TESTS)!r}, {str(TESTS / "integration")!r}]
             from test_service import RECIPE, work
             from dynapipe_planner.planner import PlannerConfig
             from dynapipe_planner.service import PlanningService
