@@ -1,6 +1,6 @@
 """`ExecutionPlan`: one iteration's micro-batches and every rank's instruction list.
 
-The JSON shape is the contract in ARCHITECTURE.md; the runtime reads it and knows nothing of
+The JSON shape is the contract in docs/architecture.md; the runtime reads it and knows nothing of
 how it was made. A compact binary form (`.bin`) carries the same content for large plans:
 
     b"DYNAPLAN" | u32 version | u32 header length | header JSON (num_stages, num_replicas,

@@ -5,7 +5,7 @@
 The loop has the shape of upstream Megatron-LM's `examples/run_simple_mcore_train_loop.py`:
 initialise the groups, build a GPTModel and its DDP, an optimiser and a dataset, then call a
 `forward_backward_func` every iteration and step. The lines marked `# DynaPipe` are the ones
-such a loop changes to take DynaPipe's schedule instead of megatron-core's (the README shows
+such a loop changes to take DynaPipe's schedule instead of megatron-core's (docs/megatron.md shows
 the diff against upstream's file); those marked `# CPU` let it run on CPU ranks too. Its
 dataset is variable-length (documents of 16-256 tokens, padded to 256) and says its lengths
 through `sample_lengths()`, the protocol of docs/datasets.md. PP=2 on 2 ranks; each line

@@ -24,8 +24,8 @@ every table records the cores it ran on and its passes' CPU share (`host_cores`,
 decoder layer's passes take as the first of N pipeline stages, the others forked copies of
 itself, at the grid's smallest and largest micro-batch (`cpu_contention_factor`). It
 measures `embedding`, `decoder_layer` and `lm_head` over a grid of micro-batch sizes and
-sequence lengths, prints one line per grid point and writes the JSON documented in README
-"Cost tables" atomically (a failed run leaves no partial file). On the CPU,
+sequence lengths, prints one line per grid point and writes the JSON documented in
+docs/architecture.md "Cost tables" atomically (a failed run leaves no partial file). On the CPU,
 set `--cpu-threads` to what each training rank uses (torchrun gives ranks 1 thread), or the
 times will not describe training.
 """

@@ -2,7 +2,7 @@
 dynapipe.txt §3 "Cost models": profile forward/backward time and memory at power-of-two
 micro-batch sizes and sequence lengths per TP degree, interpolate in between).
 
-File format (JSON, documented in README.md "Cost tables"):
+File format (JSON, documented in docs/architecture.md "Cost tables"):
 
     {"format": "dynapipe-cost-table", "version": 1, "device": "A100-80GB", "dtype": "bf16",
      "entries": [{"tp": 1, "recompute": "none", "component": "decoder_layer",

@@ -4,10 +4,10 @@ profiling the real layer execution time on a single device"; communication time 
 of tensor to be transferred divided by the inter-device connection's bandwidth").
 
 `tools/profile_costs.py` writes one table per TP degree (a TP-t table comes from t ranks under
-torchrun), in the format of README "Cost tables". `profiled_cost_inputs` reads the tables'
-`recompute: "none"` entries at the job's sequence length, which must be one of the profiled
-ones, and scales them to the §V per-sample model as follows (b_ref: the largest profiled
-micro-batch size whose point was measured, per component and TP degree):
+torchrun), in the format of docs/architecture.md "Cost tables". `profiled_cost_inputs` reads the
+tables' `recompute: "none"` entries at the job's sequence length, which must be one of the profiled
+ones, and scales them to the §V per-sample model as follows (b_ref: the largest profiled micro-batch
+size whose point was measured, per component and TP degree):
 
 * decoder layer, per TP degree t: forward and backward times are the least-squares line
   through the measured micro-batch sizes at s, `time(b) = per_microbatch + per_sample * b`

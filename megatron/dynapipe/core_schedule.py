@@ -9,7 +9,7 @@ DynaPipe plans it (seed `dynapipe.txt` §3, §6; the dataset as `data.program_sa
 in its own order), its micro-batches reaching `forward_step_func` as one THD sequence each
 (`MicroBatchTensors.core_batch`: `tokens`, `labels`, `loss_mask`, `position_ids` of shape
 [1, tokens], `attention_mask` None and the `packed_seq_params` to pass to the model). What the
-loop changes (README, "megatron-core-only loops"): its loss function returns Megatron's
+loop changes (docs/megatron.md, "megatron-core-only loops"): its loss function returns Megatron's
 per-token triple `(loss_sum, num_tokens, report)`, its model call passes
 `packed_seq_params`, and it leaves gradient finalisation to the schedule, which divides by the
 global batch's tokens (megatron-core's `finalize_model_grads`, set as the config's

@@ -316,11 +316,11 @@ def profile_cost_table(
     clock: str = "wall",
     progress: Callable[[str], None] = lambda _line: None,
 ) -> dict[str, Any]:
-    """The cost table (README "Cost tables") of the model `args` (Megatron's flags) describe,
-    with `vocab_size` rows, for the TP degree of the parallel state (one rank, or the TP
-    group of a TP-only job: every rank runs its shard, TP's all-reduces included in the
-    times; the numbers are this rank's), its passes timed by `clock` (`measure_point`).
-    `progress` receives one line per measured point."""
+    """The cost table (docs/architecture.md "Cost tables") of the model `args` (Megatron's flags)
+    describe, with `vocab_size` rows, for the TP degree of the parallel state (one rank, or the TP
+    group of a TP-only job: every rank runs its shard, TP's all-reduces included in the times; the
+    numbers are this rank's), its passes timed by `clock` (`measure_point`). `progress` receives one
+    line per measured point."""
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
     cpu_clock = clock == "cpu" and device.type == "cpu"

@@ -1,13 +1,13 @@
 """The GPU lane (`pytest -m gpu`): the runtime on CUDA with NCCL, skipped where there is no GPU.
 
-CI has no GPU, so there these tests are collected and skipped; a developer with a lent GPU runs
-them (README "GPU lane"). One GPU is enough for most: gradients of a plan run by the executor
-on CUDA equal the non-pipelined reference computed on the same device (with two GPUs, PP=2 over
-NCCL too, dynamic and THD-packed micro-batches), `pretrain_gpt.py` trains in fp32 and bf16
-(DynaPipe and the megatron-core baselines, packing through THD), and `tools/profile_costs.py`
-writes a CUDA cost table that the planner then plans with, predicting the measured iteration
-time within 2x. Packed rows through TransformerEngine: `test_packed_sequences.py`. The test
-process never uses CUDA itself: the ranks are spawned processes, each with its own CUDA context.
+CI has no GPU, so there these tests are collected and skipped; a developer with a lent GPU runs them
+(docs/gpu.md "The GPU lane"). One GPU is enough for most: gradients of a plan run by the executor on
+CUDA equal the non-pipelined reference computed on the same device (with two GPUs, PP=2 over NCCL
+too, dynamic and THD-packed micro-batches), `pretrain_gpt.py` trains in fp32 and bf16 (DynaPipe and
+the megatron-core baselines, packing through THD), and `tools/profile_costs.py` writes a CUDA cost
+table that the planner then plans with, predicting the measured iteration time within 2x. Packed
+rows through TransformerEngine: `test_packed_sequences.py`. The test process never uses CUDA itself:
+the ranks are spawned processes, each with its own CUDA context.
 """
 
 from __future__ import annotations
