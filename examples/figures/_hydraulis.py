@@ -21,7 +21,7 @@ METHODS = {
 def setting_rows(
     model: str, gpus: int, context: int, iterations: int, trials: int, tokens: int
 ) -> list[dict]:
-    results, chosen, tokens = setting(model, gpus, context, iterations, trials, tokens)
+    results, chosen, tokens, _pricings = setting(model, gpus, context, iterations, trials, tokens)
     return [
         {
             "model": model,
