@@ -59,7 +59,7 @@ def exit_status(
     """Run `run()` and return the job's exit status (0, or 2 / 1 as above, the line printed).
     `args` carries `--debug`; by default Megatron's global arguments, once parsed."""
     rank = os.environ.get("RANK", "0")
-    _bus_error.install(f"{program}: error: rank {rank}: ")
+    _name_bus_errors(program)
     try:
         run()
     except USER_ERRORS as error:
@@ -102,10 +102,18 @@ def name_bus_errors_in_workers[L](loader: L) -> L:
 def _worker_reports_bus_errors(
     program: str, init: Callable[[int], object] | None, worker_id: int
 ) -> None:
-    rank = os.environ.get("RANK", "0")
-    _bus_error.install(f"{program}: error: rank {rank}, data-loader worker {worker_id}: ")
+    _name_bus_errors(program, worker_id)
     if init is not None:
         init(worker_id)
+
+
+def _name_bus_errors(program: str, worker: int | None = None) -> None:
+    """This process's bus errors end it with a line naming the file, after `program`, the rank
+    and the data-loader `worker` (None: the rank itself)."""
+    where = f"rank {os.environ.get('RANK', '0')}"
+    if worker is not None:
+        where += f", data-loader worker {worker}"
+    _bus_error.install(f"{program}: error: {where}: ")
 
 
 def run_or_exit[T](run: Callable[[], T], args: argparse.Namespace | None = None) -> T:

@@ -345,13 +345,15 @@ def test_cpp_and_python_backends_are_bit_identical(problem, bucket_rel, bucket_a
 
 
 def assert_backends_agree(cpp, py) -> None:
-    """The C++ and Python DP results are bit-identical: partition, objective, times, passes."""
+    """The C++ and Python DP results are bit-identical: partition, objective, times, passes,
+    and the work counted against the budget (so both stop after the same pass)."""
     assert [m.tolist() for m in cpp.microbatches] == [m.tolist() for m in py.microbatches]
-    assert (cpp.objective, cpp.max_time, cpp.sum_time, cpp.passes) == (
+    assert (cpp.objective, cpp.max_time, cpp.sum_time, cpp.passes, cpp.work) == (
         py.objective,
         py.max_time,
         py.sum_time,
         py.passes,
+        py.work,
     )
 
 
