@@ -18,6 +18,7 @@ from functools import partial
 
 import numpy as np
 
+from dynapipe_planner._reference.microbatch_dp import microbatch_dp_kernel
 from dynapipe_planner.cluster import ClusterSpec, get_gpu
 from dynapipe_planner.cost import AnalyticCostModel
 from dynapipe_planner.data import sample_lengths
@@ -64,7 +65,7 @@ def main() -> None:
         whole = median_time(partial(planner.plan, lengths), args.repeats)
         mbs = planner.plan(lengths).stats["num_microbatches"]
         if n <= args.reference_max:
-            ref = median_time(partial(dp_call, backend="python"), 1)
+            ref = median_time(partial(dp_call, kernel=microbatch_dp_kernel), 1)
             ref_s, ratio = f"{ref * 1e3:11.0f}", f"{ref / dp:12.0f}x"
         else:
             ref_s, ratio = f"{'-':>11}", f"{'-':>13}"

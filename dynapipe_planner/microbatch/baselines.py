@@ -80,26 +80,6 @@ def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
     return _core.first_fit_decreasing(np.asarray(lengths, dtype=np.int64), int(capacity))
 
 
-def first_fit_decreasing_reference(lengths: np.ndarray, capacity: int) -> list[list[int]]:
-    """Readable first-fit-decreasing: the largest sample first (stable for ties), each into the
-    first bin with room for it, else a new bin."""
-    order = np.argsort(-lengths, kind="stable")
-    residual = np.empty(len(lengths), dtype=np.int64)
-    bins: list[list[int]] = []
-    for i in order:
-        size = int(lengths[i])
-        open_bins = residual[: len(bins)]
-        fits = np.flatnonzero(open_bins >= size)
-        if len(fits):
-            k = int(fits[0])
-            residual[k] -= size
-            bins[k].append(int(i))
-        else:
-            residual[len(bins)] = capacity - size
-            bins.append([int(i)])
-    return bins
-
-
 def packed_group(group: Group, lengths: np.ndarray) -> Group:
     """`group`'s samples packed first-fit-decreasing into rows of its own padded length: no more
     rows than one sample per row, and attention only within each sample (varlen)."""

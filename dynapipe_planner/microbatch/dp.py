@@ -24,6 +24,7 @@ less than the attention it saves): the DP's scan needs monotone prices.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,7 +32,6 @@ import numpy as np
 from ..cost.table import PipelineCosts
 from ..errors import PlanningError
 from .ordering import order_samples
-from .reference_dp import microbatch_dp_reference
 
 # Ranges the DP may price before it keeps the best partition found so far: a count of work,
 # never a clock, so a plan does not depend on the machine's load. At the default bucket_rel
@@ -119,7 +119,7 @@ def dynamic_microbatches(
     bucket_rel: float = 1e-3,
     bucket_abs: float = 0.0,
     work_budget: int = DEFAULT_WORK_BUDGET,
-    backend: str = "cpp",
+    kernel: Callable[..., dict] | None = None,
     sample_ids: np.ndarray | None = None,
     packed_rows: bool = False,
 ) -> MicroBatching:
@@ -132,7 +132,8 @@ def dynamic_microbatches(
     priced, 0: none) stops the enumeration early and keeps the best partition found: a count,
     not seconds, so a busy machine plans exactly what an idle one does. `packed_rows`: each
     group may run as packed rows (module docstring); decoder-only lengths ordered by length
-    only.
+    only. `kernel` runs the DP on the arguments built here (None: the C++ core); the tests
+    pass its Python twin, `dynapipe_planner._reference.microbatch_dp.microbatch_dp_kernel`.
     """
     lengths = validate_lengths(lengths, sample_ids)
     perm = order if isinstance(order, np.ndarray) else order_samples(lengths, order)
@@ -163,14 +164,11 @@ def dynamic_microbatches(
         stage_time,
         coef,
     )
-    if backend == "cpp":
+    if kernel is None:
         from .. import _core
 
-        out = _core.microbatch_dp(*args)
-    elif backend == "python":
-        out = vars(microbatch_dp_reference(*args))
-    else:
-        raise PlanningError(f"unknown DP backend {backend!r}")
+        kernel = _core.microbatch_dp
+    out = kernel(*args)
     if out["infeasible_position"] >= 0:
         sample = int(perm[out["infeasible_position"]])
         name = sample if sample_ids is None else int(sample_ids[sample])

@@ -27,12 +27,9 @@ Choices the paper leaves open, fixed here:
 
 from __future__ import annotations
 
-from collections import deque
-
 import numpy as np
 
 from .. import _core
-from ..errors import PlanningError
 from .ops import (
     check_max_inflight,
     core_errors,
@@ -54,63 +51,6 @@ def _checked(
     check_max_inflight(max_inflight)
     tra = working_memory(transient, act.shape)
     return act, lim, tra
-
-
-def adaptive_schedule_reference(
-    activation: np.ndarray,
-    limit: np.ndarray,
-    max_inflight: int | None = None,
-    transient: np.ndarray | None = None,
-) -> list[list[int]]:
-    """Readable Algorithm 1; `activation` and `transient` are (M, C) bytes, `limit` (C,) bytes
-    per stage for stored activations plus the running op's working memory."""
-    act, lim, tra = _checked(activation, limit, max_inflight, transient)
-    num_mb, num_stages = act.shape
-    forward_ready = [deque() for _ in range(num_stages)]
-    backward_ready = [deque() for _ in range(num_stages)]
-    forward_ready[0].extend(range(num_mb))
-    memory = [0.0] * num_stages
-    # Micro-batches whose activation each stage stores (stage 0's: those in flight).
-    held: list[set[int]] = [set() for _ in range(num_stages)]
-    orders: list[list[int]] = [[] for _ in range(num_stages)]
-
-    while any(forward_ready) or any(backward_ready):
-        unlocked_forward: list[list[int]] = [[] for _ in range(num_stages)]
-        unlocked_backward: list[list[int]] = [[] for _ in range(num_stages)]
-        progressed = False
-        for stage in range(num_stages):
-            if backward_ready[stage]:
-                m = backward_ready[stage].popleft()
-                held[stage].remove(m)
-                memory[stage] = memory[stage] - act[m, stage] if held[stage] else 0.0
-                orders[stage].append(2 * m + 1)
-                if stage > 0:
-                    unlocked_backward[stage - 1].append(m)
-                progressed = True
-            if forward_ready[stage]:
-                m = forward_ready[stage][0]
-                capped = stage == 0 and max_inflight is not None and len(held[0]) >= max_inflight
-                worst = max([tra[m, stage], *(tra[k, stage] for k in held[stage])])
-                if not capped and memory[stage] + act[m, stage] + worst <= lim[stage]:
-                    forward_ready[stage].popleft()
-                    held[stage].add(m)
-                    memory[stage] += act[m, stage]
-                    orders[stage].append(2 * m)
-                    if stage + 1 < num_stages:
-                        unlocked_forward[stage + 1].append(m)
-                    else:
-                        unlocked_backward[stage].append(m)
-                    progressed = True
-        if not progressed:
-            # Stages past the deepest waiting forward have drained, so that stage holds no
-            # activation (and stage 0 then has none in flight): its head can never fit.
-            stage = max(j for j in range(num_stages) if forward_ready[j])
-            m = forward_ready[stage][0]
-            raise PlanningError(_never_fits(m, stage, act, tra, lim))
-        for stage in range(num_stages):
-            forward_ready[stage].extend(unlocked_forward[stage])
-            backward_ready[stage].extend(unlocked_backward[stage])
-    return orders
 
 
 def _never_fits(m: int, stage: int, act: np.ndarray, tra: np.ndarray, lim: np.ndarray) -> str:

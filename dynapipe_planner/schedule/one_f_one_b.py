@@ -19,20 +19,6 @@ def _check_sizes(num_stages: int, num_microbatches: int) -> None:
         )
 
 
-def one_f_one_b_reference(num_stages: int, num_microbatches: int) -> list[list[int]]:
-    """Readable 1F1B: per stage, op codes (2*m forward, 2*m+1 backward of micro-batch m)."""
-    _check_sizes(num_stages, num_microbatches)
-    orders = []
-    for stage in range(num_stages):
-        warmup = min(num_stages - stage - 1, num_microbatches)
-        order = [2 * m for m in range(warmup)]
-        for step in range(num_microbatches - warmup):
-            order += [2 * (warmup + step), 2 * step + 1]
-        order += [2 * m + 1 for m in range(num_microbatches - warmup, num_microbatches)]
-        orders.append(order)
-    return orders
-
-
 def one_f_one_b(num_stages: int, num_microbatches: int) -> list[list[int]]:
     """1F1B op orders per stage, computed by the C++ core (same result as the reference)."""
     _check_sizes(num_stages, num_microbatches)

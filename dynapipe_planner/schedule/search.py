@@ -5,8 +5,8 @@ the order with the shortest predicted iteration; we also try a few injection cap
 since how many micro-batches enter early trades safety stock against memory and warm-up. Each
 candidate costs one C++ schedule and one C++ timeline (inputs are validated once, up front); the
 candidate loop itself runs in the C++ core (`_core.adaptive_search`, held to
-`adaptive_candidates_reference`), so no candidate's op codes cross into Python but the winner's,
-and the whole search takes milliseconds and can run every iteration.
+`_reference.schedules.adaptive_candidates_reference`), so no candidate's op codes cross into
+Python but the winner's, and the whole search takes milliseconds and can run every iteration.
 """
 
 from __future__ import annotations
@@ -133,38 +133,3 @@ def _one_f_one_b_choice(
             )
     tl = timeline(orders, fwd, bwd, act_comm, grad_comm)
     return ScheduleChoice(list(range(num_mb)), orders, tl, peak, None)
-
-
-def adaptive_candidates_reference(
-    injection: list[list[int]],
-    options: Sequence[int | None],
-    act: np.ndarray,
-    tra: np.ndarray,
-    lim: np.ndarray,
-    fwd: np.ndarray,
-    bwd: np.ndarray,
-    act_comm: np.ndarray,
-    grad_comm: np.ndarray,
-) -> tuple[int, int, list[list[int]] | None, np.ndarray | None, np.ndarray | None, str]:
-    """The adaptive candidates of `search_schedule` in Python, as `_core.adaptive_search`
-    runs them: every injection order (rows of the validated (M, C) inputs taken in that order)
-    times every max_inflight option; the first with the least makespan wins. Returns its
-    order and option indices, op codes and (M, C, 2) start/end times in injection order (-1
-    and None when no candidate fits), and the first candidate's error that did not fit."""
-    best, first_error = None, ""
-    for k, order in enumerate(injection):
-        idx = np.asarray(order, dtype=np.int64)
-        costs = (fwd[idx], bwd[idx], act_comm[idx], grad_comm[idx])
-        for i, max_inflight in enumerate(options):
-            try:
-                local = _core.adaptive_schedule(act[idx], lim, max_inflight, tra[idx])
-            except ValueError as err:
-                first_error = first_error or str(err)
-                continue
-            start, end = _core.schedule_timeline(local, *costs)
-            makespan = float(end.max()) if end.size else 0.0
-            if best is None or makespan < best[0]:
-                best = (makespan, k, i, local, start, end)
-    if best is None:
-        return -1, -1, None, None, None, first_error
-    return (*best[1:], first_error)

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _core
-from ..errors import PlanningError
-from .ops import check_orders, core_errors, cost_matrix, describe_op
+from .ops import core_errors, cost_matrix
 
 
 @dataclass(frozen=True)
@@ -52,62 +51,6 @@ def checked_costs(
     act = cost_matrix("act_comm", act_comm, (num_mb, num_stages - 1))
     grad = cost_matrix("grad_comm", grad_comm, (num_mb, num_stages - 1))
     return fwd, bwd, act, grad
-
-
-def timeline_reference(
-    orders: Sequence[Sequence[int]],
-    forward: np.ndarray,
-    backward: np.ndarray,
-    act_comm: np.ndarray,
-    grad_comm: np.ndarray,
-) -> Timeline:
-    """Readable timeline simulation; raises PlanningError for an order that cannot run."""
-    fwd, bwd, act, grad = checked_costs(forward, backward, act_comm, grad_comm)
-    num_mb, num_stages = fwd.shape
-    check_orders(orders, num_mb, num_stages)
-    start = np.zeros((num_mb, num_stages, 2))
-    end = np.zeros((num_mb, num_stages, 2))
-    done = np.zeros((num_mb, num_stages, 2), dtype=bool)
-    position = [0] * num_stages
-    free_at = [0.0] * num_stages
-    remaining = 2 * num_mb * num_stages
-    while remaining:
-        progressed = False
-        # Each stage runs on until its next op waits for an op not yet simulated; sweeping
-        # the stages until nothing moves reaches every op any valid order can reach.
-        for stage in range(num_stages):
-            while position[stage] < 2 * num_mb:
-                m, kind = divmod(orders[stage][position[stage]], 2)
-                if kind == 0:
-                    if stage == 0:
-                        ready = 0.0
-                    elif done[m, stage - 1, 0]:
-                        ready = end[m, stage - 1, 0] + act[m, stage - 1]
-                    else:
-                        break
-                elif stage == num_stages - 1:
-                    ready = end[m, stage, 0]  # check_orders put the forward earlier here
-                elif done[m, stage + 1, 1]:
-                    ready = end[m, stage + 1, 1] + grad[m, stage]
-                else:
-                    break
-                start[m, stage, kind] = max(free_at[stage], ready)
-                end[m, stage, kind] = start[m, stage, kind] + (bwd if kind else fwd)[m, stage]
-                free_at[stage] = end[m, stage, kind]
-                done[m, stage, kind] = True
-                position[stage] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            stage = next(j for j in range(num_stages) if position[j] < 2 * num_mb)
-            code = orders[stage][position[stage]]
-            # Only cross-stage waits can block: a forward waits upstream, a backward downstream.
-            other = stage + 1 if code % 2 else stage - 1
-            raise PlanningError(
-                f"stage {stage}: order deadlocks at {describe_op(code)}, which waits for "
-                f"{describe_op(code)} on stage {other}"
-            )
-    return Timeline.from_times(start, end)
 
 
 def timeline(

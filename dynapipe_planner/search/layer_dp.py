@@ -8,8 +8,8 @@ into bins (weights rounded to the nearest bin, see `solve_stage`). Algorithm 3 t
 largest E_fwd whose plan also passes the exact Eq. 2 check (forward memory plus the backward
 peak); plans with E_fwd low enough to fit whatever the rounding pass by construction.
 
-`layer_dp_reference` is the plain-Python statement of that algorithm; the C++ core
-(`csrc/layer_dp.cpp`) does the same arithmetic in the same order and breaks ties the same way,
+`_reference.layer_dp.layer_dp_reference` is the plain-Python statement of that algorithm; the
+C++ core (`csrc/layer_dp.cpp`) does the same arithmetic in the same order, breaks ties the same way,
 and the tests hold them to identical answers. `StageSolver` keeps one C++ DP per pipeline
 position and answers every prefix length from it (the DP of n layers is the first n steps of
 the DP of more), again identical to the reference run on that range alone.
@@ -30,7 +30,6 @@ Two refinements over the plain recurrence, both exact in value:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,120 +52,6 @@ class StagePlan:
 
 
 TIE_REL = 1e-13  # a layer keeps the previous layer's strategy within this relative cost
-
-
-def _row_classes(rows) -> list[list[int]]:
-    """Previous strategies with identical transformation rows R(l, p, .), lowest member first."""
-    classes: list[list[int]] = []
-    for p, row in enumerate(rows):
-        for members in classes:
-            if list(rows[members[0]]) == list(row):
-                members.append(p)
-                break
-        else:
-            classes.append([p])
-    return classes
-
-
-def _run_reference(objective, weight, transform, budget):
-    layers, strategies = len(objective), len(objective[0])
-    best = [
-        [
-            objective[0][s] if objective[0][s] < INF and weight[0][s] <= e else INF
-            for s in range(strategies)
-        ]
-        for e in range(budget + 1)
-    ]
-    back = [None]
-    for layer in range(1, layers):
-        tr = transform[layer]
-        classes = _row_classes(tr)
-        # least C(l - 1, e, p) of each class, lowest index among equal values
-        gmin, garg = [], []
-        for e in range(budget + 1):
-            mins, args = [], []
-            for members in classes:
-                value, arg = INF, -1
-                for p in members:
-                    if best[e][p] < value:
-                        value, arg = best[e][p], p
-                mins.append(value)
-                args.append(arg)
-            gmin.append(mins)
-            garg.append(args)
-        cur = [[INF] * strategies for _ in range(budget + 1)]
-        ptr = [[-1] * strategies for _ in range(budget + 1)]
-        for e in range(budget + 1):
-            for s in range(strategies):
-                w = weight[layer][s]
-                if not objective[layer][s] < INF or w > e:
-                    continue
-                src = e - w
-                value, arg = INF, -1
-                for g, members in enumerate(classes):
-                    v = gmin[src][g] + tr[members[0]][s]
-                    if v < value:
-                        value, arg = v, garg[src][g]
-                if arg < 0:
-                    continue
-                if arg != s:
-                    own = best[src][s] + tr[s][s]
-                    if own < INF and own - value <= TIE_REL * abs(value):
-                        value, arg = own, s
-                cur[e][s] = value + objective[layer][s]
-                ptr[e][s] = arg
-        best = cur
-        back.append(ptr)
-    return best, back
-
-
-Matrix = Sequence[Sequence[float]]
-
-
-def layer_dp_table_reference(
-    objective: Matrix, weight: Matrix, transform: Sequence[Matrix], budget: int
-) -> list[float]:
-    """min over strategies of C(L, e) for e = 0..budget (plain Python)."""
-    best, _ = _run_reference(objective, weight, transform, budget)
-    return [min(row) for row in best]
-
-
-def layer_dp_reference(
-    objective: Matrix,
-    weight: Matrix,
-    transform: Sequence[Matrix],
-    fwd: Matrix,
-    bwd: Matrix,
-    states: Matrix,
-    budget: int,
-    memory_limit: float,
-    unchecked: int,
-) -> tuple[float, list[int], int]:
-    """Algorithm 3 in plain Python: (objective, strategy per layer, forward budget in bins)."""
-    if budget < 0:
-        return INF, [], -1
-    best, back = _run_reference(objective, weight, transform, budget)
-    layers = len(objective)
-    for e_top in range(budget, -1, -1):
-        row = best[e_top]
-        cost, s = INF, -1
-        for j, v in enumerate(row):
-            if v < cost:
-                cost, s = v, j
-        if s < 0:
-            break
-        chosen = [0] * layers
-        e = e_top
-        for layer in range(layers - 1, -1, -1):
-            chosen[layer] = s
-            if layer == 0:
-                break
-            prev = back[layer][e][s]
-            e -= weight[layer][s]
-            s = prev
-        if e_top <= unchecked or _peak(fwd, bwd, states, chosen) <= memory_limit:
-            return cost, chosen, e_top
-    return INF, [], -1
 
 
 def _peak(fwd, bwd, states, chosen) -> float:
@@ -209,9 +94,7 @@ def _unchecked_bins(limit: float, b_up: float, layers: int, granularity: float) 
     return math.floor(safe) if safe >= 0 else -1
 
 
-def solve_stage(
-    tables: StageTables, memory_budget: float, granularity: float, *, reference: bool = False
-) -> StagePlan | None:
+def solve_stage(tables: StageTables, memory_budget: float, granularity: float) -> StagePlan | None:
     """Best strategies of one stage's layers within `memory_budget` bytes (None: nothing fits).
 
     Weights are rounded to the nearest bin, so a plan's binned forward memory is within half
@@ -220,34 +103,7 @@ def solve_stage(
     returned plan always fits. Rounding every weight up instead would lose up to a bin per
     layer and miss plans that fill the budget (a 6-layer stage 0.5 GiB short of 24.6 GiB).
     """
-    if not reference:
-        return StageSolver(tables, memory_budget, granularity).solve(len(tables.objective))
-    limit = memory_budget - tables.extra_bytes
-    if limit < 0:
-        return None
-    layers = len(tables.objective)
-    budget = _budget_bins(limit, memory_budget, granularity)
-    weight = memory_weights(tables, granularity)
-    finite = np.isfinite(tables.objective)
-    b_up = float(np.max(np.where(finite, tables.bwd_bytes, 0.0)))
-    unchecked = _unchecked_bins(limit, b_up, layers, granularity)
-    objective = np.where(finite, tables.objective, INF)
-    fwd_bytes = stage_fwd_bytes(tables)
-    cost, chosen, e = layer_dp_reference(
-        objective.tolist(),
-        weight.tolist(),
-        tables.transform.tolist(),
-        fwd_bytes.tolist(),
-        tables.bwd_bytes.tolist(),
-        tables.state_bytes.tolist(),
-        budget,
-        limit,
-        unchecked,
-    )
-    if not chosen or not cost < INF:
-        return None
-    peak = _peak(fwd_bytes, tables.bwd_bytes, tables.state_bytes, chosen)
-    return StagePlan(cost, list(chosen), e, peak + tables.extra_bytes)
+    return StageSolver(tables, memory_budget, granularity).solve(len(tables.objective))
 
 
 class StageSolver:

@@ -7,8 +7,8 @@ A pipeline of scheme P that receives sequences l_1..l_U needs at least
 waits for the slowest pipeline, so dispatching minimises the largest Eq. 2 bound (Eq. 3). The
 randomised greedy of Appendix D.2 (Alg. 1) sends sequences, in a random order, each to the
 pipeline whose bound stays lowest, and keeps the best of `trials` orders; it runs in C++
-(`_core.dispatch_greedy`), with `dispatch_reference` as its readable twin. `dispatch_exact`
-solves Eq. 3 with CP-SAT for small cases, to measure the greedy's gap.
+(`_core.dispatch_greedy`), with `_reference.dispatch.dispatch_reference` as its readable twin.
+`dispatch_exact` solves Eq. 3 with CP-SAT for small cases, to measure the greedy's gap.
 
 How a sequence is priced (`pricing`, one of `DISPATCH_PRICINGS`):
 - "full": T(l) = a l^2 + b l + c, as the paper's Eq. 2 writes it;
@@ -124,42 +124,6 @@ def dispatch(
         cost, column, pp, _orders(len(cost), trials, seed)
     )
     return Dispatch(tuple(p.scheme for p in pipelines), assignment, objective)
-
-
-def dispatch_reference(
-    lengths: np.ndarray,
-    strategy: Strategy,
-    profiles: list[SchemeProfile],
-    *,
-    trials: int = 100,
-    seed: int = 0,
-    pricing: str = "full",
-) -> Dispatch:
-    """Alg. 1 in plain Python, step for step what the C++ core does."""
-    pipelines = _pipelines(strategy, profiles)
-    cost, column = _costs(lengths, pipelines, pricing)
-    best = None
-    for order in _orders(len(cost), trials, seed):
-        work = [0.0] * len(pipelines)
-        longest = [0.0] * len(pipelines)
-        assignment = np.full(len(cost), -1, dtype=np.int64)
-        for i in order:
-            bounds = []
-            for j, p in enumerate(pipelines):
-                t = cost[i, column[j]]
-                if math.isfinite(t):
-                    bounds.append((work[j] + t + (p.scheme.pp - 1) * max(longest[j], t), j))
-            _, j = min(bounds)  # smallest bound, first pipeline on ties
-            t = cost[i, column[j]]
-            work[j] += t
-            longest[j] = max(longest[j], t)
-            assignment[i] = j
-        objective = max(
-            w + (p.scheme.pp - 1) * m for w, m, p in zip(work, longest, pipelines, strict=True)
-        )
-        if best is None or objective < best[1]:
-            best = (assignment, objective)
-    return Dispatch(tuple(p.scheme for p in pipelines), best[0], best[1])
 
 
 def dispatch_exact(

@@ -178,19 +178,6 @@ def pack_pipeline(
     return best
 
 
-def pack_pipeline_reference(lengths: np.ndarray, profile: SchemeProfile) -> Packing | None:
-    """`pack_pipeline`'s LPT search in plain Python, what the C++ core mirrors (None: no
-    count fits)."""
-    times = profile.time(np.asarray(lengths, dtype=np.float64)).tolist()
-    tokens = np.asarray(lengths, dtype=np.int64).tolist()
-    return _best_over_counts(
-        lambda count: pack_lpt(times, tokens, profile.max_len, count),
-        times,
-        micro_batch_range(lengths, profile),
-        profile.scheme.pp,
-    )
-
-
 def _best_over_counts(pack, times: list[float], counts: range, pp: int) -> Packing | None:
     """The Eq. 1 best of `pack(count)` over `counts` (first on ties)."""
     best = None

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis_profiles import examples
 
 from dynapipe_planner import _core
+from dynapipe_planner._reference.proposal import proposal_dp_tables_reference
 from dynapipe_planner.cluster import get_gpu
 from dynapipe_planner.data import sample_lengths
 from dynapipe_planner.errors import PlanningError
@@ -31,7 +32,6 @@ from dynapipe_planner.strategy.proposal import (
     interval_work,
     paper_dp_tractable,
     proposal_dp,
-    proposal_dp_tables_reference,
     propose_strategies,
     refine_strategies,
     relaxed_proposal,
@@ -400,7 +400,7 @@ def test_cpp_proposal_dp_equals_the_python_reference(
     if empty:
         iw.work[np.random.default_rng(seed).random(iw.work.shape) < 0.3] = 0.0
     fast = proposal_dp(iw, num_gpus, step=step)
-    slow = proposal_dp(iw, num_gpus, step=step, backend="python")
+    slow = proposal_dp(iw, num_gpus, step=step, tables=proposal_dp_tables_reference)
     assert fast.latency.tolist() == slow.latency.tolist()
     assert fast.pipelines.tolist() == slow.pipelines.tolist()
     assert fast.scheme_of_interval.tolist() == slow.scheme_of_interval.tolist()

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis_profiles import examples
 
+from dynapipe_planner._reference.packing import first_fit_decreasing_reference
 from dynapipe_planner.microbatch.baselines import (
     first_fit_decreasing,
-    first_fit_decreasing_reference,
     groups_from_indices,
     packing_groups,
     padding_groups,

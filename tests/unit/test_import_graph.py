@@ -151,3 +151,21 @@ def test_package_init_holds_only_a_docstring(init: Path):
     body = ast.parse(init.read_text()).body
     assert len(body) == 1 and isinstance(body[0], ast.Expr), f"{init}: more than a docstring"
     assert isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)
+
+
+def test_only_tests_and_benchmarks_import_the_python_twins():
+    """The C++ kernels' Python twins (`dynapipe_planner._reference`) never load at run time: no
+    module of the planner outside that subpackage, and none of the runtime, imports it."""
+    planner = import_graph(REPOSITORY / "dynapipe_planner", "dynapipe_planner")
+    twins = "dynapipe_planner._reference"
+    outside = {m: deps for m, deps in planner.items() if not m.startswith(twins)}
+    assert "dynapipe_planner.microbatch.dp" in outside and twins in planner
+    users = sorted(m for m, deps in outside.items() if any(d.startswith(twins) for d in deps))
+    assert not users, f"{users} import {twins}"
+    for path in sorted(ROOT.rglob("*.py")):
+        assert "_reference" not in {
+            part
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.module
+            for part in node.module.split(".")
+        }, f"{path} imports {twins}"

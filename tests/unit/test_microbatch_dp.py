@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hypothesis_profiles import examples
 
 from dynapipe_planner import _core
+from dynapipe_planner._reference.microbatch_dp import microbatch_dp_kernel
 from dynapipe_planner.cluster import GPU_PRESETS, ClusterSpec
 from dynapipe_planner.cost.analytic import AnalyticCostModel
 from dynapipe_planner.cost.table import PipelineCosts, interp3, locate
@@ -23,7 +24,8 @@ from dynapipe_planner.model_spec import MODEL_PRESETS
 from dynapipe_planner.numerics import ordered_sum
 
 GiB = 2**30
-BACKENDS = ("cpp", "python")
+KERNELS = {"cpp": None, "python": microbatch_dp_kernel}
+BACKENDS = tuple(KERNELS)
 FAST = settings(
     max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
@@ -189,9 +191,13 @@ def test_set_partition_enumerator_counts_bell_numbers():
         assert len({tuple(sorted(tuple(sorted(b)) for b in p)) for p in parts}) == expected
 
 
-def run(lengths, costs, inflight, replicas, **kw):
+def run(lengths, costs, inflight, replicas, backend="cpp", **kw):
+    """The DP on the C++ core ("cpp") or on its Python twin ("python")."""
     kw.setdefault("work_budget", 0)
-    return dynamic_microbatches(lengths, costs, inflight=inflight, num_replicas=replicas, **kw)
+    kernel = KERNELS[backend]
+    return dynamic_microbatches(
+        lengths, costs, inflight=inflight, num_replicas=replicas, kernel=kernel, **kw
+    )
 
 
 def assert_valid(result, lengths, costs, inflight, replicas):
@@ -559,9 +565,9 @@ def gib_costs(num_stages=2):
 def test_empty_and_non_positive_lengths_are_rejected(backend):
     costs = gib_costs()
     with pytest.raises(PlanningError, match="empty batch"):
-        dynamic_microbatches(np.array([], np.int64), costs, inflight=np.ones(2), backend=backend)
+        run(np.array([], np.int64), costs, np.ones(2), 1, backend=backend)
     with pytest.raises(PlanningError, match=r"^sample 2 has length 0"):
-        dynamic_microbatches(np.array([9, 3, 0, 5]), costs, inflight=np.ones(2), backend=backend)
+        run(np.array([9, 3, 0, 5]), costs, np.ones(2), 1, backend=backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -605,10 +611,8 @@ def test_encoder_decoder_errors():
         run(np.array([[5, 1]]), gpt, np.ones(2), 1)
 
 
-def test_unknown_backend_and_order_are_rejected():
+def test_unknown_order_is_rejected():
     costs = gib_costs()
-    with pytest.raises(PlanningError, match="unknown DP backend 'rust'"):
-        run(np.array([5]), costs, np.ones(2), 1, backend="rust")
     with pytest.raises(PlanningError, match="unknown sample order 'random'"):
         run(np.array([5]), costs, np.ones(2), 1, order="random")
 

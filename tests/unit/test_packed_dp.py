@@ -15,7 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis_profiles import examples
-from test_microbatch_dp import Evaluator, GiB, assert_backends_agree, make_costs, make_lengths, run
+from test_microbatch_dp import (
+    BACKENDS,
+    Evaluator,
+    GiB,
+    assert_backends_agree,
+    make_costs,
+    make_lengths,
+    run,
+)
 from test_planner import check_plan, make_planner
 
 from dynapipe_planner.cost.table import PipelineCosts, interp3, locate
@@ -31,8 +39,6 @@ from dynapipe_planner.microbatch.ordering import order_samples
 from dynapipe_planner.model_spec import MODEL_PRESETS
 from dynapipe_planner.numerics import ordered_sum
 from dynapipe_planner.planner import packed_row_lengths
-
-BACKENDS = ("cpp", "python")
 
 
 @st.composite

@@ -14,22 +14,24 @@ from hypothesis import strategies as st
 from hypothesis_profiles import examples
 
 from dynapipe_planner import _core
+from dynapipe_planner._reference.schedules import (
+    adaptive_candidates_reference,
+    adaptive_schedule_reference,
+    one_f_one_b_reference,
+    peak_activation_reference,
+    timeline_reference,
+)
 from dynapipe_planner.errors import PlanningError
 from dynapipe_planner.schedule import (
     adaptive_schedule,
-    adaptive_schedule_reference,
     cluster_permutations,
     makespan_lower_bound,
     memory_time_lower_bound,
     one_f_one_b,
-    one_f_one_b_reference,
     peak_activation,
-    peak_activation_reference,
     search_schedule,
     timeline,
-    timeline_reference,
 )
-from dynapipe_planner.schedule.search import adaptive_candidates_reference
 
 FAST = settings(max_examples=examples(150), deadline=None)
 

@@ -10,9 +10,12 @@ import numpy as np
 import pytest
 
 from dynapipe_planner import _core
-from dynapipe_planner.search.layer_dp import (
+from dynapipe_planner._reference.layer_dp import (
     layer_dp_reference,
     layer_dp_table_reference,
+    solve_stage_reference,
+)
+from dynapipe_planner.search.layer_dp import (
     solve_stage,
 )
 
@@ -137,7 +140,7 @@ def test_nothing_fits_returns_empty():
 
 def test_solve_stage_uses_real_tables_identically(tiny_tables):
     cpp = solve_stage(tiny_tables, 8e9, 8e9 / 64)
-    py = solve_stage(tiny_tables, 8e9, 8e9 / 64, reference=True)
+    py = solve_stage_reference(tiny_tables, 8e9, 8e9 / 64)
     assert cpp is not None and cpp == py
     assert cpp.peak_bytes <= 8e9
 
@@ -211,4 +214,4 @@ def test_prefix_solver_equals_the_reference_on_every_prefix():
     solver = StageSolver(tables, budget, budget / 64)
     for n in (9, 1, 4, 10, 7):  # in any order
         rows = est.stage_tables(range(first, first + n), 0, 8, 4)
-        assert solver.solve(n) == solve_stage(rows, budget, budget / 64, reference=True)
+        assert solver.solve(n) == solve_stage_reference(rows, budget, budget / 64)

@@ -12,12 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis_profiles import examples
 
+from dynapipe_planner._reference.dispatch import dispatch_reference
 from dynapipe_planner.errors import PlanningError
 from dynapipe_planner.strategy.dispatch import (
     DISPATCH_PRICINGS,
     dispatch,
     dispatch_exact,
-    dispatch_reference,
     pipeline_bound,
     sequence_times,
 )

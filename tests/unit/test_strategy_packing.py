@@ -12,12 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis_profiles import examples
 
+from dynapipe_planner._reference.packing import pack_pipeline_reference
 from dynapipe_planner.errors import PlanningError
 from dynapipe_planner.strategy.packing import (
     micro_batch_range,
     pack_exact,
     pack_pipeline,
-    pack_pipeline_reference,
 )
 from dynapipe_planner.strategy.schemes import ParallelScheme, SchemeProfile
 

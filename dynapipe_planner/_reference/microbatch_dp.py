@@ -246,3 +246,9 @@ def microbatch_dp_reference(
     return DPResult(
         ends, objective, max_cost, total, passes, exhausted, row_lengths=row_lengths, work=work
     )
+
+
+def microbatch_dp_kernel(*args) -> dict:
+    """`microbatch_dp_reference` as the `kernel` of `dp.dynamic_microbatches` (the C++ core's
+    result keys)."""
+    return vars(microbatch_dp_reference(*args))
