@@ -3,6 +3,11 @@
 
 #include <pybind11/pybind11.h>
 
+#include <limits>
+
+// The DPs' "no plan" cost.
+inline constexpr double kInf = std::numeric_limits<double>::infinity();
+
 void register_microbatch_dp(pybind11::module_& m);
 void register_schedule(pybind11::module_& m);     // schedule_sim.cpp: 1F1B, adaptive, timeline
 void register_dispatch(pybind11::module_& m);     // dispatch.cpp: Hydraulis greedy dispatch

@@ -24,8 +24,6 @@ namespace {
 using Doubles = py::array_t<double, py::array::c_style | py::array::forcecast>;
 using Ints = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
 // Ties: a layer keeps the previous layer's strategy s when that costs at most kTieRel (relative)
 // more than the best predecessor, so equal-cost plans come out as runs of one strategy (sums of
 // the same costs in another order differ in the last bits, hence a tolerance, not equality).

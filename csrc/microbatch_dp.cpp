@@ -42,8 +42,6 @@ namespace py = pybind11;
 
 namespace {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
 struct Cell {
   int k;
   double w;

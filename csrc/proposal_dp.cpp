@@ -26,8 +26,6 @@ namespace {
 using Matrix = py::array_t<double, py::array::c_style | py::array::forcecast>;
 using Ints = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
 // t is (units + 1, L + 1) row-major; choice is (units + 1, L + 1, 3): scheme, pipelines in
 // step units, block start (-1 where t[n][l] came from t[n - 1][l]). Column l of t needs only
 // columns before it and its own earlier rows, so the DP runs column by column: the crossings
