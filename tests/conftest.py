@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,7 +34,10 @@ import pytest
 # with the analytic model unless they name another (`--dynapipe-cost-model`); the local
 # profile's own tests set this back. Forked ranks and torchrun children inherit both.
 os.environ["DYNAPIPE_COST_MODEL"] = "analytic"
-os.environ.setdefault("DYNAPIPE_CACHE_DIR", tempfile.mkdtemp(prefix="dynapipe-cache-"))
+if "DYNAPIPE_CACHE_DIR" not in os.environ:  # removed at the end of the session
+    os.environ["DYNAPIPE_CACHE_DIR"] = OWN_CACHE_DIR = tempfile.mkdtemp(prefix="dynapipe-cache-")
+else:
+    OWN_CACHE_DIR = None
 
 
 # Every process the suite starts inherits this mark (xdist workers, forked ranks, torchrun and
@@ -68,7 +73,11 @@ def _marked_processes() -> dict[int, str]:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Fail the run when a process the suite started is still alive at its end (issue 35:
     orphaned ranks and spawned children once held 4 GB after a run); they are killed."""
-    if os.environ.get(SESSION_MARK) != str(os.getpid()) or not Path("/proc").is_dir():
+    if os.environ.get(SESSION_MARK) != str(os.getpid()):
+        return
+    if OWN_CACHE_DIR is not None:
+        shutil.rmtree(OWN_CACHE_DIR, ignore_errors=True)
+    if not Path("/proc").is_dir():
         return
     deadline = time.monotonic() + LEAK_GRACE_S
     while (leaked := _marked_processes()) and time.monotonic() < deadline:
@@ -83,7 +92,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def _cuda_available() -> bool:
-    """Asked in a child process: initialising CUDA here would break the forked GPU ranks."""
+    """Asked in a child process: initialising CUDA here would break the forked GPU ranks. A
+    machine without an NVIDIA device node has none (and spares the child's torch import)."""
+    if not glob.glob("/dev/nvidia[0-9]*"):
+        return False
     probe = "import torch; print(torch.cuda.is_available())"
     try:
         out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
@@ -93,7 +105,13 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The GPU lane (`-m gpu`) is collected everywhere and skipped where there is no GPU."""
+    """Files with slow tests run first, then the other integration files, then the unit lane:
+    under `--dist loadfile` (pyproject's addopts; a file's module fixtures are then computed
+    once) xdist hands out whole files in this order, so no long file starts last while the
+    other worker idles. The GPU lane (`-m gpu`) is collected everywhere and skipped where
+    there is no GPU."""
+    heavy = {item.path for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: (item.path not in heavy, "integration" not in item.path.parts))
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if gpu_items and not _cuda_available():
         skip = pytest.mark.skip(reason="GPU lane: no CUDA device here")
