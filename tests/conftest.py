@@ -28,6 +28,7 @@ from types import ModuleType
 from typing import NamedTuple
 
 import hypothesis_profiles  # noqa: F401  (registers and loads the Hypothesis profile)
+import megatron_parser_memo
 import pytest
 
 # Plans in tests must not depend on how fast this machine ran a profile: the runtime's tests plan
@@ -39,6 +40,8 @@ if "DYNAPIPE_CACHE_DIR" not in os.environ:  # removed at the end of the session
 else:
     OWN_CACHE_DIR = None
 
+
+megatron_parser_memo.install()
 
 # Every process the suite starts inherits this mark (xdist workers, forked ranks, torchrun and
 # its children, spawned planners); the process that set it checks at the end that none of them

@@ -20,6 +20,8 @@ from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import Any
 
+import megatron_parser_memo
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -88,6 +90,7 @@ def run_ranks(
     # CUDA cannot be used in a forked child once the parent has touched it (importing
     # megatron-core may), so NCCL ranks start fresh: their fn and args must pickle.
     ctx = mp.get_context("spawn" if backend == "nccl" else "fork")
+    megatron_parser_memo.warm()  # the forked ranks inherit Megatron's parser help texts
     port = free_port()
     procs, conns = [], {}
     for rank in range(world_size):
