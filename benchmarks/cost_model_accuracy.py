@@ -84,7 +84,7 @@ def _training_argv(args: argparse.Namespace) -> list[str]:
         "--tokens-per-global-batch", str(args.tokens_per_global_batch),
         "--train-iters", str(args.iterations), "--data-path", args.data_path,
         "--dynapipe-cost-model", args.cost_table,
-        "--dynapipe-memory-limit", str(args.memory_limit),
+        "--dynapipe-memory-limit-gib", str(args.memory_limit),
         "--log-interval", "10", "--split", "1,0,0", "--eval-iters", "0",
     ]  # fmt: skip
 

@@ -103,7 +103,7 @@ def job_flags(args: argparse.Namespace) -> list[str]:
         *model_flags(args),
         "--tokens-per-global-batch", str(args.tokens_per_global_batch),
         "--data-path", args.data_path, "--seed", "1234", "--dynamic-micro-batching",
-        "--dynapipe-memory-limit", str(args.memory_limit_gb),
+        "--dynapipe-memory-limit-gib", str(args.memory_limit_gb),
         "--hidden-dropout", "0", "--attention-dropout", "0", "--lr", "1e-3", "--log-interval", "1",
         "--split", "1,0,0", "--eval-iters", "0",  # every document trains, as before #16
         "--lr-decay-style", "constant",

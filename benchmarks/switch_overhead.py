@@ -66,7 +66,7 @@ def _common(args: argparse.Namespace) -> list[str]:
         "--num-attention-heads", "4", "--seq-length", str(args.seq_length),
         "--tokens-per-global-batch", str(args.tokens_per_global_batch),
         "--data-path", args.data_path, "--dynamic-micro-batching",
-        "--dynapipe-memory-limit", str(args.memory_limit_gb),
+        "--dynapipe-memory-limit-gib", str(args.memory_limit_gb),
         "--hidden-dropout", "0", "--attention-dropout", "0", "--lr", "1e-3", "--log-interval", "1",
         "--split", "1,0,0", "--eval-iters", "0",  # every document trains, as before #16
         "--lr-decay-style", "constant", "--device-speed", args.device_speed,

@@ -132,7 +132,7 @@ def parser(description: str, defaults: Defaults) -> argparse.ArgumentParser:
     p.add_argument(
         "--dynapipe-args",
         default="",
-        help="extra pretrain_gpt.py flags for DynaPipe, e.g. '--dynapipe-memory-limit 1'",
+        help="extra pretrain_gpt.py flags for DynaPipe, e.g. '--dynapipe-memory-limit-gib 1'",
     )
     return p
 

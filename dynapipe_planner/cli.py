@@ -20,8 +20,10 @@ import numpy as np
 
 from .cli_args import (
     OneLineParser,
+    add_renamed,
     check_output_dir,
     check_output_file,
+    gpu_count,
     memory_gib,
     nonnegative_int,
     positive_int,
@@ -30,7 +32,7 @@ from .cli_args import (
     seed,
     sequence_cap,
 )
-from .cluster import GPU_PRESETS, ClusterSpec, GiB, get_gpu
+from .cluster import DEFAULT_GPU, GPU_PRESETS, ClusterSpec, GiB, get_gpu
 from .cost import (
     AnalyticCostModel,
     PipelineCosts,
@@ -69,27 +71,48 @@ def _plan_parser() -> argparse.ArgumentParser:
     data.add_argument("--field", help="jsonl key holding the input (default input_ids/text)")
     data.add_argument("--target-field", help="jsonl key holding targets (encoder-decoder)")
     data.add_argument(
-        "--max-seqlen", type=sequence_cap, default=0, help="truncate samples to this length"
+        "--seq-length",
+        type=sequence_cap,
+        default=0,
+        help="truncate samples to this many tokens (default 0: no truncation)",
     )
-    data.add_argument("--global-batch-tokens", type=positive_int, default=65536)
-    data.add_argument("--iterations", type=positive_int, default=1, help="global batches to plan")
-    data.add_argument("--seed", type=seed, default=0)
-    model = p.add_argument_group("model and cluster")
+    data.add_argument(
+        "--tokens-per-global-batch",
+        type=positive_int,
+        default=65536,
+        help="tokens per global batch (as many whole samples as fit)",
+    )
+    data.add_argument("--seed", type=seed, default=0, help="sampling and batching seed")
+    model = p.add_argument_group("model")
     model.add_argument(
         "--model", default="gpt-6.7b", help=f"preset ({', '.join(MODEL_PRESETS)}) or JSON"
     )
-    model.add_argument("--gpu", default="A100-80GB", help=f"one of {', '.join(GPU_PRESETS)}")
-    model.add_argument("--pp", type=positive_int, default=4, help="pipeline stages")
-    model.add_argument("--dp", type=positive_int, default=1, help="data-parallel replicas")
-    model.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
-    model.add_argument("--gpus-per-node", type=positive_int, default=8)
-    model.add_argument("--memory-limit-gb", type=memory_gib, default=0, help="usable GiB per GPU")
     model.add_argument("--cost-table", help="profiled cost table JSON (default: analytic model)")
     model.add_argument("--flash-attention", action="store_true", help="no s^2 activation memory")
+    cluster = p.add_argument_group("cluster")
+    cluster.add_argument("--gpu", default=DEFAULT_GPU, help=f"one of {', '.join(GPU_PRESETS)}")
+    cluster.add_argument(
+        "--num-gpus",
+        type=gpu_count,
+        default=None,
+        help="GPUs: TP x PP x data-parallel replicas (default: TP x PP, one replica)",
+    )
+    cluster.add_argument("--gpus-per-node", type=positive_int, default=8)
+    par = p.add_argument_group("parallelism")
+    par.add_argument("--tensor-model-parallel-size", type=positive_int, default=1)
+    par.add_argument("--pipeline-model-parallel-size", type=positive_int, default=4)
+    memory = p.add_argument_group("memory")
+    memory.add_argument(
+        "--memory-limit-gib",
+        type=memory_gib,
+        default=0,
+        help="usable GiB per GPU (default 0: the GPU's memory minus a reserve)",
+    )
+    memory.add_argument("--recompute", choices=RECOMPUTE, default="auto")
     plan = p.add_argument_group("planning")
+    plan.add_argument("--iterations", type=positive_int, default=1, help="global batches to plan")
     plan.add_argument("--batching", choices=(*BATCHING, "all"), default="all")
-    plan.add_argument("--schedule", choices=SCHEDULES, default="adaptive")
-    plan.add_argument("--recompute", choices=RECOMPUTE, default="auto")
+    plan.add_argument("--pipeline-schedule", choices=SCHEDULES, default="adaptive")
     plan.add_argument("--order", choices=("sort", "tsp"), default="sort")
     plan.add_argument(
         "--micro-batch-size", type=nonnegative_int, default=0, help="fix it for baselines"
@@ -98,18 +121,44 @@ def _plan_parser() -> argparse.ArgumentParser:
     out.add_argument("--output-dir", help="write each iteration's plan here")
     out.add_argument("--format", choices=("json", "bin"), default="json")
     out.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_renamed(p, PLAN_RENAMED)
     return p
+
+
+# dynapipe-plan's spellings before #35, refused with their replacement.
+PLAN_RENAMED = {
+    "--global-batch-tokens": "--tokens-per-global-batch",
+    "--max-seqlen": "--seq-length",
+    "--tp": "--tensor-model-parallel-size",
+    "--pp": "--pipeline-model-parallel-size",
+    "--dp": "--num-gpus (GPUs: TP x PP x data-parallel replicas)",
+    "--memory-limit-gb": "--memory-limit-gib",
+    "--schedule": "--pipeline-schedule",
+}
+
+
+def _replicas(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Data-parallel replicas: the GPUs over TP x PP, as Megatron derives its DP size."""
+    per_replica = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
+    if args.num_gpus is None:
+        return 1
+    if args.num_gpus % per_replica:
+        parser.error(
+            f"argument --num-gpus: {args.num_gpus} GPUs are not a multiple of TP x PP = "
+            f"{args.tensor_model_parallel_size} x {args.pipeline_model_parallel_size}"
+        )
+    return args.num_gpus // per_replica
 
 
 def _cost_model(args: argparse.Namespace):
     model = load_model_spec(args.model)
     cluster = ClusterSpec(
         get_gpu(args.gpu),
-        num_stages=args.pp,
-        num_replicas=args.dp,
-        tp=args.tp,
+        num_stages=args.pipeline_model_parallel_size,
+        num_replicas=args.replicas,
+        tp=args.tensor_model_parallel_size,
         gpus_per_node=args.gpus_per_node,
-        memory_limit_bytes=int(args.memory_limit_gb * GiB),
+        memory_limit_bytes=int(args.memory_limit_gib * GiB),
     )
     if args.cost_table:
         return ProfiledCostModel.load(args.cost_table, model, cluster), cluster
@@ -123,13 +172,14 @@ def _lengths(args: argparse.Namespace, encoder_decoder: bool) -> np.ndarray:
         lengths = sample_lengths(
             args.preset or "flan", args.num_samples, seed=args.seed, with_targets=encoder_decoder
         )
-    return truncate(lengths, args.max_seqlen) if args.max_seqlen else lengths
+    return truncate(lengths, args.seq_length) if args.seq_length else lengths
 
 
 def plan_main(argv: Sequence[str] | None = None) -> int:
     parser = _plan_parser()
     args = parser.parse_args(argv)
     check_output_dir(parser, "--output-dir", args.output_dir)
+    args.replicas = _replicas(parser, args)
     try:
         return _run_plan(args)
     except PlanningError as e:
@@ -141,14 +191,16 @@ def _run_plan(args: argparse.Namespace) -> int:
     cost_model, cluster = _cost_model(args)
     lengths = _lengths(args, cost_model.model.is_encoder_decoder)
     longest = int(sample_tokens(lengths).max())
-    if args.global_batch_tokens < longest:
+    if args.tokens_per_global_batch < longest:
         raise PlanningError(
-            f"--global-batch-tokens {args.global_batch_tokens} cannot hold the longest sample "
-            f"({longest} tokens); a global batch holds whole samples (--max-seqlen truncates)"
+            f"--tokens-per-global-batch {args.tokens_per_global_batch} cannot hold the longest "
+            f"sample ({longest} tokens); a global batch holds whole samples (--seq-length "
+            "truncates)"
         )
     methods = [m for m in METHODS if args.batching in ("all", m[1])]
     if args.batching != "all":
-        methods = [(f"{args.batching}+{args.schedule}", args.batching, args.schedule)]
+        schedule = args.pipeline_schedule
+        methods = [(f"{args.batching}+{schedule}", args.batching, schedule)]
     planners = {
         label: IterationPlanner(
             cost_model,
@@ -160,12 +212,12 @@ def _run_plan(args: argparse.Namespace) -> int:
                 order=args.order,
                 num_replicas=cluster.num_replicas,
                 micro_batch_size=args.micro_batch_size,
-                max_seqlen=args.max_seqlen,
+                max_seqlen=args.seq_length,
             ),
         )
         for label, batching, schedule in methods
     }
-    batches = global_batches(lengths, args.global_batch_tokens, seed=args.seed)
+    batches = global_batches(lengths, args.tokens_per_global_batch, seed=args.seed)
     results: dict[str, list[dict]] = {label: [] for label in planners}
     to_write: list[tuple[Path, ExecutionPlan]] = []
     unplannable: str | None = None  # the first iteration no method could plan, and why
@@ -208,7 +260,7 @@ def _run_plan(args: argparse.Namespace) -> int:
 def _table(results: dict[str, list[dict]], args: argparse.Namespace, cluster: ClusterSpec) -> str:
     head = (
         f"{args.model} on {cluster.num_replicas}x{cluster.num_stages}x{cluster.tp} (DPxPPxTP) "
-        f"{cluster.gpu.name}, {args.global_batch_tokens} tokens per global batch, "
+        f"{cluster.gpu.name}, {args.tokens_per_global_batch} tokens per global batch, "
         f"means over {max(len(v) for v in results.values())} iteration(s), "
         "predicted by the cost model"
     )
@@ -248,9 +300,13 @@ def _simulate_parser() -> argparse.ArgumentParser:
         description="Check a plan (deadlock, order, shapes, memory) and time it by its cost model.",
     )
     p.add_argument("plan", help="plan file (.json or .bin) written by dynapipe-plan")
-    p.add_argument("--trace", help="write a Chrome trace (open in https://ui.perfetto.dev)")
-    p.add_argument("--png", help="write a timeline image")
-    p.add_argument("--no-memory-check", action="store_true")
+    checks = p.add_argument_group("checks")
+    checks.add_argument(
+        "--no-memory-check", action="store_true", help="do not check each stage's peak memory"
+    )
+    out = p.add_argument_group("output")
+    out.add_argument("--trace", help="write a Chrome trace (open in https://ui.perfetto.dev)")
+    out.add_argument("--png", help="write a timeline image")
     return p
 
 

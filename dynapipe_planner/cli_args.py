@@ -3,7 +3,13 @@ answered with exit status 2 and one line `<prog>: error: ...` naming the offendi
 time where it can be (a number that is not finite, not positive, or past what the planner can
 count). `--debug` (or DYNAPIPE_DEBUG=1) adds the traceback of an error raised past parsing, for
 whoever debugs the program rather than the input; `pretrain_gpt.py` reports through the same
-`report_error`."""
+`report_error`.
+
+One vocabulary (#35): every concept has one flag name, the same in every CLI, Megatron's where
+Megatron has the concept (`--seq-length`, `--global-batch-size`, `--tensor-model-parallel-size`)
+and the `--dynapipe-` form of the CLIs' name in `pretrain_gpt.py`; a spelling a release used
+before is refused with one line naming its replacement (`add_renamed`), and no abbreviation of
+a flag is taken for it (as Megatron's parser, `allow_abbrev=False`)."""
 
 from __future__ import annotations
 
@@ -33,9 +39,11 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse reporting a bad flag on one line, without the usage block, under the program's
     own name (a subcommand's parser is named `<prog> <command>`). Every such parser takes
     `--debug` for `report_error`, subcommands too; unless given it is absent from the namespace,
-    so that a subcommand's default cannot undo `<prog> --debug <command>`."""
+    so that a subcommand's default cannot undo `<prog> --debug <command>`. A flag is taken
+    only as spelled in full, as Megatron's parser takes them."""
 
     def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.add_argument(
             "--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP
@@ -43,6 +51,26 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog.split()[0]}: error: {message}\n")
+
+
+class _Renamed(argparse.Action):
+    """A flag's old spelling: refused, naming the flag that replaced it, whatever follows it."""
+
+    def __init__(self, option_strings, dest, replacement: str = "", **kwargs) -> None:
+        hidden = dict(nargs="*", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        super().__init__(option_strings, argparse.SUPPRESS, **hidden)
+        self.replacement = replacement
+
+    def __call__(self, parser, namespace, values, option_string=None) -> NoReturn:
+        parser.error(f"{option_string} was renamed {self.replacement}")
+
+
+def add_renamed(parser: argparse.ArgumentParser | argparse._ArgumentGroup, renamed: dict) -> None:
+    """Old spellings -> their replacements (a flag, perhaps with a note in parentheses): each
+    old one is refused with exit status 2 and one line `<prog>: error: --old was renamed --new`,
+    instead of being kept as a silent alias; hidden from `--help`."""
+    for old, new in renamed.items():
+        parser.add_argument(old, action=_Renamed, replacement=new)
 
 
 def report_error(prog: str, error: BaseException, args: argparse.Namespace | None) -> None:
@@ -141,13 +169,6 @@ def memory_gib(text: str) -> float:
     value = _float(text)
     _require(value, text, value >= 0, "GiB per GPU: a memory size must not be negative")
     return _require(value, text, value <= MAX_GIB, f"GiB is more than {MAX_GIB} GiB per GPU")
-
-
-def positive_memory_gib(text: str) -> float:
-    """A memory budget in GiB per GPU: more than 0."""
-    value = _float(text)
-    _require(value, text, value > 0, "GiB per GPU: a memory budget must be positive")
-    return memory_gib(text)
 
 
 def _named(flag: str) -> str:

@@ -59,6 +59,16 @@ GPU_PRESETS: dict[str, GpuSpec] = {
 }
 
 
+# The GPU every command plans for unless told (`--gpu`, `pretrain_gpt.py --dynapipe-gpu`).
+DEFAULT_GPU = "A100-80GB"
+
+
+def default_memory_limit_bytes(gpu: GpuSpec) -> int:
+    """What one GPU may use unless told: its memory minus a reserve for the CUDA context, NCCL
+    buffers and allocator fragmentation (`--memory-limit-gib 0`)."""
+    return gpu.memory_bytes - max(2 * GiB, gpu.memory_bytes // 10)
+
+
 def get_gpu(name: str) -> GpuSpec:
     key = name.upper().replace("_", "-").replace(" ", "")
     for preset_name, spec in GPU_PRESETS.items():
@@ -92,8 +102,7 @@ class ClusterSpec:
             if getattr(self, f) < 1:
                 raise PlanningError(f"cluster: {f} must be >= 1, got {getattr(self, f)}")
         if self.memory_limit_bytes == 0:
-            reserve = max(2 * GiB, self.gpu.memory_bytes // 10)
-            object.__setattr__(self, "memory_limit_bytes", self.gpu.memory_bytes - reserve)
+            object.__setattr__(self, "memory_limit_bytes", default_memory_limit_bytes(self.gpu))
         if self.memory_limit_bytes < 0:
             raise PlanningError("cluster: memory_limit_bytes must be positive")
 

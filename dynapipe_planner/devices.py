@@ -379,7 +379,7 @@ def emulated_cluster(
     one factor forming a machine, every link `gpu`'s intra-node one; each factor its own GPU
     type (`"<gpu>/<f>x"`, the fastest keeping `gpu`'s name), so typed schemes
     (`strategy.mixed`) tell them apart. `memory_limit_bytes` replaces each device's usable
-    memory (the planner's `--dynapipe-memory-limit`)."""
+    memory (the planner's `--dynapipe-memory-limit-gib`)."""
     if not slowdowns:
         raise PlanningError("an emulated cluster needs at least one device")
     bad = [f"{k}:{f}" for k, f in enumerate(slowdowns) if not f >= 1.0]

@@ -34,7 +34,7 @@ JOB = [
     "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
     "--seq-length", "256", "--pipeline-model-parallel-size", "2", "--dynamic-micro-batching",
     "--tokens-per-global-batch", "2048", "--train-iters", "400", "--lr", "1e-3",
-    "--attention-dropout", "0", "--hidden-dropout", "0", "--dynapipe-memory-limit", "1",
+    "--attention-dropout", "0", "--hidden-dropout", "0", "--dynapipe-memory-limit-gib", "1",
     "--log-interval", "1", "--eval-iters", "0",
 ]  # fmt: skip
 ITERATION = re.compile(rb"iteration +(\d+)/")

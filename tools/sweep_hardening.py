@@ -44,11 +44,11 @@ PLAN = [
     "gpt-350m",
     "--gpu",
     "A100-40GB",
-    "--pp",
+    "--pipeline-model-parallel-size",
     "2",
-    "--max-seqlen",
+    "--seq-length",
     "1024",
-    "--global-batch-tokens",
+    "--tokens-per-global-batch",
     "8192",
     "--batching",
     "dynamic",
@@ -62,7 +62,7 @@ SEARCH = [
     "gpt-350m",
     "--num-gpus",
     "4",
-    "--memory-budget-gb",
+    "--memory-limit-gib",
     "20",
     "--global-batch-size",
     "8",
@@ -72,9 +72,9 @@ HETERO = [
     str(BIN / "dynapipe-hetero"),
     "--model",
     "gpt-350m",
-    "--global-batch",
+    "--global-batch-size",
     "8",
-    "--seqlen",
+    "--seq-length",
     "1024",
     "--max-plans",
     "40",
@@ -105,7 +105,7 @@ DYNAPIPE = [
     "--dynamic-micro-batching",
     "--tokens-per-global-batch",
     "1024",
-    "--dynapipe-memory-limit",
+    "--dynapipe-memory-limit-gib",
     "0.01",
     "--planner-workers",
     "0",
@@ -207,20 +207,20 @@ def cases() -> list[Case]:
         model = [x if x != "gpt-350m" else src for x in PLAN]
         add(Case(f"plan --model {name}", [*model, *PRESET], files=files))
     for flag, value in [
-        ("--global-batch-tokens", str(2**63)),
-        ("--global-batch-tokens", "1"),
-        ("--memory-limit-gb", "nan"),
-        ("--memory-limit-gb", "-1"),
-        ("--memory-limit-gb", "inf"),
+        ("--tokens-per-global-batch", str(2**63)),
+        ("--tokens-per-global-batch", "1"),
+        ("--memory-limit-gib", "nan"),
+        ("--memory-limit-gib", "-1"),
+        ("--memory-limit-gib", "inf"),
         ("--num-samples", str(10**12)),
         ("--gpu", "H900"),
-        ("--pp", "0"),
+        ("--pipeline-model-parallel-size", "0"),
         ("--iterations", str(2**63)),
         ("--seed", "-1"),
-        ("--tp", DIGITS),
+        ("--tensor-model-parallel-size", DIGITS),
+        ("--seq-length", str(10**15)),
     ]:
         add(Case(f"plan {flag} {value[:12]}", [*PLAN, *PRESET, flag, value]))
-    add(Case("plan --max-seqlen 10^15", [*PLAN, *PRESET, "--max-seqlen", str(10**15)]))
     # dynapipe-simulate
     add(Case("simulate /dev/zero", [*SIMULATE, "/dev/zero"]))
     add(Case("simulate a directory", [*SIMULATE, "{d}"]))
@@ -251,9 +251,9 @@ def cases() -> list[Case]:
     add(Case("strategy lengths deep jsonl", [*PROPOSE, "--lengths", "{d}/l.jsonl"],
              files={"l.jsonl": DEEP}))  # fmt: skip
     for flag, value in [
-        ("--context-length", str(10**15)),
-        ("--tokens-per-iteration", "1"),
-        ("--memory-limit-gb", "-1"),
+        ("--seq-length", str(10**15)),
+        ("--tokens-per-global-batch", "1"),
+        ("--memory-limit-gib", "-1"),
         ("--num-gpus", str(2**63)),
         ("--length-step", "0"),
         ("--max-tp", "nan"),
@@ -264,13 +264,13 @@ def cases() -> list[Case]:
     for flag, value in [
         ("--seq-length", str(10**15)),
         ("--max-batch-size", str(2**62)),
-        ("--memory-budget-gb", "nan"),
+        ("--memory-limit-gib", "nan"),
         ("--global-batch-size", str(10**12)),
         ("--num-gpus", str(2**40)),
         ("--memory-bins", str(10**9)),
         ("--overlap-slowdown", "inf"),
         ("--max-tp", "-4"),
-        ("--pp", DIGITS),
+        ("--pipeline-model-parallel-size", DIGITS),
     ]:
         add(Case(f"search {flag} {value[:12]}", [*SEARCH, flag, value]))
     for dev in ("/dev/full", "/dev/null"):
@@ -296,8 +296,8 @@ def cases() -> list[Case]:
     for dev in ("/dev/full", "/dev/null"):
         add(Case(f"hetero --output {dev}", [*HETERO, "--cluster", CLUSTER, "--output", dev]))
     for flag, value in [
-        ("--seqlen", str(10**15)),
-        ("--global-batch", str(2**63)),
+        ("--seq-length", str(10**15)),
+        ("--global-batch-size", str(2**63)),
         ("--tau", "nan"),
         ("--max-plans", "-1"),
         ("--max-dp", DIGITS),
@@ -313,17 +313,17 @@ def cases() -> list[Case]:
         add(Case(f"pretrain jsonl {name}", [*PRETRAIN, *DYNAPIPE, *data],
                  files={"data.jsonl": content}))  # fmt: skip
     add(Case("pretrain longest sample fits nowhere", [
-        *PRETRAIN, *DYNAPIPE[:-3], "--dynapipe-memory-limit", "0.0001", "--seq-length", "8192",
+        *PRETRAIN, *DYNAPIPE[:-3], "--dynapipe-memory-limit-gib", "0.0001", "--seq-length", "8192",
         "--max-position-embeddings", "8192", "--tokens-per-global-batch", "16384", *data],
         files={"data.jsonl": LONG_TAILED}))  # fmt: skip
     synthetic = ["--data-path", "synthetic:flan"]
     for flag, value in [
         ("--tokens-per-global-batch", "1"),
         ("--seq-length", str(10**15)),
-        ("--dynapipe-memory-limit", "1e300"),
+        ("--dynapipe-memory-limit-gib", "1e300"),
         ("--dynapipe-timeout", "nan"),
         ("--dynapipe-timeout", "1e300"),
-        ("--dynapipe-memory-limit", "-1"),
+        ("--dynapipe-memory-limit-gib", "-1"),
     ]:
         add(Case(f"pretrain {flag} {value[:12]}", [*PRETRAIN, *DYNAPIPE, *synthetic, flag,
                                                    value]))  # fmt: skip

@@ -45,7 +45,7 @@ BASE = (
     "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
     "--seq-length", "128", "--dynamic-micro-batching", "--tokens-per-global-batch", "1024",
     "--data-path", "synthetic:flan", "--train-iters", "1", "--lr", "1e-3",
-    "--dynapipe-memory-limit", "0.01", "--planner-workers", "0", "--log-interval", "1",
+    "--dynapipe-memory-limit-gib", "0.01", "--planner-workers", "0", "--log-interval", "1",
     "--eval-iters", "0",
 )  # fmt: skip
 
@@ -62,7 +62,7 @@ BAD = {  # by what the flag holds: the values that are not one
 NUMERIC: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...] = (
     # DynaPipe's
     ("--tokens-per-global-batch", "count", (), ()),
-    ("--dynapipe-memory-limit", "positive", (), ()),
+    ("--dynapipe-memory-limit-gib", "positive", (), ()),
     ("--planner-workers", "count0", (), ()),
     ("--dynapipe-timeout", "positive", (), ()),
     ("--strategy-window", "count0", ("--dynamic-strategies",), ()),

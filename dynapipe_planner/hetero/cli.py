@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from ..cli_args import (
     OneLineParser,
+    add_renamed,
     check_output_file,
     nonnegative_int,
     positive_int,
@@ -40,12 +41,20 @@ MAX_MICRO_BATCHES = 100_000
 
 def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="dynapipe-hetero", description=__doc__.splitlines()[0])
-    p.add_argument("--cluster", required=True, help="cluster YAML (see examples/clusters/)")
-    p.add_argument("--model", default="llama2-7b", help=f"{', '.join(MODEL_PRESETS)} or JSON")
-    p.add_argument("--seqlen", type=sequence_length, default=4096)
-    p.add_argument("--global-batch", type=positive_int, default=128, help="samples per iteration")
-    p.add_argument("--micro-batch-size", type=positive_int, default=1)
-    p.add_argument(
+    data = p.add_argument_group("data")
+    data.add_argument("--seq-length", type=sequence_length, default=4096)
+    data.add_argument(
+        "--global-batch-size", type=positive_int, default=128, help="samples per iteration"
+    )
+    data.add_argument("--micro-batch-size", type=positive_int, default=1)
+    model = p.add_argument_group("model")
+    model.add_argument("--model", default="llama2-7b", help=f"{', '.join(MODEL_PRESETS)} or JSON")
+    cluster = p.add_argument_group("cluster")
+    cluster.add_argument(
+        "--cluster", required=True, help="cluster YAML (see examples/clusters/): GPUs and links"
+    )
+    memory = p.add_argument_group("memory")
+    memory.add_argument(
         "--recompute",
         choices=RECOMPUTE_CHOICES,
         default="auto",
@@ -53,45 +62,54 @@ def _parser() -> argparse.ArgumentParser:
         "memory holds its layers (the plan file lists the modes; pretrain_gpt.py --hetero-plan "
         "runs each stage in its mode); or one mode on every stage (full: App. A's assumption)",
     )
-    p.add_argument(
+    memory.add_argument(
         "--no-shard-optimizer",
         action="store_true",
         help="keep full optimiser states on every pipeline (default: sharded over pipelines)",
     )
-    p.add_argument(
+    search = p.add_argument_group("search")
+    search.add_argument(
         "--max-plans",
         type=positive_int,
         default=200,
         help="plans priced before the search keeps its best (a count, so that a busy machine "
         "finds the same plan)",
     )
-    p.add_argument("--max-dp", type=nonnegative_int, default=0, help="most pipelines (0: no limit)")
-    p.add_argument("--tau", type=positive_int, default=2, help="stage-order branching (§4.3)")
-    p.add_argument("--seed", type=seed, default=0)
-    p.add_argument("--output", help="write the plan JSON here")
-    p.add_argument(
+    search.add_argument(
+        "--max-dp", type=nonnegative_int, default=0, help="most pipelines (0: no limit)"
+    )
+    search.add_argument("--tau", type=positive_int, default=2, help="stage-order branching (§4.3)")
+    search.add_argument("--seed", type=seed, default=0, help="the search's seed")
+    search.add_argument("--baselines", action="store_true", help="compare with §5's baselines")
+    search.add_argument(
+        "--exact", action="store_true", help=f"also solve exactly (<= {MAX_DEVICES} GPUs)"
+    )
+    out = p.add_argument_group("output")
+    out.add_argument("--output", help="write the plan JSON here")
+    out.add_argument(
         "--bind-ranks",
         action="store_true",
         help="write the plan with devices renumbered as launcher ranks (each pipeline's stages "
         "on increasing ranks, as `pretrain_gpt.py --hetero-plan` needs) and print which "
         "cluster device each rank stands for",
     )
-    p.add_argument("--baselines", action="store_true", help="compare with §5's baselines")
-    p.add_argument(
-        "--exact", action="store_true", help=f"also solve exactly (<= {MAX_DEVICES} GPUs)"
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    out.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_renamed(p, HETERO_RENAMED)
     return p
+
+
+# dynapipe-hetero's spellings before #35, refused with their replacement.
+HETERO_RENAMED = {"--seqlen": "--seq-length", "--global-batch": "--global-batch-size"}
 
 
 def hetero_main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     check_output_file(parser, "--output", args.output)
-    if args.global_batch // args.micro_batch_size > MAX_MICRO_BATCHES:
+    if args.global_batch_size // args.micro_batch_size > MAX_MICRO_BATCHES:
         parser.error(
-            f"argument --global-batch: {args.global_batch} samples are "
-            f"{args.global_batch // args.micro_batch_size} micro-batches of "
+            f"argument --global-batch-size: {args.global_batch_size} samples are "
+            f"{args.global_batch_size // args.micro_batch_size} micro-batches of "
             f"{args.micro_batch_size}; the 1F1B replay takes at most {MAX_MICRO_BATCHES}"
         )
     say = (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
@@ -99,8 +117,8 @@ def hetero_main(argv: Sequence[str] | None = None) -> int:
         cluster = load_cluster(args.cluster)
         job = TrainingJob(
             load_model_spec(args.model),
-            seqlen=args.seqlen,
-            global_batch=args.global_batch,
+            seqlen=args.seq_length,
+            global_batch=args.global_batch_size,
             micro_batch_size=args.micro_batch_size,
             recompute=args.recompute,
             shard_optimizer=not args.no_shard_optimizer,

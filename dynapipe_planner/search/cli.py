@@ -19,17 +19,18 @@ from itertools import groupby
 
 from ..cli_args import (
     OneLineParser,
+    add_renamed,
     bin_count,
     check_output_file,
     gpu_count,
+    memory_gib,
     positive_float,
     positive_int,
-    positive_memory_gib,
     report_error,
     sample_count,
     sequence_length,
 )
-from ..cluster import GPU_PRESETS, GiB, get_gpu
+from ..cluster import DEFAULT_GPU, GPU_PRESETS, GiB, default_memory_limit_bytes, get_gpu
 from ..errors import PlanningError
 from ..model_spec import MODEL_PRESETS, load_model_spec
 from .cost_inputs import analytic_cost_inputs
@@ -41,21 +42,22 @@ from .runnable import runnable_search
 
 def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="dynapipe-search", description=__doc__.splitlines()[0])
-    job = p.add_argument_group("model and cluster")
-    job.add_argument("--model", default="gpt-1.3b", help=f"{', '.join(MODEL_PRESETS)} or JSON")
-    job.add_argument("--gpu", default="A100-40GB", help=f"one of {', '.join(GPU_PRESETS)}")
-    job.add_argument("--num-gpus", type=gpu_count, default=8)
-    job.add_argument("--gpus-per-node", type=positive_int, default=8)
-    job.add_argument(
-        "--memory-budget-gb", type=positive_memory_gib, required=True, help="GiB per GPU"
+    data = p.add_argument_group("data")
+    data.add_argument("--seq-length", type=sequence_length, default=1024)
+    data.add_argument(
+        "--decoder-seq-length", type=sequence_length, default=None, help="T5 decoder length"
     )
-    job.add_argument("--seq-length", type=sequence_length, default=1024)
-    job.add_argument(
-        "--tgt-seq-length", type=sequence_length, default=None, help="T5 decoder length"
+    data.add_argument(
+        "--global-batch-size", type=sample_count, default=None, help="default: search it"
     )
-    job.add_argument("--flash-attention", action="store_true")
-    job.add_argument("--overlap-slowdown", type=positive_float, default=1.3, help="§V, default 1.3")
-    job.add_argument(
+    data.add_argument("--max-batch-size", type=sample_count, default=8192)
+    model = p.add_argument_group("model")
+    model.add_argument("--model", default="gpt-1.3b", help=f"{', '.join(MODEL_PRESETS)} or JSON")
+    model.add_argument("--flash-attention", action="store_true")
+    model.add_argument(
+        "--overlap-slowdown", type=positive_float, default=1.3, help="§V, default 1.3"
+    )
+    model.add_argument(
         "--cost-table",
         nargs="+",
         default=None,
@@ -63,25 +65,67 @@ def _parser() -> argparse.ArgumentParser:
         help="profiled cost tables from tools/profile_costs.py (one per TP degree) instead of "
         "the analytic model and --gpu; --model must describe the profiled layers",
     )
-    s = p.add_argument_group("search")
-    s.add_argument(
-        "--global-batch-size", type=sample_count, default=None, help="default: search it"
+    cluster = p.add_argument_group("cluster")
+    cluster.add_argument("--gpu", default=DEFAULT_GPU, help=f"one of {', '.join(GPU_PRESETS)}")
+    cluster.add_argument("--num-gpus", type=gpu_count, default=8)
+    cluster.add_argument("--gpus-per-node", type=positive_int, default=8)
+    par = p.add_argument_group("parallelism")
+    par.add_argument(
+        "--pipeline-model-parallel-size",
+        type=positive_int,
+        nargs="+",
+        default=None,
+        metavar="PP",
+        help="the PP degree, or the degrees to try (default: every one)",
     )
-    s.add_argument("--max-batch-size", type=sample_count, default=8192)
-    s.add_argument("--pp", type=positive_int, nargs="+", default=None, help="PP degrees to try")
-    s.add_argument("--max-tp", type=positive_int, default=None, help="largest TP degree")
+    par.add_argument("--max-tp", type=positive_int, default=None, help="largest TP degree")
+    par.add_argument(
+        "--even-partition", action="store_true", help="split layers evenly over stages"
+    )
+    memory = p.add_argument_group("memory")
+    memory.add_argument(
+        "--memory-limit-gib",
+        type=memory_gib,
+        default=0,
+        help="the budget: GiB per GPU (default 0: the GPU's memory minus a reserve; give it "
+        "with --cost-table)",
+    )
+    memory.add_argument(
+        "--memory-bins", type=bin_count, default=256, help="layer DP memory resolution"
+    )
+    s = p.add_argument_group("search")
     s.add_argument("--base", action="store_true", help="Galvatron-Base: no bi-objective step")
     s.add_argument("--no-prune", action="store_true", help="keep DP+SDP trees (Takeaway #3)")
-    s.add_argument("--even-partition", action="store_true", help="split layers evenly over stages")
     s.add_argument(
         "--runnable",
         action="store_true",
         help="only plans pretrain_gpt.py --parallel-plan runs (one TP degree for every layer)",
     )
-    s.add_argument("--memory-bins", type=bin_count, default=256, help="layer DP memory resolution")
-    p.add_argument("--output", help="write the plan file (JSON) here")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    out = p.add_argument_group("output")
+    out.add_argument("--output", help="write the plan file (JSON) here")
+    out.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_renamed(p, SEARCH_RENAMED)
     return p
+
+
+# dynapipe-search's spellings before #35, refused with their replacement.
+SEARCH_RENAMED = {
+    "--memory-budget-gb": "--memory-limit-gib",
+    "--pp": "--pipeline-model-parallel-size",
+    "--tgt-seq-length": "--decoder-seq-length",
+}
+
+
+def _memory_budget(parser: argparse.ArgumentParser, args: argparse.Namespace, gpu) -> float:
+    """Bytes per GPU: `--memory-limit-gib`, else (0) what `--gpu` leaves after a reserve."""
+    if args.memory_limit_gib:
+        return args.memory_limit_gib * GiB
+    if args.cost_table:
+        parser.error(
+            "argument --memory-limit-gib: give the budget per GPU with --cost-table (the "
+            "profiled device's memory is not --gpu's)"
+        )
+    return float(default_memory_limit_bytes(gpu))
 
 
 class _ProgressBar:
@@ -148,6 +192,7 @@ def search_main(argv: Sequence[str] | None = None) -> int:
     try:
         model = load_model_spec(args.model)
         gpu = get_gpu(args.gpu)
+        budget = _memory_budget(parser, args, gpu)
         if args.cost_table:
             inputs = profiled_cost_inputs(
                 model,
@@ -164,7 +209,7 @@ def search_main(argv: Sequence[str] | None = None) -> int:
                 args.num_gpus,
                 gpus_per_node=args.gpus_per_node,
                 seq_length=args.seq_length,
-                tgt_seq_length=args.tgt_seq_length,
+                tgt_seq_length=args.decoder_seq_length,
                 overlap_slowdown=args.overlap_slowdown,
                 flash_attention=args.flash_attention,
             )
@@ -174,10 +219,10 @@ def search_main(argv: Sequence[str] | None = None) -> int:
                 model,
                 inputs,
                 args.num_gpus,
-                args.memory_budget_gb * GiB,
+                budget,
                 global_batch_size=args.global_batch_size,
                 max_batch_size=args.max_batch_size,
-                pp_degrees=args.pp,
+                pp_degrees=args.pipeline_model_parallel_size,
                 max_tp=args.max_tp,
                 bi_objective=not args.base,
                 prune=not args.no_prune,

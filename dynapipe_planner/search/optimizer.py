@@ -746,7 +746,7 @@ def _infeasible_message(
     return (
         f"{model.name} does not fit in {budget / GiB:.2f} GiB per GPU at global batch {batch}: "
         f"the smallest budget that works is {need / GiB:.2f} GiB ({where}; "
-        f"--memory-budget-gb {need / GiB:.2f})"
+        f"--memory-limit-gib {need / GiB:.2f})"
     )
 
 

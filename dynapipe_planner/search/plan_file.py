@@ -171,7 +171,7 @@ def runtime_flags(result: SearchResult, model: ModelSpec, seq_length: int) -> Fl
             f"--micro-batch-size {result.microbatch_size // s0.data_degree}",
             f"--global-batch-size {result.global_batch_size}",
             f"--dynapipe-recompute {'full' if s0.ckpt else 'none'}",
-            f"--dynapipe-memory-limit {result.memory_budget_bytes / GiB:.2f}",
+            f"--dynapipe-memory-limit-gib {result.memory_budget_bytes / GiB:.2f}",
             "--batching padding",
         ],
     )

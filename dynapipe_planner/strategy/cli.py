@@ -21,6 +21,7 @@ import numpy as np
 
 from ..cli_args import (
     OneLineParser,
+    add_renamed,
     check_output_dir,
     check_output_file,
     gpu_count,
@@ -31,7 +32,7 @@ from ..cli_args import (
     seed,
     sequence_length,
 )
-from ..cluster import GPU_PRESETS, GiB, get_gpu
+from ..cluster import DEFAULT_GPU, GPU_PRESETS, GiB, get_gpu
 from ..data import PRESETS, global_batches, load_lengths, sample_lengths
 from ..errors import PlanningError
 from ..model_spec import MODEL_PRESETS, load_model_spec
@@ -65,13 +66,22 @@ def _parser() -> argparse.ArgumentParser:
         _add_job_args(command)
     out = propose.add_argument_group("output")
     out.add_argument("--output", help="write schemes and proposals as JSON")
-    steps = plan.add_argument_group("per-iteration planning")
+    steps = plan.add_argument_group("planning")
     steps.add_argument("--iterations", type=positive_int, default=3, help="global batches to plan")
     steps.add_argument("--inside", choices=INSIDE, default="dynapipe", help="within pipelines")
     steps.add_argument("--trials", type=trials, default=100, help="greedy dispatch trials (D.2)")
-    steps.add_argument("--output-dir", help="write each iteration's heterogeneous plan here")
-    steps.add_argument("--format", choices=("json", "bin"), default="json")
+    out = plan.add_argument_group("output")
+    out.add_argument("--output-dir", help="write each iteration's heterogeneous plan here")
+    out.add_argument("--format", choices=("json", "bin"), default="json")
     return p
+
+
+# dynapipe-strategy's spellings before #35, refused with their replacement.
+STRATEGY_RENAMED = {
+    "--tokens-per-iteration": "--tokens-per-global-batch",
+    "--context-length": "--seq-length",
+    "--memory-limit-gb": "--memory-limit-gib",
+}
 
 
 def _add_job_args(p: argparse.ArgumentParser) -> None:
@@ -82,27 +92,45 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     data.add_argument(
         "--num-samples", type=sample_count, default=100000, help="samples from a preset"
     )
-    data.add_argument("--seed", type=seed, default=0)
+    data.add_argument("--seed", type=seed, default=0, help="sampling and batching seed")
     data.add_argument(
-        "--context-length", type=sequence_length, default=32768, help="truncate samples here"
+        "--seq-length",
+        type=sequence_length,
+        default=32768,
+        help="truncate samples to this many tokens (the longest sequence planned for)",
     )
-    data.add_argument("--tokens-per-iteration", type=positive_int, default=200000)
+    data.add_argument(
+        "--tokens-per-global-batch",
+        type=positive_int,
+        default=200000,
+        help="tokens per global batch (as many whole samples as fit)",
+    )
     data.add_argument(
         "--length-step", type=positive_int, default=128, help="histogram interval width"
     )
-    job = p.add_argument_group("model and cluster")
-    job.add_argument("--model", default="gpt-6.7b", help=f"{', '.join(MODEL_PRESETS)} or JSON")
-    job.add_argument("--gpu", default="A800", help=f"one of {', '.join(GPU_PRESETS)}")
-    job.add_argument("--num-gpus", type=gpu_count, default=64)
-    job.add_argument("--gpus-per-node", type=positive_int, default=8)
-    job.add_argument(
+    model = p.add_argument_group("model")
+    model.add_argument("--model", default="gpt-6.7b", help=f"{', '.join(MODEL_PRESETS)} or JSON")
+    cluster = p.add_argument_group("cluster")
+    cluster.add_argument("--gpu", default=DEFAULT_GPU, help=f"one of {', '.join(GPU_PRESETS)}")
+    cluster.add_argument("--num-gpus", type=gpu_count, default=64)
+    cluster.add_argument("--gpus-per-node", type=positive_int, default=8)
+    par = p.add_argument_group("parallelism")
+    par.add_argument(
         "--max-tp", type=positive_int, default=8, help="largest TP degree (NVLink island)"
     )
-    job.add_argument("--memory-limit-gb", type=memory_gib, default=0, help="usable GiB per GPU")
-    job.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
-    job.add_argument(
+    memory = p.add_argument_group("memory")
+    memory.add_argument(
+        "--memory-limit-gib",
+        type=memory_gib,
+        default=0,
+        help="usable GiB per GPU (default 0: the GPU's memory minus a reserve)",
+    )
+    memory.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    strategies = p.add_argument_group("strategies")
+    strategies.add_argument(
         "--keep", type=positive_int, default=3, help="strategies kept per maximum length"
     )
+    add_renamed(p, STRATEGY_RENAMED)
 
 
 def strategy_main(argv: Sequence[str] | None = None) -> int:
@@ -143,11 +171,11 @@ def _job(args: argparse.Namespace) -> _Job:
             )
     else:
         lengths = sample_lengths(args.preset or "webcode", args.num_samples, seed=args.seed)
-    lengths = np.minimum(lengths, args.context_length)
-    if args.tokens_per_iteration < lengths.max():
+    lengths = np.minimum(lengths, args.seq_length)
+    if args.tokens_per_global_batch < lengths.max():
         raise PlanningError(
-            f"--tokens-per-iteration {args.tokens_per_iteration} cannot hold the longest sample "
-            f"({lengths.max()} tokens); an iteration holds whole samples (--context-length "
+            f"--tokens-per-global-batch {args.tokens_per_global_batch} cannot hold the longest "
+            f"sample ({lengths.max()} tokens); a global batch holds whole samples (--seq-length "
             "truncates)"
         )
     started = time.perf_counter()
@@ -156,13 +184,13 @@ def _job(args: argparse.Namespace) -> _Job:
         get_gpu(args.gpu),
         args.num_gpus,
         gpus_per_node=args.gpus_per_node,
-        memory_limit_bytes=int(args.memory_limit_gb * GiB),
+        memory_limit_bytes=int(args.memory_limit_gib * GiB),
     )
     schemes = scheme_space(model, args.num_gpus, max_tp=args.max_tp)
-    profiles = profile_schemes(schemes, scheme_tables(models, args.context_length, args.recompute))
+    profiles = profile_schemes(schemes, scheme_tables(models, args.seq_length, args.recompute))
     profiled = time.perf_counter()
     iw = interval_work(
-        lengths, profiles, step=args.length_step, tokens_per_iteration=args.tokens_per_iteration
+        lengths, profiles, step=args.length_step, tokens_per_iteration=args.tokens_per_global_batch
     )
     proposals = propose_strategies(iw, args.num_gpus, keep=args.keep)
     done = time.perf_counter()
@@ -191,7 +219,7 @@ def _plan(args: argparse.Namespace) -> int:
     job = _job(args)
     config = SelectionConfig(inside=args.inside, trials=args.trials, recompute=args.recompute)
     selector = StrategySelector(job.profiles, job.proposals, job.models, args.num_gpus, config)
-    batches = global_batches(job.lengths, args.tokens_per_iteration, seed=args.seed)
+    batches = global_batches(job.lengths, args.tokens_per_global_batch, seed=args.seed)
     print(f"{'iter':>4}{'samples':>9}{'longest':>9}{'latency s':>11}{'homog. s':>10}  strategy")
     for it in range(args.iterations):
         ids = next(batches, None)

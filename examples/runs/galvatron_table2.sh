@@ -32,7 +32,7 @@ x_name="memory budget (GiB)"
 for budget in $BUDGETS_GB; do
     plan="$OUT_DIR/search_$budget.json"
     if ! "$PYTHON" -m dynapipe_planner.search.cli --model "$MODEL" --num-gpus "$NPROC" --gpu "$DYNAPIPE_GPU" \
-        --memory-budget-gb "$budget" --seq-length "$SEQ" --global-batch-size "$GLOBAL_BATCH" \
+        --memory-limit-gib "$budget" --seq-length "$SEQ" --global-batch-size "$GLOBAL_BATCH" \
         --output "$plan" --quiet > "$OUT_DIR/search_$budget.txt" 2>&1; then
         skip_method "$panel" "$x_name" "$budget" searched "$(tail -n 1 "$OUT_DIR/search_$budget.txt")"
     elif flags="$("$PYTHON" "$RUNS_DIR/_prepare.py" search-flags "$plan")"; then
@@ -47,7 +47,7 @@ for budget in $BUDGETS_GB; do
             --tensor-model-parallel-size "$tp" --pipeline-model-parallel-size "$pp" \
             --seq-length "$SEQ" --global-batch-size "$GLOBAL_BATCH" \
             --micro-batch-size "$MICRO_BATCH_SIZE" --batching padding --dynapipe-recompute none \
-            --dynapipe-memory-limit "$budget"
+            --dynapipe-memory-limit-gib "$budget"
     done
 done
 draw "$(basename "$MODEL" .json) (trained as a GPT) on $NPROC ranks, $GLOBAL_BATCH samples of \
@@ -55,4 +55,4 @@ $DATA_PATH lengths up to $SEQ tokens per iteration, padded to $SEQ, $ITERS itera
 searched: the plan of \`dynapipe-search --gpu $DYNAPIPE_GPU\` under each budget, run with the \
 flags it prints for pretrain_gpt.py. Pure strategies: Megatron's TP/PP/DP layouts, \
 $MICRO_BATCH_SIZE sample(s) per micro-batch per DP rank, no recomputation. The budget is the \
-planners' per-GPU memory limit (\`--dynapipe-memory-limit\`); nothing caps the device's memory."
+planners' per-GPU memory limit (\`--dynapipe-memory-limit-gib\`); nothing caps the device's memory."

@@ -50,7 +50,7 @@ for batch in $GLOBAL_BATCHES; do
     plan="$OUT_DIR/hetero_plan_$batch.json"
     point=(--seq-length "$SEQ" --global-batch-size "$batch" --dynamic-micro-batching)
     if ! "$PYTHON" -m dynapipe_planner.hetero.cli --cluster "$CLUSTER" --model "$MODEL" \
-        --seqlen "$SEQ" --global-batch "$batch" --bind-ranks --output "$plan" --quiet \
+        --seq-length "$SEQ" --global-batch-size "$batch" --bind-ranks --output "$plan" --quiet \
         > "$OUT_DIR/hetero_plan_$batch.txt" 2>&1; then
         skip_method "$panel" "$x_name" "$batch" hexiscale "$(tail -n 1 "$OUT_DIR/hetero_plan_$batch.txt")"
     elif [[ -n "$SLOWDOWNS" ]]; then

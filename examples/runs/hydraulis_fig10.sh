@@ -28,7 +28,7 @@ fi
 : "${MEMORY_LIMIT_GB:=}" "${DATA_PATH:=synthetic:commoncrawl}"
 base_flags
 memory=()
-if [[ -n "$MEMORY_LIMIT_GB" ]]; then memory=(--dynapipe-memory-limit "$MEMORY_LIMIT_GB"); fi
+if [[ -n "$MEMORY_LIMIT_GB" ]]; then memory=(--dynapipe-memory-limit-gib "$MEMORY_LIMIT_GB"); fi
 
 panel="$(basename "$MODEL" .json) on $NPROC ranks"
 for context in $CONTEXTS; do

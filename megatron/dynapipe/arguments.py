@@ -33,8 +33,8 @@ from typing import NoReturn
 
 import torch
 
-from dynapipe_planner.cli_args import DEBUG_HELP, MAX_GIB, MAX_SEQUENCE
-from dynapipe_planner.cluster import GPU_PRESETS
+from dynapipe_planner.cli_args import DEBUG_HELP, MAX_GIB, MAX_SEQUENCE, add_renamed
+from dynapipe_planner.cluster import DEFAULT_GPU, GPU_PRESETS
 from dynapipe_planner.planner import BATCHING, RECOMPUTE, SCHEDULES
 
 BASELINES = ("megatron-1f1b", "packing-1f1b")
@@ -54,6 +54,10 @@ def _first_rank() -> bool:
     if torch.distributed.is_initialized():
         return torch.distributed.get_rank() == 0
     return os.environ.get("RANK", "0") == "0"
+
+
+# DynaPipe's spellings before #35, refused with their replacement.
+RENAMED = {"--dynapipe-memory-limit": "--dynapipe-memory-limit-gib"}
 
 
 def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -98,7 +102,7 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         "Megatron's --recompute-granularity fixes one mode instead",
     )
     g.add_argument(
-        "--dynapipe-memory-limit",
+        "--dynapipe-memory-limit-gib",
         type=float,
         default=None,
         help="GiB each GPU may use for the planner (default: the device's memory minus a reserve)",
@@ -115,7 +119,7 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     )
     g.add_argument(
         "--dynapipe-gpu",
-        default="A100-80GB",
+        default=DEFAULT_GPU,
         help=f"device the analytic cost model describes: {', '.join(GPU_PRESETS)}",
     )
     g.add_argument(
@@ -148,6 +152,7 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         "is counted)",
     )
     g.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    add_renamed(g, RENAMED)
     h = parser.add_argument_group("heterogeneous jobs")
     h.add_argument(
         "--dynamic-strategies",
@@ -534,7 +539,10 @@ _NUMBERS: dict[str, tuple[Callable[[float], bool], str]] = {
         "positive and at most 10**7 minutes",
     ),
     "planner_workers": (lambda v: 0 <= v <= 1024, "between 0 and 1024 processes"),
-    "dynapipe_memory_limit": (lambda v: 0 < v <= MAX_GIB, f"positive and at most {MAX_GIB} GiB"),
+    "dynapipe_memory_limit_gib": (
+        lambda v: 0 < v <= MAX_GIB,
+        f"positive and at most {MAX_GIB} GiB",
+    ),
     "seq_length": (lambda v: 0 < v <= MAX_SEQUENCE, f"positive and at most {MAX_SEQUENCE}"),
 }  # fmt: skip
 

@@ -11,7 +11,10 @@ import pytest
 
 from dynapipe_planner.cli import plan_main, simulate_main
 
-SMALL = ["--model", "gpt-350m", "--gpu", "A100-40GB", "--pp", "2", "--dp", "2"]
+SMALL = [
+    "--model", "gpt-350m", "--gpu", "A100-40GB", "--pipeline-model-parallel-size", "2",
+    "--num-gpus", "4",
+]  # fmt: skip
 
 
 def test_comparison_table_lists_every_method(capsys):
@@ -23,9 +26,9 @@ def test_comparison_table_lists_every_method(capsys):
                 "flan",
                 "--num-samples",
                 "400",
-                "--max-seqlen",
+                "--seq-length",
                 "2048",
-                "--global-batch-tokens",
+                "--tokens-per-global-batch",
                 "16384",
                 "--iterations",
                 "2",
@@ -50,7 +53,7 @@ def test_written_plans_simulate_cleanly(tmp_path, capsys, fmt):
                 "lognormal",
                 "--num-samples",
                 "300",
-                "--global-batch-tokens",
+                "--tokens-per-global-batch",
                 "20000",
                 "--iterations",
                 "2",
@@ -87,7 +90,7 @@ def test_lengths_file(tmp_path, capsys):
                 str(path),
                 "--batching",
                 "dynamic",
-                "--global-batch-tokens",
+                "--tokens-per-global-batch",
                 "50000",
             ]
         )
@@ -102,7 +105,7 @@ def test_lengths_file(tmp_path, capsys):
         (["--model", "gpt-404"], "neither a preset"),
         (["--gpu", "Z80"], "unknown GPU type 'Z80'"),
         (["--cost-table", "/nonexistent/table.json"], "cannot read cost table"),
-        (["--tp", "3"], "TP=3 does not divide"),
+        (["--tensor-model-parallel-size", "3"], "TP=3 does not divide"),
     ],
 )
 def test_bad_arguments_are_explained(capsys, args, message):
@@ -123,10 +126,10 @@ def test_a_budget_below_the_longest_sample_or_a_deep_record_is_one_line(tmp_path
     one sample a batch); a 100,000-deep JSON line is named, not a RecursionError."""
     path = tmp_path / "lengths.txt"
     path.write_text("100\n900\n")
-    assert plan_main([*SMALL, "--lengths", str(path), "--global-batch-tokens", "500"]) == 2
+    assert plan_main([*SMALL, "--lengths", str(path), "--tokens-per-global-batch", "500"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "dynapipe-plan: error: --global-batch-tokens 500 cannot hold the longest sample (900 "
-        "tokens); a global batch holds whole samples (--max-seqlen truncates)"
+        "dynapipe-plan: error: --tokens-per-global-batch 500 cannot hold the longest sample (900 "
+        "tokens); a global batch holds whole samples (--seq-length truncates)"
     )
     deep = tmp_path / "deep.jsonl"
     deep.write_text('{"length": 5}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
@@ -140,7 +143,7 @@ def test_sample_that_never_fits_is_named_exit_2_and_nothing_written(tmp_path, ca
     path.write_text("100\n200\n120000\n")  # dataset id 2, wherever shuffling puts it
     out_dir = tmp_path / "plans"
     flags = ["--lengths", str(path), "--batching", "dynamic", "--recompute", "none"]
-    flags += ["--global-batch-tokens", "200000", "--output-dir", str(out_dir)]
+    flags += ["--tokens-per-global-batch", "200000", "--output-dir", str(out_dir)]
     assert plan_main([*SMALL, *flags]) == 2
     captured = capsys.readouterr()
     assert "sample 2 (length 120000)" in captured.out  # the table says why
@@ -166,7 +169,7 @@ def test_console_script():
             "lognormal",
             "--num-samples",
             "100",
-            "--pp",
+            "--pipeline-model-parallel-size",
             "2",
             "--model",
             "gpt-125m",

@@ -139,7 +139,7 @@ def test_candidates_file_for_another_gpu_count_is_named(tmp_path: Path) -> None:
     model.write_text(json.dumps(SPEC.to_dict()))
     out = tmp_path / "proposals.json"
     argv = ["propose", "--model", str(model), "--num-gpus", "8", "--gpus-per-node", "8"]
-    argv += ["--context-length", "128", "--num-samples", "500", "--output", str(out)]
+    argv += ["--seq-length", "128", "--num-samples", "500", "--output", str(out)]
     assert strategy_main(argv) == 0
     with pytest.raises(CandidateError, match=r"proposals\.json was proposed for 8 GPUs but this"):
         load_candidates(out, SPEC, 4)

@@ -186,7 +186,7 @@ def test_cli_auto_prints_each_stages_mode(capsys) -> None:
             str(EXAMPLES / "mixed_8gpu.yaml"),
             "--model",
             "llama2-7b",
-            "--global-batch",
+            "--global-batch-size",
             "64",
             "--recompute",
             "auto",

@@ -31,7 +31,7 @@ TINY = [
     "--data-path", "synthetic:flan", "--hidden-dropout", "0", "--attention-dropout", "0",
     "--lr", "1e-2", "--lr-decay-style", "constant", "--weight-decay", "0", "--clip-grad", "0",
     "--log-interval", "1", "--eval-iters", "0",
-    "--dynapipe-memory-limit", "0.003", "--planner-workers", "0", "--dynapipe-timeout", "60",
+    "--dynapipe-memory-limit-gib", "0.003", "--planner-workers", "0", "--dynapipe-timeout", "60",
 ]  # fmt: skip
 DYNAMIC = [*TINY, "--dynamic-strategies"]
 HETERO_PLAN = {

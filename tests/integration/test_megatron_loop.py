@@ -39,7 +39,7 @@ FLAGS = [
     "--dynamic-micro-batching", "--pipeline-schedule", "adaptive",
     "--tokens-per-global-batch", "2048", "--mock-data", "--tokenizer-type", "NullTokenizer",
     "--vocab-size", "255", "--hidden-dropout", "0", "--attention-dropout", "0",
-    "--lr", "1e-2", "--lr-decay-style", "constant", "--dynapipe-memory-limit", "0.01",
+    "--lr", "1e-2", "--lr-decay-style", "constant", "--dynapipe-memory-limit-gib", "0.01",
     "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "1000",
     "--train-iters", str(ITERATIONS), "--split", "100,0,0",
 ]  # fmt: skip
@@ -147,7 +147,7 @@ def _reference_program(rank: int, world: int, argv: list[str], model: str, data:
 # per-document attention DynaPipe turns on.
 DYNAPIPE_ONLY = [
     "--dynamic-micro-batching", "--pipeline-schedule", "adaptive",
-    "--tokens-per-global-batch", "2048", "--dynapipe-memory-limit", "0.01",
+    "--tokens-per-global-batch", "2048", "--dynapipe-memory-limit-gib", "0.01",
 ]  # fmt: skip
 AS_MEGATRON = ["--global-batch-size", "16", "--micro-batch-size", "1",
                "--calculate-per-token-loss", "--dataloader-inter-document-masking"]  # fmt: skip
@@ -428,7 +428,7 @@ def _megatron_exit_status(rank: int, world: int, argv: list[str]) -> int | str |
 
 def test_megatron_program_ends_on_a_refused_batch_as_pretrain_gpt_does(capfd) -> None:
     """A model that fits nowhere: one line on rank 0, exit status 2 on every rank."""
-    flags = [*FLAGS, "--dynapipe-memory-limit", "0.000001"]
+    flags = [*FLAGS, "--dynapipe-memory-limit-gib", "0.000001"]
     assert run_ranks(_megatron_exit_status, 2, flags, timeout_s=240) == [2, 2]
     errors = [line for line in capfd.readouterr().err.splitlines() if ": error:" in line]
     assert len(errors) == 1, errors

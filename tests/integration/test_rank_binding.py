@@ -120,8 +120,8 @@ def test_cli_writes_a_bound_plan(tmp_path: Path, capsys) -> None:
         "  - {name: fast, gpu: A100-80GB, count: 2}\n"
     )
     out = tmp_path / "p.json"
-    argv = ["--cluster", str(cluster), "--model", "gpt-1.3b", "--seqlen", "1024"]
-    argv += ["--global-batch", "16", "--max-plans", "40", "--quiet", "--output", str(out)]
+    argv = ["--cluster", str(cluster), "--model", "gpt-1.3b", "--seq-length", "1024"]
+    argv += ["--global-batch-size", "16", "--max-plans", "40", "--quiet", "--output", str(out)]
     assert hetero_main([*argv, "--bind-ranks"]) == 0
     printed = capsys.readouterr().out
     plan = load_plan(out)

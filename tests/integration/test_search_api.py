@@ -86,7 +86,7 @@ def test_infeasible_budget_names_the_smallest_that_works(inputs):
     # One memory figure besides the budget: no "least" that is more than what works (here the
     # per-layer least-memory guess is 1.44 GiB while 0.98 GiB works).
     assert re.findall(r"([0-9.]+) GiB", message) == ["0.50", f"{smallest:.2f}"]
-    assert f"--memory-budget-gb {smallest:.2f})" in message
+    assert f"--memory-limit-gib {smallest:.2f})" in message
     ok = search(MODEL, inputs, 8, smallest * GiB, global_batch_size=8)
     assert max(ok.stage_memory_bytes) <= smallest * GiB
     with pytest.raises(PlanningError):
@@ -124,12 +124,12 @@ def test_negative_budget_is_refused_in_gib(inputs, capsys):
         search(MODEL, inputs, 8, -1.5 * GiB, global_batch_size=8)
     assert str(err.value) == "memory budget must be positive, got -1.5 GiB per GPU"
     with pytest.raises(SystemExit) as refused:
-        search_main(["--model", "gpt-350m", "--num-gpus", "8", "--memory-budget-gb", "-1",
+        search_main(["--model", "gpt-350m", "--num-gpus", "8", "--memory-limit-gib", "-1",
                      "--global-batch-size", "8", "--quiet"])  # fmt: skip
     err_lines = capsys.readouterr().err.strip().splitlines()
     assert refused.value.code == 2 and err_lines == [
-        "dynapipe-search: error: argument --memory-budget-gb: -1 GiB per GPU: a memory budget "
-        "must be positive"
+        "dynapipe-search: error: argument --memory-limit-gib: -1 GiB per GPU: a memory size "
+        "must not be negative"
     ]
 
 
@@ -181,7 +181,7 @@ def _space_pp1():
 def test_cli_prints_a_summary_and_writes_the_plan(tmp_path, capsys):
     path = tmp_path / "plan.json"
     code = search_main(
-        ["--model", "gpt-125m", "--num-gpus", "4", "--memory-budget-gb", "8", "--seq-length",
+        ["--model", "gpt-125m", "--num-gpus", "4", "--memory-limit-gib", "8", "--seq-length",
          "512", "--global-batch-size", "32", "--output", str(path), "--quiet"]
     )  # fmt: skip
     out = capsys.readouterr().out
@@ -189,13 +189,13 @@ def test_cli_prints_a_summary_and_writes_the_plan(tmp_path, capsys):
     assert "throughput" in out and "Megatron-LM" in out and "stage" in out
     assert json.loads(path.read_text())["global_batch_size"] == 32
     code = search_main(
-        ["--model", "gpt-125m", "--num-gpus", "4", "--memory-budget-gb", "8", "--seq-length",
-         "512", "--global-batch-size", "32", "--pp", "4", "--even-partition", "--output",
-         str(path), "--quiet"]
+        ["--model", "gpt-125m", "--num-gpus", "4", "--memory-limit-gib", "8", "--seq-length",
+         "512", "--global-batch-size", "32", "--pipeline-model-parallel-size", "4",
+         "--even-partition", "--output", str(path), "--quiet"]
     )  # fmt: skip
     capsys.readouterr()
     assert code == 0 and json.loads(path.read_text())["partition"] == [3, 3, 3, 3]
-    code = search_main(["--model", "gpt-350m", "--num-gpus", "8", "--memory-budget-gb", "0.2",
+    code = search_main(["--model", "gpt-350m", "--num-gpus", "8", "--memory-limit-gib", "0.2",
                         "--global-batch-size", "8", "--quiet"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2 and "smallest budget that works" in err
@@ -278,7 +278,7 @@ def test_cli_prints_the_parallel_plan_command(tmp_path, capsys):
     model.write_text(json.dumps(dict(name="tiny", arch="gpt", num_layers=4, hidden_size=32,
                                      num_heads=4, ffn_hidden_size=64, vocab_size=64)))  # fmt: skip
     path = tmp_path / "plan.json"
-    argv = ["--model", str(model), "--num-gpus", "4", "--memory-budget-gb", "0.002",
+    argv = ["--model", str(model), "--num-gpus", "4", "--memory-limit-gib", "0.002",
             "--seq-length", "64", "--quiet"]  # fmt: skip
     assert search_main([*argv, "--output", str(path)]) == 0
     out = capsys.readouterr().out
@@ -320,7 +320,7 @@ def test_runnable_search_names_every_degree_when_nothing_fits(inputs):
 
 
 def test_cli_runnable_flag_prints_a_command_the_runtime_runs(capsys):
-    argv = ["--model", "llama-7b", "--num-gpus", "8", "--memory-budget-gb", "24",
+    argv = ["--model", "llama-7b", "--num-gpus", "8", "--memory-limit-gib", "24",
             "--seq-length", "2048", "--quiet"]  # fmt: skip
     assert search_main([*argv, "--runnable"]) == 0
     out = capsys.readouterr().out

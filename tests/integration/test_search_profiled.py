@@ -196,7 +196,7 @@ def test_cli_searches_with_tables_and_predicts_what_they_imply(tables, model_fil
     plan_path = tmp_path / "plan.json"
     argv = [
         "--model", str(model_file), "--num-gpus", "2", "--seq-length", str(SEQ),
-        "--memory-budget-gb", "0.05", "--global-batch-size", "8", "--quiet",
+        "--memory-limit-gib", "0.05", "--global-batch-size", "8", "--quiet",
         "--cost-table", *map(str, tables), "--output", str(plan_path),
     ]  # fmt: skip
     assert search_main(argv) == 0
@@ -302,7 +302,7 @@ def test_bad_tables_are_refused_in_one_line(tables, model_file, tmp_path, capsys
     edited = _edited(tables, tmp_path, edit)
     argv = [
         "--model", str(model_file), "--num-gpus", "2", "--seq-length", str(SEQ),
-        "--memory-budget-gb", "1", "--quiet", "--cost-table", *map(str, edited),
+        "--memory-limit-gib", "1", "--quiet", "--cost-table", *map(str, edited),
     ]  # fmt: skip
     assert search_main(argv) == 2
     err = capsys.readouterr().err

@@ -350,7 +350,7 @@ def test_proposals_cover_every_maximum_length_with_valid_strategies(method):
 def test_cli_propose_prints_tables_and_writes_json(tmp_path, capsys):
     out = tmp_path / "proposals.json"
     argv = ["propose", "--model", "gpt-1.3b", "--gpu", "A100-40GB", "--num-gpus", "16"]
-    argv += ["--context-length", "8192", "--num-samples", "3000", "--output", str(out)]
+    argv += ["--seq-length", "8192", "--num-samples", "3000", "--output", str(out)]
     assert strategy_main(argv) == 0
     printed = capsys.readouterr().out
     assert "MaxLen" in printed and "candidate strategies on 16 A100-40GB" in printed
@@ -362,15 +362,15 @@ def test_cli_propose_prints_tables_and_writes_json(tmp_path, capsys):
 def test_cli_names_a_sequence_no_scheme_holds(tmp_path, capsys):
     lengths = tmp_path / "lengths.txt"
     lengths.write_text("100\n500000\n")
-    argv = ["propose", "--lengths", str(lengths), "--context-length", "600000", "--num-gpus", "2"]
-    argv += ["--tokens-per-iteration", "1000000"]  # an iteration holds the long sample
+    argv = ["propose", "--lengths", str(lengths), "--seq-length", "600000", "--num-gpus", "2"]
+    argv += ["--tokens-per-global-batch", "1000000"]  # an iteration holds the long sample
     assert strategy_main([*argv, "--gpu", "RTX3090", "--model", "gpt-1.3b"]) == 2
     assert "sample 1 (length 500000)" in capsys.readouterr().err
 
 
 def test_cli_plan_writes_heterogeneous_plans_the_simulator_accepts(tmp_path, capsys):
     argv = ["plan", "--model", "gpt-1.3b", "--gpu", "RTX4090", "--num-gpus", "8"]
-    argv += ["--context-length", "8192", "--num-samples", "3000", "--tokens-per-iteration"]
+    argv += ["--seq-length", "8192", "--num-samples", "3000", "--tokens-per-global-batch"]
     argv += ["30000", "--iterations", "2", "--trials", "10", "--output-dir", str(tmp_path)]
     assert strategy_main(argv) == 0
     rows = capsys.readouterr().out.strip().splitlines()[1:]

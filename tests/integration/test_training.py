@@ -30,7 +30,7 @@ TINY = [
     "--seq-length", "128", "--pipeline-model-parallel-size", "2",
     "--dynamic-micro-batching", "--tokens-per-global-batch", "2048",
     "--data-path", "synthetic:flan", "--hidden-dropout", "0", "--attention-dropout", "0",
-    "--lr", "1e-2", "--lr-decay-style", "constant", "--dynapipe-memory-limit", "0.01",
+    "--lr", "1e-2", "--lr-decay-style", "constant", "--dynapipe-memory-limit-gib", "0.01",
     "--log-interval", "1", "--eval-iters", "0",
 ]  # fmt: skip
 

@@ -102,15 +102,25 @@ def test_megatron_features_are_refused_only_with_a_flag_that_makes_dynapipe_plan
         ("--seq-length", "0"),
         ("--dynapipe-timeout", "0"),
         ("--dynapipe-timeout", "-5"),
-        ("--dynapipe-memory-limit", "nan"),
-        ("--dynapipe-memory-limit", "0"),
-        ("--dynapipe-memory-limit", "inf"),
+        ("--dynapipe-memory-limit-gib", "nan"),
+        ("--dynapipe-memory-limit-gib", "0"),
+        ("--dynapipe-memory-limit-gib", "inf"),
         ("--seed", "0"),
     ],
 )
 def test_numbers_that_must_be_positive_are_refused_by_name(capsys, flag, value) -> None:
     line = _refused(capsys, flag, value)
     assert flag in line and "positive" in line, line
+
+
+@pytest.mark.parametrize(
+    ("old", "new"), [("--dynapipe-memory-limit", "--dynapipe-memory-limit-gib")]
+)
+def test_an_old_spelling_is_refused_naming_its_replacement(capsys, old, new) -> None:
+    """One vocabulary (#35): the old flag is no alias; it stops with one line naming the new."""
+    line = _refused(capsys, old, "1", "--dynamic-micro-batching")
+    assert line.endswith(f": error: {old} was renamed {new}"), line
+    assert parse_args([*MODEL, new, "1"]).dynapipe_memory_limit_gib == 1.0
 
 
 def test_megatron_check_failures_are_one_line(capsys) -> None:

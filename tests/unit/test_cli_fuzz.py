@@ -35,15 +35,15 @@ FUZZ = settings(
 
 # Fast valid invocations; each test swaps one item for a bad one.
 BASE = {
-    "dynapipe-plan": (plan_main, ["--model", "gpt-350m", "--gpu", "A100-40GB", "--pp", "2",
-                                  "--preset", "flan", "--num-samples", "200", "--max-seqlen",
-                                  "1024", "--global-batch-tokens", "8192", "--batching",
-                                  "dynamic"]),
+    "dynapipe-plan": (plan_main, ["--model", "gpt-350m", "--gpu", "A100-40GB",
+                                  "--pipeline-model-parallel-size", "2", "--preset", "flan",
+                                  "--num-samples", "200", "--seq-length", "1024",
+                                  "--tokens-per-global-batch", "8192", "--batching", "dynamic"]),
     "dynapipe-search": (search_main, ["--model", "gpt-350m", "--num-gpus", "4",
-                                      "--memory-budget-gb", "20", "--global-batch-size", "8",
+                                      "--memory-limit-gib", "20", "--global-batch-size", "8",
                                       "--quiet"]),
     "dynapipe-hetero": (hetero_main, ["--cluster", CLUSTER, "--model", "gpt-350m",
-                                      "--global-batch", "8", "--seqlen", "1024",
+                                      "--global-batch-size", "8", "--seq-length", "1024",
                                       "--max-plans", "40", "--quiet"]),
     "dynapipe-strategy": (strategy_main, ["propose", "--preset", "webcode", "--num-samples",
                                           "500", "--num-gpus", "8", "--model", "gpt-350m"]),
@@ -51,24 +51,25 @@ BASE = {
 
 # (prog, flag, kind): "pos" must be > 0, "nonneg" >= 0; "int"/"float" the type it parses as.
 NUMERIC = [
-    *(("dynapipe-plan", f, "pos int") for f in ("--num-samples", "--global-batch-tokens",
-      "--iterations", "--pp", "--dp", "--tp", "--gpus-per-node")),
-    *(("dynapipe-plan", f, "nonneg int") for f in ("--max-seqlen", "--micro-batch-size",
+    *(("dynapipe-plan", f, "pos int") for f in ("--num-samples", "--tokens-per-global-batch",
+      "--iterations", "--pipeline-model-parallel-size", "--num-gpus",
+      "--tensor-model-parallel-size", "--gpus-per-node")),
+    *(("dynapipe-plan", f, "nonneg int") for f in ("--seq-length", "--micro-batch-size",
       "--seed")),
-    ("dynapipe-plan", "--memory-limit-gb", "nonneg float"),
+    ("dynapipe-plan", "--memory-limit-gib", "nonneg float"),
     *(("dynapipe-search", f, "pos int") for f in ("--num-gpus", "--gpus-per-node",
-      "--seq-length", "--tgt-seq-length", "--global-batch-size", "--max-batch-size", "--pp",
-      "--max-tp", "--memory-bins")),
-    *(("dynapipe-search", f, "pos float") for f in ("--memory-budget-gb",
-      "--overlap-slowdown")),
-    *(("dynapipe-hetero", f, "pos int") for f in ("--seqlen", "--global-batch",
+      "--seq-length", "--decoder-seq-length", "--global-batch-size", "--max-batch-size",
+      "--pipeline-model-parallel-size", "--max-tp", "--memory-bins")),
+    ("dynapipe-search", "--overlap-slowdown", "pos float"),
+    ("dynapipe-search", "--memory-limit-gib", "nonneg float"),
+    *(("dynapipe-hetero", f, "pos int") for f in ("--seq-length", "--global-batch-size",
       "--micro-batch-size", "--tau", "--max-plans")),
     *(("dynapipe-hetero", f, "nonneg int") for f in ("--max-dp", "--seed")),
-    *(("dynapipe-strategy", f, "pos int") for f in ("--num-samples", "--context-length",
-      "--tokens-per-iteration", "--length-step", "--num-gpus", "--gpus-per-node", "--max-tp",
+    *(("dynapipe-strategy", f, "pos int") for f in ("--num-samples", "--seq-length",
+      "--tokens-per-global-batch", "--length-step", "--num-gpus", "--gpus-per-node", "--max-tp",
       "--keep")),
     *(("dynapipe-strategy", f, "nonneg int") for f in ("--seed",)),
-    ("dynapipe-strategy", "--memory-limit-gb", "nonneg float"),
+    ("dynapipe-strategy", "--memory-limit-gib", "nonneg float"),
 ]  # fmt: skip
 
 
@@ -151,8 +152,8 @@ def test_strategy_plan_counts(flag, value):
         ("dynapipe-strategy", "--num-samples", "100000001"),
         ("dynapipe-strategy", "--num-gpus", str(2**62)),  # was planned for, exit 0
         ("dynapipe-search", "--num-gpus", "16385"),
-        ("dynapipe-plan", "--memory-limit-gb", str(2**21)),
-        ("dynapipe-search", "--memory-budget-gb", "1e300"),
+        ("dynapipe-plan", "--memory-limit-gib", str(2**21)),
+        ("dynapipe-search", "--memory-limit-gib", "1e300"),
     ],
 )
 def test_counts_past_their_bound(prog, flag, value):
@@ -368,18 +369,19 @@ def test_debug_before_a_subcommand(tmp_path):
 
 
 def test_huge_global_batch_ends_within_budget():
-    """`--global-batch 1e20` (as an integer) once looped past the time budget."""
+    """`--global-batch-size 1e20` (as an integer) once looped past the time budget."""
     main, argv = BASE["dynapipe-hetero"]
     started = time.perf_counter()
-    assert_refused("dynapipe-hetero", main, with_flag(argv, "--global-batch", str(10**20)))
-    assert_refused("dynapipe-hetero", main, with_flag(argv, "--global-batch", str(10**15)))
+    flag = "--global-batch-size"
+    assert_refused("dynapipe-hetero", main, with_flag(argv, flag, str(10**20)))
+    assert_refused("dynapipe-hetero", main, with_flag(argv, flag, str(10**15)))
     assert time.perf_counter() - started < 5
 
 
 def test_largest_allowed_global_batch_plans_within_budget():
     main, argv = BASE["dynapipe-hetero"]
     started = time.perf_counter()
-    code, _, err = run(main, with_flag(argv, "--global-batch", "100000"))
+    code, _, err = run(main, with_flag(argv, "--global-batch-size", "100000"))
     assert code == 0, err
     assert time.perf_counter() - started < 15
 

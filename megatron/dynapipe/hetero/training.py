@@ -104,7 +104,7 @@ def hetero_job(args: argparse.Namespace, vocab_size: int, lengths: np.ndarray, w
     """The candidate strategies (or the static layout), the model spec with a vocabulary every
     strategy's TP degrees divide, and the planner recipe."""
     base = spec_from_args(args, padded_vocab_size(args, vocab_size, 1))
-    memory = int(args.dynapipe_memory_limit * GiB) if args.dynapipe_memory_limit else 0
+    memory = int(args.dynapipe_memory_limit_gib * GiB) if args.dynapipe_memory_limit_gib else 0
     dtype = dtype_name(args)
     dropped: list[str] = []
     speeds = parse_device_speed(args.device_speed, world)

@@ -50,7 +50,7 @@ class PlanMismatch(RuntimeError):
 
 def planner_recipe(args: argparse.Namespace, spec: ModelSpec, num_replicas: int) -> PlannerRecipe:
     """What the planning rank's planners are built from (picklable for worker processes)."""
-    memory = int(args.dynapipe_memory_limit * GiB) if args.dynapipe_memory_limit else 0
+    memory = int(args.dynapipe_memory_limit_gib * GiB) if args.dynapipe_memory_limit_gib else 0
     cluster = ClusterSpec(
         get_gpu(args.dynapipe_gpu),
         num_stages=args.pipeline_model_parallel_size,
