@@ -8,6 +8,7 @@ dies or hangs fails the test with its rank id.
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing as mp
 import os
 import runpy
@@ -27,6 +28,28 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# What the runtime's ranks import, imported once in the test process: each forked rank would
+# otherwise import it again (about 1 CPU-second per rank on a small machine).
+RANK_MODULES = (
+    "megatron.training.training",
+    "megatron.dynapipe.training",
+    "megatron.dynapipe.hetero.training",
+    "megatron.dynapipe.megatron_loop",
+)
+
+
+def import_rank_modules() -> None:
+    """Import `RANK_MODULES` and build Megatron's parser once (`megatron_parser_memo`) before
+    ranks are forked; nothing in a test that has not imported megatron-core (planner-only).
+    Importing them patches nothing: DynaPipe changes megatron.training only when a program
+    runs `import megatron.dynapipe.enable`, in the fork."""
+    if "megatron.core" not in sys.modules:
+        return
+    for name in RANK_MODULES:
+        importlib.import_module(name)
+    megatron_parser_memo.warm()
 
 
 def _rank_main(
@@ -90,7 +113,8 @@ def run_ranks(
     # CUDA cannot be used in a forked child once the parent has touched it (importing
     # megatron-core may), so NCCL ranks start fresh: their fn and args must pickle.
     ctx = mp.get_context("spawn" if backend == "nccl" else "fork")
-    megatron_parser_memo.warm()  # the forked ranks inherit Megatron's parser help texts
+    if backend != "nccl":
+        import_rank_modules()
     port = free_port()
     procs, conns = [], {}
     for rank in range(world_size):
@@ -166,6 +190,7 @@ def exit_status_before_launch(
     environment for rank 0 of `world_size` but no process group: for inputs refused before
     the program starts its ranks (the program's patches stay in the child)."""
     ctx = mp.get_context("fork")
+    import_rank_modules()
     recv, send = ctx.Pipe(duplex=False)
     env = {"RANK": "0", "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0"}
     proc = ctx.Process(target=_forked_program, args=(program, argv, env, send))

@@ -36,12 +36,9 @@ def imported():
     """The modules the program imports, imported once here so that each forked run is quick
     (importing does not enable DynaPipe; running the program does, in the fork only), and
     Megatron's parser built once (its help texts, read from source, are then memoized)."""
-    import megatron.training.training
-    import megatron_parser_memo
+    from distributed import import_rank_modules
 
-    import megatron.dynapipe.megatron_loop  # noqa: F401
-
-    megatron_parser_memo.warm()
+    import_rank_modules()
 
 
 @pytest.mark.parametrize("case", sweep.numeric_cases(), ids=lambda case: case.label)
