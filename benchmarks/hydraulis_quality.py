@@ -11,9 +11,15 @@ simulator reproduces), the iteration's being its slowest pipeline's. Baselines
 (`dynapipe_planner.strategy.baselines`) get their best homogeneous scheme, picked on the first
 iterations:
 - megatron: packing to the context length (first-fit decreasing), rows split evenly, 1F1B;
-- megatron dp_balanced: Megatron-LM's own dp_balanced packing scheduler as issue #21 describes
-  it: arrival-order packs of the context length, split to a multiple of the DP size, dealt
-  round-robin, no cost model;
+- dp_balanced (re-implemented): Megatron-LM's dp_balanced packing scheduler re-implemented
+  from issue #21's description (not upstream's code): arrival-order packs of the context
+  length, split to a multiple of the DP size (upstream moves the last sequences of the last
+  packs into packs of their own, ours halves the fullest pack), dealt round-robin, no cost
+  model;
+- dp_balanced (Megatron-LM), only with `--megatron-lm PATH`: upstream's own
+  `DpBalancedScheduler.get_groups_and_subsamples` (megatron/core/datasets/data_schedule.py,
+  not in megatron-core 0.19.2) imported from the Megatron-LM source tree at PATH, on the same
+  batches; it then stands for dp_balanced in the summary;
 - cost-aware dp-balanced: our own variant (no system ships it): megatron's rows balanced over
   pipelines by attention-aware cost;
 - hotspa: the best scheme for each of the caps context/4, /2, /1 by GPU-seconds per token at
@@ -84,8 +90,44 @@ GPU = "A800"
 TOKENS_PER_ITERATION = 200_000
 PICK_ITERATIONS = 4
 MAX_TP = 16  # Hydraulis's 32B runs use TP16 across two nodes (its Table 3)
-# The baselines that do what a published system does (the cost-aware dp-balanced is ours).
-UPSTREAM_BASELINES = ("megatron", "megatron dp_balanced", "hotspa")
+DP_BALANCED = "dp_balanced (re-implemented)"
+DP_BALANCED_UPSTREAM = "dp_balanced (Megatron-LM)"
+# The baselines that do what a published system does (the cost-aware dp-balanced is ours);
+# dp_balanced is upstream's own where `--megatron-lm` gives it, else our re-implementation.
+UPSTREAM_BASELINES = ("megatron", DP_BALANCED, "hotspa")
+
+
+def megatron_lm_dp_balanced(source: str):
+    """Megatron-LM's own `DpBalancedScheduler` imported from the source tree at `source` (a
+    checkout of NVIDIA/Megatron-LM with megatron/core/datasets/data_schedule.py; needs torch;
+    nothing of it is copied here) as a `megatron_dp_balanced_shares`-like function: its
+    `get_groups_and_subsamples` (CP 1, no VPP) on the sequences truncated to the row length,
+    pipeline j's micro-batch i being its group [i][j]."""
+    import os  # here, not at the top: only this option loads code from a user's path
+    import sys
+
+    root = os.path.abspath(source)
+    sys.path.insert(0, root)
+    try:
+        from megatron.core.datasets import data_schedule
+    finally:
+        sys.path.remove(root)
+    if not os.path.abspath(data_schedule.__file__).startswith(root + os.sep):
+        raise SystemExit(f"--megatron-lm: megatron.core came from {data_schedule.__file__}")
+
+    def shares(lengths: np.ndarray, row_len: int, num_pipelines: int) -> list:
+        scheduler = data_schedule.DpBalancedScheduler(
+            max_seqlen_per_dp_cp_rank=row_len,
+            cp_size=1,
+            dp_size=num_pipelines,
+            microbatch_group_size_per_vp_stage=None,
+        )
+        seqlens = [(i, int(n)) for i, n in enumerate(np.minimum(lengths, row_len))]
+        groups = scheduler.get_groups_and_subsamples(seqlens)
+        return [[group[j] for group in groups] for j in range(num_pipelines)]
+
+    shares.source = data_schedule.__file__
+    return shares
 
 
 def selected(selector: StrategySelector, batch: np.ndarray) -> IterationLatency:
@@ -133,8 +175,16 @@ def workload(
 
 
 def setting(
-    model_name: str, num_gpus: int, context: int, iterations: int, trials: int, tokens: int
+    model_name: str,
+    num_gpus: int,
+    context: int,
+    iterations: int,
+    trials: int,
+    tokens: int,
+    upstream_dp_balanced=None,
 ):
+    """Every method's (mean latency, mean imbalance) on one setting; `upstream_dp_balanced`
+    (`megatron_lm_dp_balanced`) adds the row of Megatron-LM's own dp_balanced."""
     model = MODEL_PRESETS[model_name]
     gpu = get_gpu(GPU)
     work = workload(model_name, num_gpus, context, iterations, tokens)
@@ -161,6 +211,11 @@ def setting(
     def dp_balanced(p, b):
         return megatron_dp_balanced_iteration(b, p.scheme, num_gpus, context, planners)
 
+    def dp_balanced_upstream(p, b):
+        return megatron_dp_balanced_iteration(
+            b, p.scheme, num_gpus, context, planners, shares_of=upstream_dp_balanced
+        )
+
     def cost_balanced(p, b):
         return cost_balanced_iteration(b, p, num_gpus, context, planners)
 
@@ -180,7 +235,7 @@ def setting(
     profiles_list = list(profiles)
     methods = {
         "megatron": lambda b: megatron(mega_best, b),
-        "megatron dp_balanced": lambda b: dp_balanced(dpb_best, b),
+        DP_BALANCED: lambda b: dp_balanced(dpb_best, b),
         "cost-aware dp-balanced": lambda b: cost_balanced(cost_best, b),
         "hotspa": lambda b: hotspa_iteration(b, hot_stages, num_gpus, planners, switch_s),
         "(a) dispatch+max": lambda b: dispatched_iteration(
@@ -213,6 +268,13 @@ def setting(
         "(d) +selection": lambda b: selected(packing, b),
         "(e) +DynaPipe=ours": lambda b: selected(ours, b),
     }
+    if upstream_dp_balanced is not None:
+        upstream_best = best_of(fits, dp_balanced_upstream, pick)
+        methods = {
+            **dict(list(methods.items())[:2]),
+            DP_BALANCED_UPSTREAM: lambda b: dp_balanced_upstream(upstream_best, b),
+            **dict(list(methods.items())[2:]),
+        }
     results = {}
     for name, run in methods.items():
         runs = [run(b) for b in batches]
@@ -247,11 +309,13 @@ def setting(
         )
     chosen = {
         "megatron": mega_best.scheme,
-        "megatron dp_balanced": dpb_best.scheme,
+        DP_BALANCED: dpb_best.scheme,
         "cost-aware dp-balanced": cost_best.scheme,
         "hotspa": " / ".join(str(p.scheme) for _, p in hot_stages),
         "static": static,
     }
+    if upstream_dp_balanced is not None:
+        chosen[DP_BALANCED_UPSTREAM] = upstream_best.scheme
     return results, chosen, tokens, pricings
 
 
@@ -261,8 +325,20 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=100, help="dispatch trials (App. D.2)")
     parser.add_argument("--models", nargs="*", default=None, help="subset of the settings")
     parser.add_argument("--tokens-per-iteration", type=int, default=TOKENS_PER_ITERATION)
+    parser.add_argument(
+        "--megatron-lm",
+        metavar="PATH",
+        help="a Megatron-LM source tree: add the row of its own DpBalancedScheduler",
+    )
     args = parser.parse_args()
     print(__doc__)
+    upstream_dp = None
+    dp_row, baselines = DP_BALANCED, UPSTREAM_BASELINES
+    if args.megatron_lm:
+        upstream_dp = megatron_lm_dp_balanced(args.megatron_lm)
+        print(f"{DP_BALANCED_UPSTREAM}: DpBalancedScheduler of {upstream_dp.source}")
+        dp_row = DP_BALANCED_UPSTREAM
+        baselines = tuple(DP_BALANCED_UPSTREAM if k == DP_BALANCED else k for k in baselines)
     summary = []
     all_pricings = []
     for model_name, num_gpus in SETTINGS:
@@ -277,6 +353,7 @@ def main() -> None:
                 args.iterations,
                 args.trials,
                 args.tokens_per_iteration,
+                upstream_dp,
             )
             ours = results["(e) +DynaPipe=ours"][0]
             print(
@@ -286,11 +363,11 @@ def main() -> None:
             )
             print(f"  schemes: {chosen}")
             print(
-                f"  {'method':<24}{'latency s':>10}{'tokens/s':>11}{'imbalance':>11}{'ours x':>8}"
+                f"  {'method':<30}{'latency s':>10}{'tokens/s':>11}{'imbalance':>11}{'ours x':>8}"
             )
             for name, (latency, imbalance) in results.items():
                 print(
-                    f"  {name:<24}{latency:>10.3f}{tokens / latency:>11,.0f}"
+                    f"  {name:<30}{latency:>10.3f}{tokens / latency:>11,.0f}"
                     f"{imbalance:>11.2f}{latency / ours:>7.2f}x"
                 )
             print(f"  dispatch pricing (latency s; / {DISPATCH_PRICINGS[0]!r} in brackets):")
@@ -302,26 +379,29 @@ def main() -> None:
                 )
                 print(f"    {row:<18}{cells}")
             all_pricings.append(pricings)
-            upstream = min(results[k][0] for k in UPSTREAM_BASELINES)
+            upstream = min(results[k][0] for k in baselines)
             summary.append(
                 (
                     model_name,
                     num_gpus,
                     context,
                     upstream / ours,
-                    results["megatron dp_balanced"][0] / ours,
+                    results[dp_row][0] / ours,
                     results["cost-aware dp-balanced"][0] / ours,
+                    results[dp_row][0] / results[DP_BALANCED][0],
                 )
             )
     print_pricing_summary(all_pricings)
     print(
-        f"\nours vs the best of the systems' own baselines ({', '.join(UPSTREAM_BASELINES)}), "
-        "vs Megatron-LM's dp_balanced alone, and vs our cost-aware dp-balanced:"
+        f"\nours vs the best of the systems' own baselines ({', '.join(baselines)}), "
+        f"vs {dp_row} alone, and vs our cost-aware dp-balanced"
+        + (f"; {dp_row} / {DP_BALANCED} latency:" if upstream_dp else ":")
     )
-    for model_name, num_gpus, context, vs_upstream, vs_dp, vs_cost in summary:
+    for model_name, num_gpus, context, vs_upstream, vs_dp, vs_cost, dp_ratio in summary:
         print(
             f"  {model_name:<10}{num_gpus:>4} GPUs {context // 1024:>3}K: "
             f"{vs_upstream:.2f}x (target >= 1.30), {vs_dp:.2f}x, {vs_cost:.2f}x (target >= 1.00)"
+            + (f"; {dp_ratio:.4f}" if upstream_dp else "")
         )
 
 

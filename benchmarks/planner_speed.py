@@ -4,8 +4,12 @@ Workload (issue #2): N samples with lognormal lengths (median 256, sigma 1, clip
 [8, 4096]), GPT-6.7B with the analytic cost model on A100-80GB, 4 stages x 2 replicas,
 DynaPipe's dynamic micro-batching with the adaptive schedule. Each time is the median of
 several runs on one core (the planner is single-threaded), measured with time.perf_counter.
-The Python reference DP (same algorithm, same result) is the in-run baseline; DynaPipe's public
-planner is reported at 2 s (N=1000) to 43 s (N=8000) on this machine class.
+The Python reference DP (same algorithm, same result) is the only baseline this script runs.
+DynaPipe's public code (awslabs/optimizing-multitask-training-through-dynamic-pipelines) is not
+run here. Quoted from issue #35, not re-measured: its planner takes 2 s (N=1000) to 43 s
+(N=8000) with its own scipy-interpolated cost model, but its DP with table lookups (what ours
+does) 0.28-0.39 s (N=1000) and 6.0 s (N=8000) of CPU. Only the latter compare with this DP's
+times, and not like for like: another run, whose machine and lengths are not recorded here.
 """
 
 from __future__ import annotations

@@ -5,15 +5,19 @@ isolates the strategy and assignment choices.
 - Megatron-LM style (`megatron_iteration`): one homogeneous strategy sized for the context
   length; sequences packed into rows of the context length (first-fit decreasing), the rows
   split evenly over the pipelines, one row per micro-batch, 1F1B.
-- Megatron-LM's dp_balanced (`megatron_dp_balanced_iteration`), the packing scheduler upstream
-  Megatron-LM ships under that name, as issue #21 describes it: sequences packed in arrival
-  order (no sorting) up to the context length, packs split until their number is a multiple of
-  the data-parallel size, packs dealt round-robin to the pipelines; no cost model.
+- dp_balanced, re-implemented (`megatron_dp_balanced_iteration`): the packing scheduler upstream
+  Megatron-LM ships under that name (`DpBalancedScheduler`), re-implemented from issue #21's
+  description, not upstream's code: sequences packed in arrival order (no sorting) up to the
+  context length, packs split until their number is a multiple of the data-parallel size,
+  packs dealt round-robin to the pipelines; no cost model. The split step differs: upstream
+  moves the last sequences of the last packs into packs of their own, ours halves the fullest
+  pack (`split_to_multiple`). `shares_of` takes upstream's own split instead
+  (`benchmarks/hydraulis_quality.py --megatron-lm`).
 - Cost-aware DP-balanced (`cost_balanced_iteration`, our own baseline, no system ships it):
   Megatron-style's rows given to the pipelines longest-processing-time first by their
   attention-aware cost (sum of T(l) of their sequences), so pipelines get different numbers of
-  micro-batches. It knows the cost model upstream's dp_balanced lacks, yet prices a pipeline by
-  its sequences alone, not its rows' schedule, so it does not always beat upstream's.
+  micro-batches. It knows the cost model dp_balanced lacks, yet prices a pipeline by its
+  sequences alone, not its rows' schedule, so it does not always beat dp_balanced.
 - HotSPa style (`hotspa_iteration`): a few homogeneous strategies for increasing length ranges;
   each range's sequences run on all GPUs under its strategy in turn, with a hot switch
   (re-sharding the bf16 weights) between strategies.
@@ -118,8 +122,9 @@ def split_to_multiple(
 def megatron_dp_balanced_shares(
     lengths: np.ndarray, row_len: int, num_pipelines: int
 ) -> list[list[list[int]]]:
-    """Megatron-LM's dp_balanced: arrival-order packs of `row_len`, split to a multiple of
-    `num_pipelines`, pack k to pipeline k mod `num_pipelines`; each pipeline's packs in order."""
+    """dp_balanced as re-implemented here: arrival-order packs of `row_len`, split to a
+    multiple of `num_pipelines` (`split_to_multiple`), pack k to pipeline k mod
+    `num_pipelines`; each pipeline's packs in order."""
     packs = arrival_order_packs(lengths, row_len)
     packs = split_to_multiple(packs, np.minimum(lengths, row_len), num_pipelines)
     return [packs[j::num_pipelines] for j in range(num_pipelines)]
@@ -151,10 +156,16 @@ def megatron_iteration(
 
 
 def megatron_dp_balanced_iteration(
-    lengths: np.ndarray, scheme: ParallelScheme, num_gpus: int, context: int, planners
+    lengths: np.ndarray,
+    scheme: ParallelScheme,
+    num_gpus: int,
+    context: int,
+    planners,
+    shares_of=megatron_dp_balanced_shares,
 ) -> IterationLatency:
-    """Megatron-LM's dp_balanced packs (`megatron_dp_balanced_shares`), 1F1B per pipeline."""
-    shares = megatron_dp_balanced_shares(lengths, context, num_gpus // scheme.num_gpus)
+    """dp_balanced packs, 1F1B per pipeline: `shares_of(lengths, context, num_pipelines)`
+    gives each pipeline's packs (default: our re-implementation)."""
+    shares = shares_of(lengths, context, num_gpus // scheme.num_gpus)
     return _pipelines_latency(lengths, shares, scheme, num_gpus, context, planners)
 
 

@@ -7,7 +7,7 @@ from benchmarks.hydraulis_quality import setting
 
 METHODS = {
     "megatron": "Megatron-style",
-    "megatron dp_balanced": "Megatron-LM dp_balanced",
+    "dp_balanced (re-implemented)": "Megatron-LM dp_balanced (re-implemented)",
     "cost-aware dp-balanced": "cost-aware DP-balanced (ours)",
     "hotspa": "HotSPa-style",
     "(a) dispatch+max": "(a) homogeneous + dispatch, pack to MaxLen",

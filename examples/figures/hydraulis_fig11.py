@@ -23,7 +23,7 @@ FACTORS = {
     "context": (8192, 16384, 32768, 65536),
     "tokens": (100_000, 200_000, 400_000),
 }
-BASELINES = ("megatron", "megatron dp_balanced", "cost-aware dp-balanced", "hotspa")
+BASELINES = ("megatron", "dp_balanced (re-implemented)", "cost-aware dp-balanced", "hotspa")
 SHOWN = (*BASELINES, "(d) +selection", "(e) +DynaPipe=ours")
 LABELS = {
     "gpus": "number of GPUs",
@@ -78,8 +78,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             lines.append(
                 f"- {factor} = {value:,}: Hydraulis {at['(d) +selection']:.2f} s, best baseline "
                 f"{best:.2f} s ({best / at['(d) +selection']:.2f}x), Megatron-style "
-                f"{at['megatron']:.2f} s, Megatron-LM dp_balanced "
-                f"{at['megatron dp_balanced']:.2f} s, cost-aware DP-balanced (ours) "
+                f"{at['megatron']:.2f} s, dp_balanced (re-implemented) "
+                f"{at['dp_balanced (re-implemented)']:.2f} s, cost-aware DP-balanced (ours) "
                 f"{at['cost-aware dp-balanced']:.2f} s, HotSPa-style {at['hotspa']:.2f} s."
             )
     write_outputs(

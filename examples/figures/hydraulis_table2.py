@@ -2,9 +2,10 @@
 context 32K, 64 GPUs with 200K tokens per iteration and 1,024 GPUs with 3.2M.
 
 The measurement is `benchmarks/hydraulis_solve_time.py`'s own `measure` (imported, not
-copied), on one core (process time). Each bar pairs like with like: the paper's methods as we
+copied), on one core (process time). Each bar pairs the same method: the paper's methods as we
 implement them (its DP over the relaxation, its greedy dispatch, its ILP packing with CP-SAT)
-against the times the paper reports for them; our heuristic defaults (closed-form proposal
+against the times the paper reports for them on its own machine (a cross-machine quote, not a
+like-for-like timing); our heuristic defaults (closed-form proposal
 with hill climb, LPT packing) are bars of their own, with their measured gap to the exact
 methods in the note.
 """
@@ -132,11 +133,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         ),
         ours="\n".join(lines),
         differences=(
-            "Like with like: the blue bars run the paper's own methods (its DP over the "
-            "relaxation in steps of 0.1, rounded; its greedy dispatch; Eq. 1 as an ILP, here "
-            "CP-SAT with a 1 s limit per micro-batch count) on one core of a shared 2-core "
-            "machine, against the times the paper reports on its own hardware with 10 "
-            "processes. The green bars are our default heuristics, other algorithms than the "
+            "Same methods, different machines: the blue bars run the paper's methods (its DP "
+            "over the relaxation in steps of 0.1, rounded; its greedy dispatch; Eq. 1 as an "
+            "ILP, here CP-SAT with a 1 s limit per micro-batch count) on one core of a shared "
+            "2-core machine, against the times the paper reports on its own hardware with 10 "
+            "processes and its own code: a cross-machine quote, not a like-for-like timing "
+            "(Hydraulis' public code is not run here). The green bars are our default "
+            "heuristics, other algorithms than the "
             "paper's: a closed-form proposal with a hill climb and LPT packing; their time is "
             "not a speed-up of the paper's methods. Their measured gap to the exact methods is "
             f"held to {GAP_BOUND:.0%} (`benchmarks/hydraulis_solve_time.py`): LPT packing is "

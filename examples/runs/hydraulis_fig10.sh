@@ -4,7 +4,7 @@
 # the disaggregated optimiser) against Megatron-LM style homogeneous training on one TP x PP
 # layout (megatron-core's 1F1B over rows packed to the context length, packing-1f1b, and over
 # Megatron's fixed-length windows, megatron-1f1b), for each context length, beside the
-# planner's predictions. Megatron-LM's dp_balanced, our cost-aware DP-balanced and HotSPa-style
+# planner's predictions. dp_balanced (re-implemented), our cost-aware DP-balanced and HotSPa-style
 # have no runtime here; the simulated figure (examples/figures/hydraulis_fig10.py) prices them.
 #
 #   examples/runs/hydraulis_fig10.sh                    # the GPUs nvidia-smi lists

@@ -1,6 +1,6 @@
-"""Hydraulis' comparison baselines (dynapipe_planner.strategy.baselines): Megatron-LM's
-dp_balanced on hand-worked examples (arrival-order packs, split to a multiple of the DP size,
-dealt round-robin), and each baseline's latency made of its pipelines' shares."""
+"""Hydraulis' comparison baselines (dynapipe_planner.strategy.baselines): our re-implementation
+of Megatron-LM's dp_balanced on hand-worked examples (arrival-order packs, split to a multiple
+of the DP size, dealt round-robin), and each baseline's latency made of its pipelines' shares."""
 
 from __future__ import annotations
 
@@ -73,3 +73,14 @@ def test_iteration_prices_each_pipelines_share() -> None:
         np.array([8, 8, 8]), ParallelScheme(1, 1), 2, 8, RowCounter()
     )
     assert short.gpu_busy == (2.0, 1.0) and short.imbalance == 0.5
+
+
+def test_iteration_takes_another_split() -> None:
+    # `shares_of` replaces the re-implemented split (e.g. upstream's DpBalancedScheduler)
+    def all_on_first(lengths, row_len, num_pipelines):
+        return [[[i] for i in range(len(lengths))]] + [[] for _ in range(num_pipelines - 1)]
+
+    run = megatron_dp_balanced_iteration(
+        LENGTHS, ParallelScheme(1, 1), 2, 8, RowCounter(), shares_of=all_on_first
+    )
+    assert run.gpu_busy == (6.0, 0.0) and run.imbalance == 1.0
