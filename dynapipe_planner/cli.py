@@ -20,11 +20,11 @@ import numpy as np
 
 from .cli_args import (
     OneLineParser,
+    add_cluster_flags,
+    add_memory_limit_flag,
     add_renamed,
     check_output_dir,
     check_output_file,
-    gpu_count,
-    memory_gib,
     nonnegative_int,
     positive_int,
     report_error,
@@ -32,7 +32,7 @@ from .cli_args import (
     seed,
     sequence_cap,
 )
-from .cluster import DEFAULT_GPU, GPU_PRESETS, ClusterSpec, GiB, get_gpu
+from .cluster import ClusterSpec, GiB, get_gpu
 from .cost import (
     AnalyticCostModel,
     PipelineCosts,
@@ -90,24 +90,14 @@ def _plan_parser() -> argparse.ArgumentParser:
     model.add_argument("--cost-table", help="profiled cost table JSON (default: analytic model)")
     model.add_argument("--flash-attention", action="store_true", help="no s^2 activation memory")
     cluster = p.add_argument_group("cluster")
-    cluster.add_argument("--gpu", default=DEFAULT_GPU, help=f"one of {', '.join(GPU_PRESETS)}")
-    cluster.add_argument(
-        "--num-gpus",
-        type=gpu_count,
-        default=None,
-        help="GPUs: TP x PP x data-parallel replicas (default: TP x PP, one replica)",
+    add_cluster_flags(
+        cluster, None, "GPUs: TP x PP x data-parallel replicas (default: TP x PP, one replica)"
     )
-    cluster.add_argument("--gpus-per-node", type=positive_int, default=8)
     par = p.add_argument_group("parallelism")
     par.add_argument("--tensor-model-parallel-size", type=positive_int, default=1)
     par.add_argument("--pipeline-model-parallel-size", type=positive_int, default=4)
     memory = p.add_argument_group("memory")
-    memory.add_argument(
-        "--memory-limit-gib",
-        type=memory_gib,
-        default=0,
-        help="usable GiB per GPU (default 0: the GPU's memory minus a reserve)",
-    )
+    add_memory_limit_flag(memory)
     memory.add_argument("--recompute", choices=RECOMPUTE, default="auto")
     plan = p.add_argument_group("planning")
     plan.add_argument("--iterations", type=positive_int, default=1, help="global batches to plan")

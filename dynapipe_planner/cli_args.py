@@ -21,6 +21,8 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
+from .cluster import DEFAULT_GPU, GPU_PRESETS
+
 # Counts the planner stores in int64 arrays and C++ `int64_t`s; anything larger is a typo.
 MAX_COUNT = 2**62
 MAX_GIB = 2**20
@@ -169,6 +171,24 @@ def memory_gib(text: str) -> float:
     value = _float(text)
     _require(value, text, value >= 0, "GiB per GPU: a memory size must not be negative")
     return _require(value, text, value <= MAX_GIB, f"GiB is more than {MAX_GIB} GiB per GPU")
+
+
+MEMORY_LIMIT_HELP = "usable GiB per GPU (default 0: the GPU's memory minus a reserve)"
+
+
+def add_cluster_flags(
+    group: argparse._ArgumentGroup, num_gpus: int | None, num_gpus_help: str | None = None
+) -> None:
+    """`--gpu`, `--num-gpus` and `--gpus-per-node`, spelled and defaulted alike in every CLI
+    (only the number of GPUs differs by command)."""
+    group.add_argument("--gpu", default=DEFAULT_GPU, help=f"one of {', '.join(GPU_PRESETS)}")
+    group.add_argument("--num-gpus", type=gpu_count, default=num_gpus, help=num_gpus_help)
+    group.add_argument("--gpus-per-node", type=positive_int, default=8)
+
+
+def add_memory_limit_flag(group: argparse._ArgumentGroup, help: str = MEMORY_LIMIT_HELP) -> None:
+    """`--memory-limit-gib`, the same in every CLI (0: the GPU's memory minus a reserve)."""
+    group.add_argument("--memory-limit-gib", type=memory_gib, default=0, help=help)
 
 
 def _named(flag: str) -> str:

@@ -19,18 +19,18 @@ from itertools import groupby
 
 from ..cli_args import (
     OneLineParser,
+    add_cluster_flags,
+    add_memory_limit_flag,
     add_renamed,
     bin_count,
     check_output_file,
-    gpu_count,
-    memory_gib,
     positive_float,
     positive_int,
     report_error,
     sample_count,
     sequence_length,
 )
-from ..cluster import DEFAULT_GPU, GPU_PRESETS, GiB, default_memory_limit_bytes, get_gpu
+from ..cluster import GiB, default_memory_limit_bytes, get_gpu
 from ..errors import PlanningError
 from ..model_spec import MODEL_PRESETS, load_model_spec
 from .cost_inputs import analytic_cost_inputs
@@ -66,9 +66,7 @@ def _parser() -> argparse.ArgumentParser:
         "the analytic model and --gpu; --model must describe the profiled layers",
     )
     cluster = p.add_argument_group("cluster")
-    cluster.add_argument("--gpu", default=DEFAULT_GPU, help=f"one of {', '.join(GPU_PRESETS)}")
-    cluster.add_argument("--num-gpus", type=gpu_count, default=8)
-    cluster.add_argument("--gpus-per-node", type=positive_int, default=8)
+    add_cluster_flags(cluster, 8)
     par = p.add_argument_group("parallelism")
     par.add_argument(
         "--pipeline-model-parallel-size",
@@ -83,12 +81,10 @@ def _parser() -> argparse.ArgumentParser:
         "--even-partition", action="store_true", help="split layers evenly over stages"
     )
     memory = p.add_argument_group("memory")
-    memory.add_argument(
-        "--memory-limit-gib",
-        type=memory_gib,
-        default=0,
-        help="the budget: GiB per GPU (default 0: the GPU's memory minus a reserve; give it "
-        "with --cost-table)",
+    add_memory_limit_flag(
+        memory,
+        "the budget: GiB per GPU (default 0: the GPU's memory minus a reserve; give it with "
+        "--cost-table)",
     )
     memory.add_argument(
         "--memory-bins", type=bin_count, default=256, help="layer DP memory resolution"

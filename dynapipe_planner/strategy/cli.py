@@ -21,18 +21,18 @@ import numpy as np
 
 from ..cli_args import (
     OneLineParser,
+    add_cluster_flags,
+    add_memory_limit_flag,
     add_renamed,
     check_output_dir,
     check_output_file,
-    gpu_count,
-    memory_gib,
     positive_int,
     report_error,
     sample_count,
     seed,
     sequence_length,
 )
-from ..cluster import DEFAULT_GPU, GPU_PRESETS, GiB, get_gpu
+from ..cluster import GiB, get_gpu
 from ..data import PRESETS, global_batches, load_lengths, sample_lengths
 from ..errors import PlanningError
 from ..model_spec import MODEL_PRESETS, load_model_spec
@@ -111,20 +111,13 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     model = p.add_argument_group("model")
     model.add_argument("--model", default="gpt-6.7b", help=f"{', '.join(MODEL_PRESETS)} or JSON")
     cluster = p.add_argument_group("cluster")
-    cluster.add_argument("--gpu", default=DEFAULT_GPU, help=f"one of {', '.join(GPU_PRESETS)}")
-    cluster.add_argument("--num-gpus", type=gpu_count, default=64)
-    cluster.add_argument("--gpus-per-node", type=positive_int, default=8)
+    add_cluster_flags(cluster, 64)
     par = p.add_argument_group("parallelism")
     par.add_argument(
         "--max-tp", type=positive_int, default=8, help="largest TP degree (NVLink island)"
     )
     memory = p.add_argument_group("memory")
-    memory.add_argument(
-        "--memory-limit-gib",
-        type=memory_gib,
-        default=0,
-        help="usable GiB per GPU (default 0: the GPU's memory minus a reserve)",
-    )
+    add_memory_limit_flag(memory)
     memory.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
     strategies = p.add_argument_group("strategies")
     strategies.add_argument(
