@@ -49,8 +49,8 @@ from pathlib import Path
 
 import numpy as np
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m benchmarks.cost_model_accuracy")
 
 from benchmarks.torchrun_runs import ROOT, add_model_args, free_port, model_flags
 
@@ -196,7 +196,8 @@ def _train(args: argparse.Namespace, out: Path, mode: str) -> list[list[dict]]:
     print(f"training pass measuring {mode} ({_load()})", flush=True)
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
-        "--master-port", str(free_port()), __file__, *model_flags(args),
+        "--master-port", str(free_port()), "-m", "benchmarks.cost_model_accuracy",
+        *model_flags(args),
         "--tokens-per-global-batch", str(args.tokens_per_global_batch),
         "--iterations", str(args.iterations), "--memory-limit", str(args.memory_limit),
         "--data-path", args.data_path, "--cost-table", args.cost_table,

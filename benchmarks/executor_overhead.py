@@ -2,7 +2,7 @@
 1F1B schedule (`get_forward_backward_func()`) on identical micro-batches (seed `dynapipe.txt`
 §3 "instruction-driven executor"; target: at least 0.97 of megatron-core's tokens/s).
 
-    python benchmarks/executor_overhead.py --rounds 5
+    python -m benchmarks.executor_overhead --rounds 5
 
 Both run in the same two torchrun processes (PP=2, gloo, one CPU thread each), on the same
 megatron-core GPT stage in Megatron DDP, the same global batch: `--microbatches` micro-batches
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m benchmarks.executor_overhead")
 
 from benchmarks.torchrun_runs import ROOT, add_model_args, free_port, model_flags
 
@@ -139,7 +139,7 @@ def main() -> None:
         passed = [a for a in sys.argv[1:]]
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
-            "--master-port", str(free_port()), str(Path(__file__).resolve()), *passed,
+            "--master-port", str(free_port()), "-m", "benchmarks.executor_overhead", *passed,
             "--worker", str(results),
         ]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -147,7 +147,7 @@ def main() -> None:
         started = time.time()
         out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if out.returncode != 0:
-            sys.exit(f"executor_overhead.py: the torchrun run failed:\n{out.stderr[-3000:]}")
+            sys.exit(f"executor_overhead: the torchrun run failed:\n{out.stderr[-3000:]}")
         measured = json.loads(results.read_text())
     times, tokens = measured["times"], measured["tokens"]
     ours, theirs = times["DynaPipe executor"], times["megatron-core 1F1B"]

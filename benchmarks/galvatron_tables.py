@@ -15,7 +15,7 @@ Galvatron-BMW engine restricted to that family's strategies:
 
 It then checks the paper's ordering: BMW >= Base >= each limited space >= the pure strategies
 it contains, and prints every place where it does not hold. A benchmark prints what it
-measured; it is not a test. Run: `python benchmarks/galvatron_tables.py [--models ...]`
+measured; it is not a test. Run: `python -m benchmarks.galvatron_tables [--models ...]`
 (`--num-gpus 16 --gpus-per-node 8` for two nodes, where PP and the bi-objective step pay).
 """
 

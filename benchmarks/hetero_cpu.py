@@ -47,15 +47,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import yaml
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m benchmarks.hetero_cpu")
 
 from benchmarks.torchrun_runs import RunTimedOut, add_model_args, alternating, model_flags, run
 from dynapipe_planner.devices import load_cluster

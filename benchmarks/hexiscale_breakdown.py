@@ -13,7 +13,7 @@ memory forces); with recomputation chosen per stage (ours and the A800 reference
 search with App. A's network as written (`share_links=False`); and
 the paper's Table 2 plan for setting 3 built by hand and priced by our model both ways.
 
-    python benchmarks/hexiscale_breakdown.py
+    python -m benchmarks.hexiscale_breakdown
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ points; we print points and the gap relative to the homogeneous MFU.
 Targets from the issue: within 5 MFU points of the homogeneous reference, at least 1.5x over
 Metis-style, under 10 s at 320 GPUs. This prints what it measured; it asserts nothing.
 
-    python benchmarks/hexiscale_settings.py            # a few minutes
-    python benchmarks/hexiscale_settings.py --quick    # settings 1-3 only, no scaling runs
+    python -m benchmarks.hexiscale_settings            # a few minutes
+    python -m benchmarks.hexiscale_settings --quick    # settings 1-3 only, no scaling runs
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m benchmarks.hexiscale_settings")
 
 from benchmarks.hexiscale_breakdown import breakdown, describe
 from dynapipe_planner.devices import HeteroCluster, cluster_from_dict, load_cluster

@@ -50,15 +50,14 @@ import dataclasses
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m benchmarks.search_speed")
 
-from galvatron_reference import env as galvatron_env
-from galvatron_reference import profiles
-
+from benchmarks.galvatron_reference import env as galvatron_env
+from benchmarks.galvatron_reference import profiles
 from dynapipe_planner.cluster import get_gpu
 from dynapipe_planner.model_spec import MODEL_PRESETS, ModelSpec, llama_spec
 from dynapipe_planner.search import (

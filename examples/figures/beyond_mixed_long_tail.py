@@ -23,13 +23,14 @@ cross machines, each machine's link at full speed), the same formula for all fou
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit(
+        "run from the repository root: python -m examples.figures.beyond_mixed_long_tail"
+    )
 
 import numpy as np
 

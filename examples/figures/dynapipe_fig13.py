@@ -10,12 +10,10 @@ packing is decoder-only); micro-batch size grid searched, 1F1B.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m examples.figures.dynapipe_fig13")
 
 from examples.figures._common import PaperFigure, start, write_outputs
 from examples.figures._dynapipe import scaling_point

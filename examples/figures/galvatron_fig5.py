@@ -17,13 +17,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import dataclasses
 import statistics
-import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m examples.figures.galvatron_fig5")
 
 from benchmarks.galvatron_tables import ROWS
 from dynapipe_planner.cluster import GiB, get_gpu

@@ -11,14 +11,12 @@ balanced in FLOPS as §4.2's do, but links are ignored.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m examples.figures.hexiscale_fig8")
 
 from benchmarks.hexiscale_settings import CLUSTERS, job_cost
 from dynapipe_planner.devices import load_cluster

@@ -6,12 +6,10 @@ is `benchmarks/hydraulis_quality.py`'s `setting` with few iterations.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m examples.figures.hydraulis_fig11")
 
 from examples.figures._common import PaperFigure, start, subplots, write_outputs
 from examples.figures._hydraulis import METHODS, setting_rows

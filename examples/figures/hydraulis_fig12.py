@@ -11,14 +11,12 @@ A rank's latency is the propagation time of the pipeline it belongs to.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m examples.figures.hydraulis_fig12")
 
 from benchmarks.hydraulis_quality import MAX_TP, best_of, workload
 from dynapipe_planner.strategy.baselines import IterationLatency, megatron_iteration, per_gpu

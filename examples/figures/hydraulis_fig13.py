@@ -7,12 +7,10 @@ selection (= Hydraulis), and our (e) + DynaPipe micro-batching inside pipelines.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m examples.figures.hydraulis_fig13")
 
 from examples.figures._common import PaperFigure, start, subplots, write_outputs
 from examples.figures._hydraulis import METHODS, setting_rows

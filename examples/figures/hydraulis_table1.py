@@ -11,13 +11,11 @@ Megatron's log line does not split its time, so its bar is only that mark).
 
 from __future__ import annotations
 
-import sys
 import textwrap
 from collections.abc import Sequence
-from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m examples.figures.hydraulis_table1")
 
 from benchmarks.switch_overhead import measure, parser, workload
 from examples.figures._common import PaperFigure, start, subplots, write_outputs

@@ -11,12 +11,10 @@ methods in the note.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m examples.figures.hydraulis_table2")
 
 from benchmarks.hydraulis_solve_time import (
     GAP_BOUND,

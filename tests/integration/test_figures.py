@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import importlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,16 +15,14 @@ import pytest
 from paths import ROOT
 
 RUNNER = ROOT / "examples" / "all.sh"
+FIGURES = sorted(
+    p.stem for p in (ROOT / "examples" / "figures").glob("*.py") if not p.name.startswith("_")
+)
 
 
 def run_quick(name: str, out: Path) -> None:
-    """Run `examples/figures/<name>.py --quick` in this process, writing under `out`."""
-    sys.path.insert(0, str(ROOT))
-    try:
-        module = importlib.import_module(f"examples.figures.{name}")
-    finally:
-        sys.path.remove(str(ROOT))
-    module.main(["--out", str(out), "--quick"])
+    """Run `python -m examples.figures.<name> --quick` in this process, writing under `out`."""
+    importlib.import_module(f"examples.figures.{name}").main(["--out", str(out), "--quick"])
 
 
 def test_fig7_end_to_end(tmp_path: Path) -> None:
@@ -66,21 +65,31 @@ def test_galvatron_table2_quick(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(sys.platform == "win32", reason="bash runner")
 def test_runner_names_the_failing_script(tmp_path: Path) -> None:
-    ok = tmp_path / "fine_figure.py"
-    ok.write_text("import sys\nprint('ran', sys.argv[1:])\n")
-    bad = tmp_path / "broken_figure.py"
-    bad.write_text("raise SystemExit(3)\n")
-    never = tmp_path / "later_figure.py"
+    package = tmp_path / "fake_figures"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "fine_figure.py").write_text("import sys\nprint('ran', sys.argv[1:])\n")
+    (package / "broken_figure.py").write_text("raise SystemExit(3)\n")
+    never = package / "later_figure.py"
     never.write_text("open(__file__ + '.ran', 'w').close()\n")
-    env = {**os.environ, "FIGURES": f"{ok} {bad} {never}", "OUT": str(tmp_path / "out")}
-    env["PYTHON"] = sys.executable
+    modules = " ".join(
+        f"fake_figures.{n}" for n in ("fine_figure", "broken_figure", "later_figure")
+    )
+    env = {**os.environ, "FIGURES": modules, "OUT": str(tmp_path / "out")}
+    env["PYTHON"], env["PYTHONPATH"] = sys.executable, str(tmp_path)
     done = subprocess.run(["bash", str(RUNNER)], env=env, capture_output=True, text=True)
     assert done.returncode != 0
     assert "[1/3] fine_figure" in done.stdout
     assert "[2/3] broken_figure" in done.stdout
-    assert "FAILED: broken_figure" in done.stderr
+    assert "FAILED: broken_figure (python -m fake_figures.broken_figure)" in done.stderr
     assert "later_figure" not in done.stdout
     assert not Path(str(never) + ".ran").exists()
+
+
+def test_runner_lists_every_figure() -> None:
+    """`examples/all.sh` (`make figures`) runs every script under examples/figures/."""
+    listed = re.findall(r"^    examples\.figures\.(\w+)$", RUNNER.read_text(), re.M)
+    assert sorted(listed) == FIGURES, "examples/all.sh's DEFAULT_FIGURES misses or adds scripts"
 
 
 def test_hexiscale_fig1_end_to_end(tmp_path: Path) -> None:

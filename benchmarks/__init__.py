@@ -1,0 +1,2 @@
+"""The repository's benchmarks, a package of the repository that is not installed: run each from
+the repository root as `python -m benchmarks.<name>` (docs/benchmarks.md)."""
