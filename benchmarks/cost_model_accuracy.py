@@ -85,7 +85,7 @@ def _training_argv(args: argparse.Namespace) -> list[str]:
         "--train-iters", str(args.iterations), "--data-path", args.data_path,
         "--dynapipe-cost-model", args.cost_table,
         "--dynapipe-memory-limit", str(args.memory_limit),
-        "--log-interval", "10", "--split", "1,0,0", "--eval-iters", "0",
+        "--log-interval", "10", "--split", "1,0,0", "--eval-iters", "0", "--lr", "1e-4",
     ]  # fmt: skip
 
 
@@ -199,7 +199,9 @@ def _train(args: argparse.Namespace, out: Path, mode: str) -> list[list[dict]]:
         "--master-port", str(free_port()), "-m", "benchmarks.cost_model_accuracy",
         *model_flags(args),
         "--tokens-per-global-batch", str(args.tokens_per_global_batch),
-        "--iterations", str(args.iterations), "--memory-limit", str(args.memory_limit),
+        "--iterations", str(args.iterations),
+        "--warmup-iterations", str(args.warmup_iterations),
+        "--memory-limit", str(args.memory_limit),
         "--data-path", args.data_path, "--cost-table", args.cost_table,
         "--output-dir", str(out), "--worker", mode,
     ]  # fmt: skip

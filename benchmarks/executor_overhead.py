@@ -6,11 +6,15 @@
 
 Both run in the same two torchrun processes (PP=2, gloo, one CPU thread each), on the same
 megatron-core GPT stage in Megatron DDP, the same global batch: `--microbatches` micro-batches
-of `--micro-batch-size` rows of exactly `--seq-length` tokens. DynaPipe's side runs the plan the
-planner makes for that batch with fixed-size micro-batches and the 1F1B schedule (the padding
-baseline: every row full, so the plan's micro-batches are megatron-core's); megatron-core's
-side runs the same plan's micro-batches through its own schedule
-(`MegatronFixedLengthBaseline`).
+of `--micro-batch-size` rows of exactly `--seq-length` tokens. The planner's packing baseline
+(`--batching packing`) plans that batch: every document fills one row, so each micro-batch is
+`--micro-batch-size` full rows and the plan's schedule is 1F1B. DynaPipe's side runs that plan
+with its executor (`PlanExecutor`); megatron-core's side runs the same plan's micro-batches
+through its own schedule with `MegatronPackingBaseline` (`--baseline packing-1f1b`'s runner:
+each micro-batch one THD sequence of its rows, fixed shapes, as `PlanExecutor` runs packed
+rows). Megatron's fixed-length runner (`MegatronFixedLengthBaseline`) that this benchmark used
+before is gone: `--baseline megatron-1f1b` now runs Megatron's own loop, which has no per-plan
+runner to time, and the packing runner is megatron-core's schedule over identical tensors.
 Each round times one iteration of each, in alternating order, as the slower rank's wall time
 from a barrier to finalised gradients (no optimiser step: neither schedule includes it); the
 first `--warmup` rounds are dropped. Printed: each side's median tokens/s, the per-round ratios
@@ -52,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def _megatron_flags(args: argparse.Namespace) -> list[str]:
     return [
         *model_flags(args), "--pipeline-model-parallel-size", str(WORLD),
-        "--batching", "padding", "--micro-batch-size", str(args.micro_batch_size),
+        "--batching", "packing", "--micro-batch-size", str(args.micro_batch_size),
         "--global-batch-size", str(args.micro_batch_size * args.microbatches),
         "--train-iters", "1", "--lr", "1e-4", "--hidden-dropout", "0", "--attention-dropout", "0",
         "--dynapipe-recompute", "none", "--vocab-size", "256", "--tokenizer-type",
@@ -75,7 +79,7 @@ def _worker(args: argparse.Namespace) -> None:
     from megatron.dynapipe.data.variable_length import in_memory_dataset
     from megatron.dynapipe.model import padded_vocab_size
     from megatron.dynapipe.pipeline.executor import PlanExecutor
-    from megatron.dynapipe.pipeline.megatron_baseline import MegatronFixedLengthBaseline
+    from megatron.dynapipe.pipeline.megatron_baseline import MegatronPackingBaseline
     from megatron.dynapipe.pipeline.plan_source import planner_recipe
     from megatron.dynapipe.stage import stage_in_ddp
 
@@ -96,17 +100,13 @@ def _worker(args: argparse.Namespace) -> None:
     assert len(plan.microbatches) == args.microbatches, plan.stats
     batches = rank_microbatches(plan, 0, data)
     executor = PlanExecutor.for_this_rank(model, config, device=torch.device("cpu"))
-    megatron = MegatronFixedLengthBaseline(
-        model,
-        config,
-        seq_length=args.seq_length,
-        micro_batch_size=args.micro_batch_size,
-        recompute="none",
-    )
-    in_order = [batches[mb.id] for mb in plan.microbatches]
+    megatron = MegatronPackingBaseline(
+        model, config, seq_length=args.seq_length, micro_batch_size=args.micro_batch_size,
+        pad_id=255,
+    )  # fmt: skip
     runners = {
         "DynaPipe executor": lambda: executor.run(plan, batches),
-        "megatron-core 1F1B": lambda: megatron.run(in_order),
+        "megatron-core 1F1B": lambda: megatron.run(plan, batches),
     }
     times: dict[str, list[float]] = {name: [] for name in runners}
     for r in range(args.rounds + args.warmup):
