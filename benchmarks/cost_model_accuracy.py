@@ -69,8 +69,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=16384, help="profiling grid token cap")
     p.add_argument("--cost-table", default=None, help="use this table instead of profiling")
     p.add_argument("--output-dir", default="cost_model_accuracy")
+    p.add_argument("--smoke", action="store_true", help="a tiny model and grid, 2 iterations")
     p.add_argument("--worker", choices=("time", "memory"), default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.smoke:  # CI's check that the benchmark runs, not a measurement
+        args.num_layers, args.hidden_size, args.seq_length = 2, 32, 128
+        args.tokens_per_global_batch, args.iterations, args.warmup_iterations = 512, 2, 1
+        args.microbatch_sizes, args.max_tokens = "1,2", 256
     if args.warmup_iterations >= args.iterations:
         p.error(f"--warmup-iterations {args.warmup_iterations} leaves no iteration to compare")
     return args

@@ -49,8 +49,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--smoke", action="store_true", help="a tiny model, one round (CI's check)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # results path (a rank)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.num_layers, args.hidden_size, args.seq_length = 2, 32, 64
+        args.micro_batch_size, args.microbatches, args.rounds, args.warmup = 1, 2, 1, 0
+    return args
 
 
 def _megatron_flags(args: argparse.Namespace) -> list[str]:

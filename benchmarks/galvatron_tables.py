@@ -215,7 +215,10 @@ def main() -> None:
         help="micro-batch counts tried per PP degree P (P, 2P, 4P, ...); 1: m = P, i.e. no "
         "gradient accumulation without PP, closer to the paper's baselines",
     )
+    p.add_argument("--smoke", action="store_true", help="CI's check: ViT-Huge-32 alone, m = P")
     args = p.parse_args()
+    if args.smoke:
+        args.models, args.microbatch_counts = ["vit-huge-32"], 1
     run(args.models, args.gpu, args.num_gpus, args.gpus_per_node, args.microbatch_counts)
 
 

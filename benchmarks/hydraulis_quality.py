@@ -261,14 +261,23 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=100, help="dispatch trials (App. D.2)")
     parser.add_argument("--models", nargs="*", default=None, help="subset of the settings")
     parser.add_argument("--tokens-per-iteration", type=int, default=TOKENS_PER_ITERATION)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CI's check: LLaMA 7B on 8 GPUs at 16K, one iteration of 50,000 tokens, 5 trials",
+    )
     args = parser.parse_args()
+    settings, contexts = SETTINGS, CONTEXTS
+    if args.smoke:
+        settings, contexts = SETTINGS[:1], CONTEXTS[:1]
+        args.iterations, args.trials, args.tokens_per_iteration = 1, 5, 50_000
     print(__doc__)
     summary = []
     all_pricings = []
-    for model_name, num_gpus in SETTINGS:
+    for model_name, num_gpus in settings:
         if args.models and model_name not in args.models:
             continue
-        for context in CONTEXTS:
+        for context in contexts:
             started = time.perf_counter()
             results, chosen, tokens, pricings = setting(
                 model_name,

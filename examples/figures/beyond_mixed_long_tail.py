@@ -231,7 +231,7 @@ def combined_systems(cluster: HeteroCluster, pricer: ClusterPricer, data, pick, 
 
 def main(argv: Sequence[str] | None = None) -> None:
     run = start(FIGURE, argv, __doc__ or "")
-    iterations, tokens, trials, keep = (4, 65_536, 10, 1) if run.quick else (50, 262_144, 50, 2)
+    iterations, tokens, trials, keep = (2, 65_536, 5, 1) if run.quick else (50, 262_144, 50, 2)
     cluster = load_cluster(CLUSTER)
     pricer = ClusterPricer(cluster, MODEL_PRESETS[MODEL], cluster.num_devices)
     data = np.minimum(sample_lengths("commoncrawl", 200_000, seed=0), CONTEXT)

@@ -30,8 +30,8 @@ MAX_SEQLEN = 2048
 def main(argv: Sequence[str] | None = None) -> None:
     run = start(FIGURE, argv, __doc__ or "")
     gpus = (4,) if run.quick else GPUS
-    sizes = (16384, 65536) if run.quick else TOKENS
-    iterations = 2 if run.quick else 4
+    sizes = (8192, 16384) if run.quick else TOKENS
+    iterations = 1 if run.quick else 4
     rows = [
         row
         for family in ("gpt", "t5")

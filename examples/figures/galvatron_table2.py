@@ -30,7 +30,7 @@ BUDGETS = (8, 12, 16, 20)
 
 def main(argv: Sequence[str] | None = None) -> None:
     run = start(FIGURE, argv, __doc__ or "")
-    models, budgets = (("vit-huge-32",), (8, 16)) if run.quick else (MODELS, BUDGETS)
+    models, budgets = (("vit-huge-32",), (8,)) if run.quick else (MODELS, BUDGETS)
     table = compute("TABLE_II", [CLUSTER], models, budgets)
     fig = draw(run, table, [CLUSTER])
     write_outputs(

@@ -76,14 +76,15 @@ def best_so_far(cost: HeteroCostModel, history: list[dict]) -> list[float]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     run = start(FIGURE, argv, __doc__ or "")
-    seeds = range(2) if run.quick else range(8)
+    seeds = range(1) if run.quick else range(8)
     cases = CASES[:1] if run.quick else CASES
+    plans = {"max_plans": 50} if run.quick else {}  # quick: the first 50 plans of each search
     rows, curves = [], {}
     for label, file, model in cases:
         cost = job_cost(load_cluster(CLUSTERS / file), model, BATCH)
         for method, partition in METHODS.items():
             for seed in seeds:
-                r = hexiscale_search(cost, SearchConfig(seed=seed, partition=partition))
+                r = hexiscale_search(cost, SearchConfig(seed=seed, partition=partition, **plans))
                 curve = best_so_far(cost, r.history)
                 curves[(label, method, seed)] = curve
                 for i, mfu in enumerate(curve):
