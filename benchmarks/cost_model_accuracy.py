@@ -49,8 +49,8 @@ from pathlib import Path
 
 import numpy as np
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m benchmarks.cost_model_accuracy")
 
 from benchmarks.torchrun_runs import ROOT, add_model_args, free_port, model_flags
 
@@ -69,8 +69,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=16384, help="profiling grid token cap")
     p.add_argument("--cost-table", default=None, help="use this table instead of profiling")
     p.add_argument("--output-dir", default="cost_model_accuracy")
+    p.add_argument("--smoke", action="store_true", help="a tiny model and grid, 2 iterations")
     p.add_argument("--worker", choices=("time", "memory"), default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.smoke:  # CI's check that the benchmark runs, not a measurement
+        args.num_layers, args.hidden_size, args.seq_length = 2, 32, 128
+        args.tokens_per_global_batch, args.iterations, args.warmup_iterations = 512, 2, 1
+        args.microbatch_sizes, args.max_tokens = "1,2", 256
     if args.warmup_iterations >= args.iterations:
         p.error(f"--warmup-iterations {args.warmup_iterations} leaves no iteration to compare")
     return args
@@ -85,7 +90,7 @@ def _training_argv(args: argparse.Namespace) -> list[str]:
         "--train-iters", str(args.iterations), "--data-path", args.data_path,
         "--dynapipe-cost-model", args.cost_table,
         "--dynapipe-memory-limit-gib", str(args.memory_limit),
-        "--log-interval", "10", "--split", "1,0,0", "--eval-iters", "0",
+        "--log-interval", "10", "--split", "1,0,0", "--eval-iters", "0", "--lr", "1e-4",
     ]  # fmt: skip
 
 
@@ -196,9 +201,12 @@ def _train(args: argparse.Namespace, out: Path, mode: str) -> list[list[dict]]:
     print(f"training pass measuring {mode} ({_load()})", flush=True)
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
-        "--master-port", str(free_port()), __file__, *model_flags(args),
+        "--master-port", str(free_port()), "-m", "benchmarks.cost_model_accuracy",
+        *model_flags(args),
         "--tokens-per-global-batch", str(args.tokens_per_global_batch),
-        "--iterations", str(args.iterations), "--memory-limit", str(args.memory_limit),
+        "--iterations", str(args.iterations),
+        "--warmup-iterations", str(args.warmup_iterations),
+        "--memory-limit", str(args.memory_limit),
         "--data-path", args.data_path, "--cost-table", args.cost_table,
         "--output-dir", str(out), "--worker", mode,
     ]  # fmt: skip

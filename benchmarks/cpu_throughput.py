@@ -15,11 +15,8 @@ padding but full seq-length attention across documents. CPU work counts the rank
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m benchmarks.cpu_throughput")
 
 from benchmarks.throughput import Defaults, measure, parser
 

@@ -2,15 +2,19 @@
 1F1B schedule (`get_forward_backward_func()`) on identical micro-batches (seed `dynapipe.txt`
 §3 "instruction-driven executor"; target: at least 0.97 of megatron-core's tokens/s).
 
-    python benchmarks/executor_overhead.py --rounds 5
+    python -m benchmarks.executor_overhead --rounds 5
 
 Both run in the same two torchrun processes (PP=2, gloo, one CPU thread each), on the same
 megatron-core GPT stage in Megatron DDP, the same global batch: `--microbatches` micro-batches
-of `--micro-batch-size` rows of exactly `--seq-length` tokens. DynaPipe's side runs the plan the
-planner makes for that batch with fixed-size micro-batches and the 1F1B schedule (the padding
-baseline: every row full, so the plan's micro-batches are megatron-core's); megatron-core's
-side runs the same plan's micro-batches through its own schedule
-(`MegatronFixedLengthBaseline`).
+of `--micro-batch-size` rows of exactly `--seq-length` tokens. The planner's packing baseline
+(`--batching packing`) plans that batch: every document fills one row, so each micro-batch is
+`--micro-batch-size` full rows and the plan's schedule is 1F1B. DynaPipe's side runs that plan
+with its executor (`PlanExecutor`); megatron-core's side runs the same plan's micro-batches
+through its own schedule with `MegatronPackingBaseline` (`--baseline packing-1f1b`'s runner:
+each micro-batch one THD sequence of its rows, fixed shapes, as `PlanExecutor` runs packed
+rows). Megatron's fixed-length runner (`MegatronFixedLengthBaseline`) that this benchmark used
+before is gone: `--baseline megatron-1f1b` now runs Megatron's own loop, which has no per-plan
+runner to time, and the packing runner is megatron-core's schedule over identical tensors.
 Each round times one iteration of each, in alternating order, as the slower rank's wall time
 from a barrier to finalised gradients (no optimiser step: neither schedule includes it); the
 first `--warmup` rounds are dropped. Printed: each side's median tokens/s, the per-round ratios
@@ -30,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m benchmarks.executor_overhead")
 
 from benchmarks.torchrun_runs import ROOT, add_model_args, free_port, model_flags
 
@@ -45,14 +49,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--smoke", action="store_true", help="a tiny model, one round (CI's check)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # results path (a rank)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.num_layers, args.hidden_size, args.seq_length = 2, 32, 64
+        args.micro_batch_size, args.microbatches, args.rounds, args.warmup = 1, 2, 1, 0
+    return args
 
 
 def _megatron_flags(args: argparse.Namespace) -> list[str]:
     return [
         *model_flags(args), "--pipeline-model-parallel-size", str(WORLD),
-        "--batching", "padding", "--micro-batch-size", str(args.micro_batch_size),
+        "--batching", "packing", "--micro-batch-size", str(args.micro_batch_size),
         "--global-batch-size", str(args.micro_batch_size * args.microbatches),
         "--train-iters", "1", "--lr", "1e-4", "--hidden-dropout", "0", "--attention-dropout", "0",
         "--dynapipe-recompute", "none", "--vocab-size", "256", "--tokenizer-type",
@@ -75,7 +84,7 @@ def _worker(args: argparse.Namespace) -> None:
     from megatron.dynapipe.data.variable_length import in_memory_dataset
     from megatron.dynapipe.model import padded_vocab_size
     from megatron.dynapipe.pipeline.executor import PlanExecutor
-    from megatron.dynapipe.pipeline.megatron_baseline import MegatronFixedLengthBaseline
+    from megatron.dynapipe.pipeline.megatron_baseline import MegatronPackingBaseline
     from megatron.dynapipe.pipeline.plan_source import planner_recipe
     from megatron.dynapipe.stage import stage_in_ddp
 
@@ -96,17 +105,13 @@ def _worker(args: argparse.Namespace) -> None:
     assert len(plan.microbatches) == args.microbatches, plan.stats
     batches = rank_microbatches(plan, 0, data)
     executor = PlanExecutor.for_this_rank(model, config, device=torch.device("cpu"))
-    megatron = MegatronFixedLengthBaseline(
-        model,
-        config,
-        seq_length=args.seq_length,
-        micro_batch_size=args.micro_batch_size,
-        recompute="none",
-    )
-    in_order = [batches[mb.id] for mb in plan.microbatches]
+    megatron = MegatronPackingBaseline(
+        model, config, seq_length=args.seq_length, micro_batch_size=args.micro_batch_size,
+        pad_id=255,
+    )  # fmt: skip
     runners = {
         "DynaPipe executor": lambda: executor.run(plan, batches),
-        "megatron-core 1F1B": lambda: megatron.run(in_order),
+        "megatron-core 1F1B": lambda: megatron.run(plan, batches),
     }
     times: dict[str, list[float]] = {name: [] for name in runners}
     for r in range(args.rounds + args.warmup):
@@ -139,7 +144,7 @@ def main() -> None:
         passed = [a for a in sys.argv[1:]]
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
-            "--master-port", str(free_port()), str(Path(__file__).resolve()), *passed,
+            "--master-port", str(free_port()), "-m", "benchmarks.executor_overhead", *passed,
             "--worker", str(results),
         ]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -147,7 +152,7 @@ def main() -> None:
         started = time.time()
         out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if out.returncode != 0:
-            sys.exit(f"executor_overhead.py: the torchrun run failed:\n{out.stderr[-3000:]}")
+            sys.exit(f"executor_overhead: the torchrun run failed:\n{out.stderr[-3000:]}")
         measured = json.loads(results.read_text())
     times, tokens = measured["times"], measured["tokens"]
     ours, theirs = times["DynaPipe executor"], times["megatron-core 1F1B"]

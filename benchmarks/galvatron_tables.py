@@ -15,7 +15,7 @@ Galvatron-BMW engine restricted to that family's strategies:
 
 It then checks the paper's ordering: BMW >= Base >= each limited space >= the pure strategies
 it contains, and prints every place where it does not hold. A benchmark prints what it
-measured; it is not a test. Run: `python benchmarks/galvatron_tables.py [--models ...]`
+measured; it is not a test. Run: `python -m benchmarks.galvatron_tables [--models ...]`
 (`--num-gpus 16 --gpus-per-node 8` for two nodes, where PP and the bi-objective step pay).
 """
 
@@ -215,7 +215,10 @@ def main() -> None:
         help="micro-batch counts tried per PP degree P (P, 2P, 4P, ...); 1: m = P, i.e. no "
         "gradient accumulation without PP, closer to the paper's baselines",
     )
+    p.add_argument("--smoke", action="store_true", help="CI's check: ViT-Huge-32 alone, m = P")
     args = p.parse_args()
+    if args.smoke:
+        args.models, args.microbatch_counts = ["vit-huge-32"], 1
     run(args.models, args.gpu, args.num_gpus, args.gpus_per_node, args.microbatch_counts)
 
 

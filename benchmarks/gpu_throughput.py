@@ -14,10 +14,9 @@ install -e ".[gpu]"`) gives every micro-batch per-sample attention. Methods and 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m benchmarks.gpu_throughput")
 
 from benchmarks.throughput import Defaults, measure, parser
 from dynapipe_planner.cluster import GPU_PRESETS
@@ -52,7 +51,8 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         print(
-            "gpu_throughput.py: error: no CUDA device (cpu_throughput.py measures CPU ranks)",
+            "benchmarks.gpu_throughput: error: no CUDA device (benchmarks.cpu_throughput "
+            "measures CPU ranks)",
             file=sys.stderr,
         )
         raise SystemExit(2)

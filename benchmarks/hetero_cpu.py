@@ -47,15 +47,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import yaml
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m benchmarks.hetero_cpu")
 
 from benchmarks.torchrun_runs import RunTimedOut, add_model_args, alternating, model_flags, run
 from dynapipe_planner.devices import load_cluster
@@ -180,7 +179,17 @@ def main() -> None:
     p.add_argument("--run-timeout-s", type=float, default=90.0, help="a run past it is dropped")
     p.add_argument("--rounds", type=int, default=3, help="paired rounds after the screening")
     p.add_argument("--output-dir", help="keep the cluster YAML and plans here")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CI's check: 2 ranks, a tiny GPT, one iteration a run, one symmetric layout of each "
+        "kind screened, one round",
+    )
     args = p.parse_args()
+    if args.smoke:  # CI's check that the benchmark runs, not a measurement
+        args.slowdowns, args.num_layers, args.hidden_size = [1.0, 2.0], 2, 32
+        args.seq_length, args.tokens_per_global_batch, args.planner_max_plans = 64, 512, 20
+        args.warmup_iters, args.measured_iters, args.rounds = 0, 1, 1
     started = time.perf_counter()
     world = len(args.slowdowns)
     tflops = core_tflops()
@@ -213,6 +222,9 @@ def main() -> None:
         configs, estimates = layouts(cost, binding, out, args)
         estimates[HEXISCALE] = hexi_estimate
         symmetric = [(label, flags) for label, flags in configs if label != HEXISCALE]
+        if args.smoke:  # one layout run with Megatron's flags, one as a --hetero-plan
+            kinds = {"--hetero-plan" in flags: (label, flags) for label, flags in symmetric[::-1]}
+            symmetric = list(kinds.values())
         timed_out: list[str] = []
 
         def measure(label: str, flags: list[str]) -> list[dict[str, str]] | None:

@@ -13,8 +13,8 @@ points; we print points and the gap relative to the homogeneous MFU.
 Targets from the issue: within 5 MFU points of the homogeneous reference, at least 1.5x over
 Metis-style, under 10 s at 320 GPUs. This prints what it measured; it asserts nothing.
 
-    python benchmarks/hexiscale_settings.py            # a few minutes
-    python benchmarks/hexiscale_settings.py --quick    # settings 1-3 only, no scaling runs
+    python -m benchmarks.hexiscale_settings            # a few minutes
+    python -m benchmarks.hexiscale_settings --quick    # settings 1-3 only, no scaling runs
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m benchmarks.hexiscale_settings")
 
 from benchmarks.hexiscale_breakdown import breakdown, describe
 from dynapipe_planner.devices import HeteroCluster, cluster_from_dict, load_cluster
@@ -369,10 +369,19 @@ def main() -> None:
         help="global batches (samples of 4096 tokens) every system is tried at",
     )
     p.add_argument("--sizes", type=int, nargs="*", default=[64, 128, 240, 320])
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CI's check: setting 1 with Llama-2 7B at batch 128, 5 plans a search, one "
+        "scaling size (64 GPUs)",
+    )
     args = p.parse_args()
+    if args.smoke:
+        args.max_plans, args.batches, args.sizes = 5, [128], [64]
     load = os.getloadavg()
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores\n")
     cases = [c for c in CASES if not args.quick or "App" not in c[0]]
+    cases = cases[:1] if args.smoke else cases
     t0 = time.perf_counter()
     results = compare(args.max_plans, args.batches, cases)
     by_batch_table(results, args.batches)
@@ -380,7 +389,9 @@ def main() -> None:
     paper_cases = [c for c in cases if "App" not in c[0]]
     for name in VARIANTS:
         variant(name, args.max_plans, args.batches, paper_cases)
-    if not args.quick:
+    if args.smoke:
+        scaling(args.max_plans, args.sizes, "llama2-70b", 4)
+    elif not args.quick:
         scaling(max(args.max_plans, 1000), args.sizes, "llama2-70b", 4)
     load = os.getloadavg()
     print(

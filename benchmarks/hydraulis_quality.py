@@ -77,6 +77,8 @@ from dynapipe_planner.strategy.schemes import (
 )
 from dynapipe_planner.strategy.selection import SelectionConfig, StrategySelector
 
+from .megatron_lm_dp_balanced import MegatronLmDpBalanced
+
 SETTINGS = (
     ("llama-7b", 8),
     ("llama-7b", 16),
@@ -95,39 +97,6 @@ DP_BALANCED_UPSTREAM = "dp_balanced (Megatron-LM)"
 # The baselines that do what a published system does (the cost-aware dp-balanced is ours);
 # dp_balanced is upstream's own where `--megatron-lm` gives it, else our re-implementation.
 UPSTREAM_BASELINES = ("megatron", DP_BALANCED, "hotspa")
-
-
-def megatron_lm_dp_balanced(source: str):
-    """Megatron-LM's own `DpBalancedScheduler` imported from the source tree at `source` (a
-    checkout of NVIDIA/Megatron-LM with megatron/core/datasets/data_schedule.py; needs torch;
-    nothing of it is copied here) as a `megatron_dp_balanced_shares`-like function: its
-    `get_groups_and_subsamples` (CP 1, no VPP) on the sequences truncated to the row length,
-    pipeline j's micro-batch i being its group [i][j]."""
-    import os  # here, not at the top: only this option loads code from a user's path
-    import sys
-
-    root = os.path.abspath(source)
-    sys.path.insert(0, root)
-    try:
-        from megatron.core.datasets import data_schedule
-    finally:
-        sys.path.remove(root)
-    if not os.path.abspath(data_schedule.__file__).startswith(root + os.sep):
-        raise SystemExit(f"--megatron-lm: megatron.core came from {data_schedule.__file__}")
-
-    def shares(lengths: np.ndarray, row_len: int, num_pipelines: int) -> list:
-        scheduler = data_schedule.DpBalancedScheduler(
-            max_seqlen_per_dp_cp_rank=row_len,
-            cp_size=1,
-            dp_size=num_pipelines,
-            microbatch_group_size_per_vp_stage=None,
-        )
-        seqlens = [(i, int(n)) for i, n in enumerate(np.minimum(lengths, row_len))]
-        groups = scheduler.get_groups_and_subsamples(seqlens)
-        return [[group[j] for group in groups] for j in range(num_pipelines)]
-
-    shares.source = data_schedule.__file__
-    return shares
 
 
 def selected(selector: StrategySelector, batch: np.ndarray) -> IterationLatency:
@@ -330,21 +299,38 @@ def main() -> None:
         metavar="PATH",
         help="a Megatron-LM source tree: add the row of its own DpBalancedScheduler",
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CI's check: LLaMA 7B on 8 GPUs at 16K, one iteration of 50,000 tokens, 5 trials",
+    )
     args = parser.parse_args()
+    settings, contexts = SETTINGS, CONTEXTS
+    if args.smoke:
+        settings, contexts = SETTINGS[:1], CONTEXTS[:1]
+        args.iterations, args.trials, args.tokens_per_iteration = 1, 5, 50_000
     print(__doc__)
-    upstream_dp = None
-    dp_row, baselines = DP_BALANCED, UPSTREAM_BASELINES
     if args.megatron_lm:
-        upstream_dp = megatron_lm_dp_balanced(args.megatron_lm)
-        print(f"{DP_BALANCED_UPSTREAM}: DpBalancedScheduler of {upstream_dp.source}")
+        with MegatronLmDpBalanced(args.megatron_lm) as upstream_dp:
+            print(f"{DP_BALANCED_UPSTREAM}: DpBalancedScheduler of {upstream_dp.source}")
+            run_settings(args, settings, contexts, upstream_dp)
+    else:
+        run_settings(args, settings, contexts, None)
+
+
+def run_settings(args, settings, contexts, upstream_dp) -> None:
+    """Every setting's tables, then the summary; `upstream_dp` (Megatron-LM's own
+    dp_balanced) stands for dp_balanced where given."""
+    dp_row, baselines = DP_BALANCED, UPSTREAM_BASELINES
+    if upstream_dp is not None:
         dp_row = DP_BALANCED_UPSTREAM
         baselines = tuple(DP_BALANCED_UPSTREAM if k == DP_BALANCED else k for k in baselines)
     summary = []
     all_pricings = []
-    for model_name, num_gpus in SETTINGS:
+    for model_name, num_gpus in settings:
         if args.models and model_name not in args.models:
             continue
-        for context in CONTEXTS:
+        for context in contexts:
             started = time.perf_counter()
             results, chosen, tokens, pricings = setting(
                 model_name,

@@ -229,10 +229,20 @@ def main() -> None:
         default=2,
         help="iterations (the first) that also run the ILP packing: minutes each at 1,024 GPUs",
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CI's check: 64 GPUs, one iteration of 50,000 tokens, 5 trials, neither the "
+        "paper's DP nor the ILP",
+    )
     args = parser.parse_args()
+    settings = SETTINGS
+    if args.smoke:
+        settings = [(SETTINGS[0][0], 50_000)]
+        args.iterations, args.trials, args.dp_gpus, args.ilp_iterations = 1, 5, [], 0
     print(__doc__)
     results = []
-    for num_gpus, tokens in SETTINGS:
+    for num_gpus, tokens in settings:
         m = measure(
             num_gpus,
             tokens,

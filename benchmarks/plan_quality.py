@@ -193,7 +193,15 @@ def main() -> None:
     parser.add_argument(
         "--sizes", type=int, nargs="*", default=[1000, 2000, 4000, 8000], help="N of table 2"
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CI's check: max length 512, one global batch of 16,384 tokens, N = 200",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.max_seqlens, args.iterations, args.global_batch_tokens = [512], 1, 16384
+        args.sizes = [200]
     print(__doc__)
     cluster = ClusterSpec(get_gpu("A100-80GB"), num_stages=4, num_replicas=2)
     cost_model = AnalyticCostModel(MODEL_PRESETS["gpt-6.7b"], cluster)

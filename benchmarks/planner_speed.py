@@ -49,7 +49,10 @@ def main() -> None:
     parser.add_argument(
         "--reference-max", type=int, default=8000, help="largest N for the Python DP"
     )
+    parser.add_argument("--smoke", action="store_true", help="CI's check: N = 256, once")
     args = parser.parse_args()
+    if args.smoke:
+        args.sizes, args.repeats = [256], 1
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     cluster = ClusterSpec(get_gpu("A100-80GB"), num_stages=4, num_replicas=2)

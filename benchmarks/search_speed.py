@@ -54,15 +54,14 @@ import dataclasses
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m benchmarks.search_speed")
 
-from galvatron_reference import env as galvatron_env
-from galvatron_reference import profiles
-
+from benchmarks.galvatron_reference import env as galvatron_env
+from benchmarks.galvatron_reference import profiles
 from dynapipe_planner.cluster import get_gpu
 from dynapipe_planner.model_spec import MODEL_PRESETS, ModelSpec, llama_spec
 from dynapipe_planner.search import (
@@ -331,6 +330,23 @@ def compare(st: Setting, galv: dict) -> Row:
     )
 
 
+def smoke(batch_per_gpu: int) -> None:
+    """`--smoke`: `run_ours` on the smallest setting, its plan and the files Galvatron reads."""
+    work = tempfile.mkdtemp(prefix="search-speed-")
+    try:
+        st = run_ours(24, 8, 24, batch_per_gpu, work, repeats=1)
+        files = sorted(os.listdir(st.job["profile_dir"]))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    r = st.ours
+    print(
+        f"smoke: ours on {st.layers} layers, {st.gpus} GPUs, {st.memory_gb} GB in {st.ours_s:.3f} "
+        f"s: {describe(r.pp, r.partition, r.strategies, r.num_microbatches)}, "
+        f"{r.throughput:.2f} samples/s predicted; Galvatron's inputs: {', '.join(files)}; "
+        "Galvatron not run (--smoke)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="8 and 16 GPUs only")
@@ -348,7 +364,17 @@ def main() -> None:
     parser.add_argument("--rebuild-galvatron", action="store_true")
     parser.add_argument("--galvatron-env", default=None, help="default: ~/.cache/dynapipe/...")
     parser.add_argument("--show-plans", action="store_true")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CI's check: our side of the smallest setting (24 layers, 8 GPUs, 24 GB), once, "
+        "with Galvatron's profile files written but Galvatron not run (its environment comes "
+        "from PyPI)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        smoke(args.batch_per_gpu)
+        return
     gpus = args.gpus or ([8, 16] if args.quick else [8, 16, 64])
 
     start = time.perf_counter()

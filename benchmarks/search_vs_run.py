@@ -54,12 +54,13 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m benchmarks.search_vs_run")
 
 from benchmarks.torchrun_runs import (
     ROOT,
@@ -113,14 +114,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--microbatch-sizes", default="1,2,4,8,16", help="profiled sizes")
     p.add_argument("--repeats", type=int, default=5, help="profiler's timed runs per point")
     p.add_argument("--quick", action="store_true", help="fewer profile points and runs")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CI's check: a tiny GPT and grid, one round of the searched plan and one uniform "
+        "layout, one iteration each (output in a temporary folder unless --out-dir)",
+    )
     p.add_argument("--run-timeout-s", type=float, default=600.0)
-    p.add_argument("--out-dir", default="/tmp/search_vs_run")
+    p.add_argument("--out-dir", default=None, help="default /tmp/search_vs_run")
     args = p.parse_args(argv)
     if args.quick:
         args.microbatch_sizes, args.repeats = "1,2,4,8", 3
         args.warmup, args.iterations = 1, 3
+    if args.smoke:
+        args.num_layers, args.hidden_size, args.seq_length = 4, 32, 64
+        args.global_batch_size, args.microbatch_sizes, args.repeats = 8, "1,2", 1
+        args.warmup, args.iterations, args.rounds = 0, 1, 1
+        args.out_dir = args.out_dir or tempfile.mkdtemp(prefix="search_vs_run-")
     if args.rounds is None:
         args.rounds = 2 if args.quick else 3
+    args.out_dir = args.out_dir or "/tmp/search_vs_run"
     return args
 
 
@@ -365,6 +378,9 @@ def main(argv: list[str] | None = None) -> None:
             slower, faster = sorted([plain, ckpt], key=lambda x: -x.result.iteration_time_s)
             slower.why_not = f"skipped (--quick: {faster.name} is predicted faster)"
         layouts += [plain, ckpt]
+    if args.smoke:  # the searched plan and the first uniform layout that runs
+        for x in [x for x in layouts if not x.why_not][1:]:
+            x.why_not = "skipped (--smoke)"
     runnable = [x for x in [searched, *layouts] if not x.why_not]
     profiled_round = 0
     for round_, layout in alternating(runnable, args.rounds):

@@ -31,12 +31,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m benchmarks.switch_overhead")
 
 from benchmarks.torchrun_runs import ROOT, alternating, run
 
@@ -100,7 +100,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-iters", type=int, default=2)
     p.add_argument("--measured-iters", type=int, default=6)
     p.add_argument("--rounds", type=int, default=1, help="runs per configuration, pooled")
+    p.add_argument("--smoke", action="store_true", help="a tiny GPT, one measured iteration")
     return p
+
+
+def smoke(args: argparse.Namespace) -> argparse.Namespace:
+    """CI's check that every configuration runs (`--smoke`), not a measurement: hidden 32,
+    64 tokens a sample, 512 a batch, one iteration, one round."""
+    if args.smoke:
+        args.hidden_size, args.seq_length, args.tokens_per_global_batch = 32, 64, 512
+        args.warmup_iters, args.measured_iters, args.rounds = 0, 1, 1
+    return args
 
 
 def workload(args: argparse.Namespace) -> str:
@@ -112,8 +122,8 @@ def workload(args: argparse.Namespace) -> str:
     )
 
 
-def measure(args: argparse.Namespace) -> list[dict[str, object]]:
-    """Every configuration's medians (`summary`), in Table 1's order."""
+def measure(args: argparse.Namespace, only: Collection[str] = ()) -> list[dict[str, object]]:
+    """Every configuration's medians (`summary`), in Table 1's order; `only`: those labels."""
     hetero = ["--hetero-plan", str(ROOT / "examples" / "hetero_plan_4ranks.json")]
     with tempfile.TemporaryDirectory() as tmp:
         two = Path(tmp) / "two_pipelines.json"
@@ -126,6 +136,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, object]]:
             ("static heterogeneous, overlapped", [*hetero, "--overlap-pull-push"]),
             ("dynamic heterogeneous, overlapped", ["--dynamic-strategies", "--overlap-pull-push"]),
         ]
+        configs = [(label, extra) for label, extra in configs if not only or label in only]
         kept: dict[str, list[dict[str, str]]] = {label: [] for label, _ in configs}
         for _, (label, extra) in alternating(configs, args.rounds):
             kept[label] += run(
@@ -135,7 +146,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, object]]:
 
 
 def main() -> None:
-    args = parser().parse_args()
+    args = smoke(parser().parse_args())
     print(workload(args))
     rows = measure(args)
     print(

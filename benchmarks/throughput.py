@@ -134,6 +134,11 @@ def parser(description: str, defaults: Defaults) -> argparse.ArgumentParser:
         default="",
         help="extra pretrain_gpt.py flags for DynaPipe, e.g. '--dynapipe-memory-limit-gib 1'",
     )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CI's check: a tiny GPT, one round of one measured iteration, micro-batch size 1",
+    )
     return p
 
 
@@ -199,6 +204,11 @@ def _where(args: argparse.Namespace) -> str:
 
 def measure(args: argparse.Namespace) -> None:
     """Run every method (`--rounds` times, alternating) and print the comparison."""
+    if args.smoke:  # the warm-up iteration stays: the first one has no CPU seconds
+        args.num_layers, args.hidden_size, args.num_attention_heads = 2, 32, 4
+        args.seq_length, args.tokens_per_global_batch = 128, 512
+        args.warmup_iters, args.measured_iters = 1, 1
+        args.rounds, args.baseline_micro_batch_sizes = 1, [1]
     print(
         f"PP={args.pipeline_model_parallel_size}, {args.nproc_per_node} ranks on {_where(args)}; "
         f"GPT {args.num_layers} layers x {args.hidden_size} hidden; {args.data_path} truncated "

@@ -71,13 +71,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _iteration(line: str) -> re.Match | None:
+    return HETERO.search(line) or HOMOGENEOUS.search(line)
+
+
 def iteration_rows(stdout: str) -> list[dict[str, str]]:
     """The fields of every per-iteration line, heterogeneous or homogeneous; `peak_mib` is the
     largest rank's peak memory where `--log-peak-memory` traced the iteration, `fitted` the
     online fit's prediction (ms) where the line shows one, else None."""
     rows = []
     for line in stdout.splitlines():
-        match = HETERO.search(line) or HOMOGENEOUS.search(line)
+        match = _iteration(line)
         if match:
             peak, fitted = PEAK_MEMORY.search(line), FITTED.search(line)
             rows.append(
@@ -126,7 +130,7 @@ def run(
         lines, cpu_at_line = [], []
         for line in proc.stdout:  # the CPU seconds spent by the time each line is printed
             lines.append(line)
-            cpu_at_line.append(tree_cpu_s(proc.pid) if HOMOGENEOUS.search(line) else None)
+            cpu_at_line.append(tree_cpu_s(proc.pid) if _iteration(line) else None)
         proc.wait()
         timer.cancel()
         if timeout_s is not None and time.perf_counter() - started >= timeout_s:
@@ -140,8 +144,8 @@ def run(
     rows = iteration_rows(stdout)
     if len(rows) != warmup_iters + measured_iters:
         raise SystemExit(f"{label}: expected one line per iteration, got:\n{stdout}")
-    marks = [cpu for cpu in cpu_at_line if cpu is not None]
-    for row, before, after in zip(rows, [None, *marks], marks, strict=False):
+    marks = [cpu for cpu in cpu_at_line if cpu is not None]  # one per row
+    for row, before, after in zip(rows, [None, *marks[:-1]], marks, strict=True):
         row["first_loss"] = rows[0]["loss"]
         row["cpu_s"] = None if before is None else f"{after - before:.4f}"
     load = os.getloadavg()[0]

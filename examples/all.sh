@@ -5,7 +5,9 @@
 #   examples/all.sh                 # every figure into examples/out/<figure>/
 #   OUT=/tmp/figs examples/all.sh   # another output root
 #   QUICK=1 examples/all.sh         # each script's tiny workload (smoke run)
-#   FIGURES="path/a.py path/b.py" examples/all.sh   # an explicit script list (tests use this)
+#   FIGURES="examples.figures.dynapipe_fig7 ..." examples/all.sh   # an explicit list of modules
+#
+# Each script runs as a module from the repository root (`python -m examples.figures.<name>`).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -15,34 +17,34 @@ PYTHON="${PYTHON:-python3}"
 
 # In order: DynaPipe, Hydraulis, Galvatron-BMW, HexiScale, then beyond the seeds.
 DEFAULT_FIGURES=(
-    examples/figures/dynapipe_fig4.py
-    examples/figures/dynapipe_fig5.py
-    examples/figures/dynapipe_fig7.py
-    examples/figures/dynapipe_fig13.py
-    examples/figures/dynapipe_fig14.py
-    examples/figures/dynapipe_fig15.py
-    examples/figures/dynapipe_fig16.py
-    examples/figures/dynapipe_fig17.py
-    examples/figures/dynapipe_fig18.py
-    examples/figures/hydraulis_fig3.py
-    examples/figures/hydraulis_fig10.py
-    examples/figures/hydraulis_fig11.py
-    examples/figures/hydraulis_fig12.py
-    examples/figures/hydraulis_fig13.py
-    examples/figures/hydraulis_table1.py
-    examples/figures/hydraulis_table2.py
-    examples/figures/galvatron_table2.py
-    examples/figures/galvatron_table3.py
-    examples/figures/galvatron_table4.py
-    examples/figures/galvatron_fig4.py
-    examples/figures/galvatron_fig5.py
-    examples/figures/hexiscale_fig1.py
-    examples/figures/hexiscale_fig4_5.py
-    examples/figures/hexiscale_table2.py
-    examples/figures/hexiscale_fig8.py
-    examples/figures/hexiscale_fig9.py
-    examples/figures/hexiscale_fig10.py
-    examples/figures/beyond_mixed_long_tail.py
+    examples.figures.dynapipe_fig4
+    examples.figures.dynapipe_fig5
+    examples.figures.dynapipe_fig7
+    examples.figures.dynapipe_fig13
+    examples.figures.dynapipe_fig14
+    examples.figures.dynapipe_fig15
+    examples.figures.dynapipe_fig16
+    examples.figures.dynapipe_fig17
+    examples.figures.dynapipe_fig18
+    examples.figures.hydraulis_fig3
+    examples.figures.hydraulis_fig10
+    examples.figures.hydraulis_fig11
+    examples.figures.hydraulis_fig12
+    examples.figures.hydraulis_fig13
+    examples.figures.hydraulis_table1
+    examples.figures.hydraulis_table2
+    examples.figures.galvatron_table2
+    examples.figures.galvatron_table3
+    examples.figures.galvatron_table4
+    examples.figures.galvatron_fig4
+    examples.figures.galvatron_fig5
+    examples.figures.hexiscale_fig1
+    examples.figures.hexiscale_fig4_5
+    examples.figures.hexiscale_table2
+    examples.figures.hexiscale_fig8
+    examples.figures.hexiscale_fig9
+    examples.figures.hexiscale_fig10
+    examples.figures.beyond_mixed_long_tail
 )
 if [[ -n "${FIGURES:-}" ]]; then
     read -r -a SCRIPTS <<< "$FIGURES"
@@ -55,12 +57,12 @@ EXTRA=()
 total=${#SCRIPTS[@]}
 began=$SECONDS
 for i in "${!SCRIPTS[@]}"; do
-    script="${SCRIPTS[$i]}"
-    name="$(basename "$script" .py)"
+    module="${SCRIPTS[$i]}"
+    name="${module##*.}"
     echo "[$((i + 1))/$total] $name ..."
     t0=$SECONDS
-    if ! "$PYTHON" "$script" --out "$OUT" "${EXTRA[@]}"; then
-        echo "FAILED: $name ($script) after $((SECONDS - t0)) s; later figures not run" >&2
+    if ! "$PYTHON" -m "$module" --out "$OUT" "${EXTRA[@]}"; then
+        echo "FAILED: $name (python -m $module) after $((SECONDS - t0)) s; later figures not run" >&2
         exit 1
     fi
     echo "[$((i + 1))/$total] $name done in $((SECONDS - t0)) s (total $((SECONDS - began)) s)"

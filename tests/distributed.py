@@ -76,12 +76,12 @@ def _rank_main(
         conn.send((False, traceback.format_exc()))
     finally:
         conn.close()
-        _stop_children()
+        stop_children()
         # Skip the parent's atexit handlers (pytest's among them) and gloo teardown barriers.
         os._exit(0)
 
 
-def _stop_children() -> None:
+def stop_children() -> None:
     """End the processes this rank started, as interpreter exit would (os._exit skips it):
     megatron-core's checkpoint writer keeps a multiprocessing manager per rank, and planner
     workers of a run that failed stay up; each would outlive the test (560 MB apiece)."""
@@ -179,7 +179,7 @@ def _forked_program(program: str, argv: list[str], env: dict[str, str], conn) ->
         conn.send(_exit_status_of(program, argv))
     finally:
         conn.close()
-        _stop_children()
+        stop_children()
         os._exit(0)
 
 

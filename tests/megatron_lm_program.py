@@ -20,7 +20,6 @@ import megatron.dynapipe.enable  # noqa: F401  (the one line a Megatron-LM progr
 import json
 import os
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -38,9 +37,7 @@ from megatron.training.argument_utils import (
 )
 from megatron.training.arguments import parse_and_validate_args
 from megatron.training.datasets.sft_dataset import SFTDataset
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's pretrain_gpt.py
-from pretrain_gpt import forward_step
+from pretrain_gpt import forward_step  # the repository's, importable from its root
 
 
 def model_provider(pre_process=True, post_process=True, vp_stage=None, config=None, **kwargs):
@@ -152,5 +149,5 @@ def main(argv: list[str], model: str = "gpt", data: str = "megatron") -> None:
         pretrain(container, provider, ModelType.encoder_or_decoder, forward_step)
 
 
-if __name__ == "__main__":  # torchrun tests/megatron_lm_program.py <Megatron flags>
+if __name__ == "__main__":  # from the root: torchrun -m tests.megatron_lm_program <flags>
     main(sys.argv[1:], os.environ.get("MODEL", "gpt"), os.environ.get("DATA", "megatron"))

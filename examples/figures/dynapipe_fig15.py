@@ -7,12 +7,10 @@ dynamic for T5 (our packing is decoder-only), 65,536-token global batches on 8 A
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m examples.figures.dynapipe_fig15")
 
 from examples.figures._common import PaperFigure, start, subplots, write_outputs
 from examples.figures.dynapipe_fig4 import MAX_SEQLENS, sweep

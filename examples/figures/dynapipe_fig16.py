@@ -11,14 +11,12 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m examples.figures.dynapipe_fig16")
 
 from examples.figures._common import PaperFigure, start, subplots, write_outputs
 from examples.figures._dynapipe import GPT_8, Setup, batches, run_method

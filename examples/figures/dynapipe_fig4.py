@@ -9,12 +9,10 @@ searched, 1F1B), the other classic way to batch encoder-decoder samples.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m examples.figures.dynapipe_fig4")
 
 from examples.figures._common import PaperFigure, start, subplots, write_outputs
 from examples.figures._dynapipe import GPT_8, T5_8, Setup, batches, run_method

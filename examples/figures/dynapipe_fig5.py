@@ -10,12 +10,10 @@ schedule). A missing point is out of memory under every recomputation mode.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m examples.figures.dynapipe_fig5")
 
 from examples.figures._common import PaperFigure, start, subplots, write_outputs
 from examples.figures._dynapipe import GPT_8, T5_8, batches, run_method

@@ -10,14 +10,12 @@ normalised by the noise-free makespan and averaged over random draws.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m examples.figures.dynapipe_fig7")
 
 from dynapipe_planner.schedule import search_schedule
 from examples.figures._common import PaperFigure, start, subplots, write_outputs

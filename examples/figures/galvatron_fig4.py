@@ -10,12 +10,10 @@ budget; every partition is priced by `price_plan` (§V estimator, Eq. 2 and Eq. 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m examples.figures.galvatron_fig4")
 
 from benchmarks.galvatron_tables import MODELS
 from dynapipe_planner.cluster import GiB, get_gpu

@@ -6,12 +6,10 @@ low-performance (RTX TITAN, PCIe 3.0) and high-performance (A100, NVLink) cluste
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m examples.figures.galvatron_table3")
 
 from examples.figures._common import PaperFigure, start, write_outputs
 from examples.figures._galvatron import COMMON_DIFFERENCES, Cluster, compute, draw, ours_text

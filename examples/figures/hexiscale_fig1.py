@@ -10,12 +10,10 @@ by `hetero.cost`; each iteration is split into compute, bubbles and communicatio
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m examples.figures.hexiscale_fig1")
 
 from benchmarks.hexiscale_breakdown import describe
 from benchmarks.hexiscale_settings import CLUSTERS, job_cost

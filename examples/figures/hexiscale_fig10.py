@@ -8,12 +8,10 @@ MFU over the same global batches, every batch priced by one cost model for all s
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m examples.figures.hexiscale_fig10")
 
 from benchmarks.hexiscale_settings import BATCHES, CLUSTERS, max_mfu_over_batches, ratio
 from dynapipe_planner.devices import load_cluster

@@ -11,12 +11,10 @@ Ethernet cluster.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m examples.figures.hexiscale_fig4_5")
 
 from benchmarks.hexiscale_settings import (
     BATCHES,

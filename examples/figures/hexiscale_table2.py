@@ -11,13 +11,11 @@ with our network model (shared machine links) and with App. A's per-pair links.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from itertools import groupby
-from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m examples.figures.hexiscale_table2")
 
 from benchmarks.hexiscale_breakdown import table2_plan
 from benchmarks.hexiscale_settings import BATCHES, CLUSTERS, job_cost, max_mfu_over_batches

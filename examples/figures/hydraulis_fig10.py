@@ -7,14 +7,12 @@ iteration (§8.1's default), SYNTHETIC CommonCrawl-like lengths. Each setting is
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m examples.figures.hydraulis_fig10")
 
 from benchmarks.hydraulis_quality import CONTEXTS, SETTINGS
 from examples.figures._common import PaperFigure, start, subplots, write_outputs
@@ -30,14 +28,14 @@ SHOWN = (*BASELINES, "(d) +selection", "(e) +DynaPipe=ours")
 
 def main(argv: Sequence[str] | None = None) -> None:
     run = start(FIGURE, argv, __doc__ or "")
-    iterations = 4 if run.quick else 8
+    iterations, trials, tokens = (1, 5, 50_000) if run.quick else (8, 100, TOKENS)
     settings = SETTINGS[:1] if run.quick else SETTINGS
     contexts = CONTEXTS[:1] if run.quick else CONTEXTS
     rows = [
         row
         for model, gpus in settings
         for context in contexts
-        for row in setting_rows(model, gpus, context, iterations, 100, TOKENS)
+        for row in setting_rows(model, gpus, context, iterations, trials, tokens)
         if row["method"] in SHOWN
     ]
     keys = list(dict.fromkeys((r["model"], r["gpus"], r["context"]) for r in rows))
@@ -89,8 +87,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         rows,
         fig,
         workload=(
-            f"{TOKENS:,} tokens per iteration, {iterations} iterations per setting (baselines' "
-            "schemes picked on the first 4), 100 dispatch trials, A800 analytic cost models, "
+            f"{tokens:,} tokens per iteration, {iterations} iterations per setting (baselines' "
+            f"schemes picked on the first 4), {trials} dispatch trials, A800 analytic cost models, "
             "SYNTHETIC `commoncrawl` lengths truncated at the context. Latency is the planner "
             "core's schedule timeline of the slowest pipeline."
         ),

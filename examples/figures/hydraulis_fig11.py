@@ -6,12 +6,10 @@ is `benchmarks/hydraulis_quality.py`'s `setting` with few iterations.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m examples.figures.hydraulis_fig11")
 
 from examples.figures._common import PaperFigure, start, subplots, write_outputs
 from examples.figures._hydraulis import METHODS, setting_rows
@@ -34,14 +32,16 @@ LABELS = {
 
 def main(argv: Sequence[str] | None = None) -> None:
     run = start(FIGURE, argv, __doc__ or "")
-    iterations = 4 if run.quick else 6
-    factors = {"gpus": (8, 16)} if run.quick else FACTORS
+    iterations, trials = (1, 5) if run.quick else (6, 100)
+    # Quick: one point, 8 GPUs at 16K with 50K tokens per iteration.
+    factors = {"gpus": (8,)} if run.quick else FACTORS
+    default = {**DEFAULT, "context": 16384, "tokens": 50_000} if run.quick else DEFAULT
     rows = []
     for factor, values in factors.items():
         for value in values:
-            point = {**DEFAULT, factor: value}
+            point = {**default, factor: value}
             for r in setting_rows(
-                "llama-7b", point["gpus"], point["context"], iterations, 100, point["tokens"]
+                "llama-7b", point["gpus"], point["context"], iterations, trials, point["tokens"]
             ):
                 if r["method"] in SHOWN:
                     rows.append({"factor": factor, "value": value, **r})
@@ -87,9 +87,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         rows,
         fig,
         workload=(
-            f"`llama-7b` on A800, defaults 16 GPUs / 32K / 200K tokens per iteration, "
-            f"{iterations} iterations per point (baselines' schemes picked on the first 4), "
-            "100 dispatch trials, SYNTHETIC `commoncrawl` lengths; predicted latencies."
+            f"`llama-7b` on A800, defaults {default['gpus']} GPUs / {default['context'] // 1024}K"
+            f" / {default['tokens'] // 1000}K tokens per iteration, {iterations} iterations per "
+            f"point (baselines' schemes picked on the first 4), {trials} dispatch trials, "
+            "SYNTHETIC `commoncrawl` lengths; predicted latencies."
         ),
         paper=(
             "§8.3, Fig. 11 (7B, CommonCrawl, 16 GPUs / 32K / 200K by default): latency falls "

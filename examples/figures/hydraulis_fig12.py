@@ -11,14 +11,12 @@ A rank's latency is the propagation time of the pipeline it belongs to.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m examples.figures.hydraulis_fig12")
 
 from benchmarks.hydraulis_quality import MAX_TP, best_of, workload
 from dynapipe_planner.strategy.baselines import IterationLatency, megatron_iteration, per_gpu
@@ -37,23 +35,26 @@ BALANCE_ITERATIONS = 5
 
 def main(argv: Sequence[str] | None = None) -> None:
     run = start(FIGURE, argv, __doc__ or "")
-    iterations, trials = (6, 10) if run.quick else (30, 100)
-    work = workload(MODEL, NUM_GPUS, CONTEXT, iterations, TOKENS)
+    iterations, trials = (3, 5) if run.quick else (30, 100)
+    # Quick: the smallest Hydraulis setting (7B on 8 GPUs at 16K), 50K tokens per iteration.
+    quick = ("llama-7b", 8, 16384, 50_000)
+    model, num_gpus, context, tokens = quick if run.quick else (MODEL, NUM_GPUS, CONTEXT, TOKENS)
+    work = workload(model, num_gpus, context, iterations, tokens)
     batches = work.batches
     selector = StrategySelector(
-        work.profiles, work.proposals, work.models, NUM_GPUS, SelectionConfig(trials=trials)
+        work.profiles, work.proposals, work.models, num_gpus, SelectionConfig(trials=trials)
     )
     fits = work.fits
 
     def megatron(p, b):
-        return megatron_iteration(b, p.scheme, NUM_GPUS, CONTEXT, selector.planners)
+        return megatron_iteration(b, p.scheme, num_gpus, context, selector.planners)
 
     mega = best_of(fits, megatron, batches[:4])
     rows, names = [], {}
     for k, batch in enumerate(batches):
         choice = selector.select(batch)
         busy = per_gpu(
-            [p.latency for p in choice.pipelines], [p.scheme for p in choice.pipelines], NUM_GPUS
+            [p.latency for p in choice.pipelines], [p.scheme for p in choice.pipelines], num_gpus
         )
         ours = IterationLatency(choice.latency, tuple(busy.tolist()))
         label = str(choice.strategy)
@@ -92,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     ax.set_xlabel("iteration")
     ax.set_ylabel("propagation latency (s)")
-    ax.set_title(f"(a) Hydraulis strategy per iteration, {MODEL}, {NUM_GPUS} GPUs", fontsize=9)
+    ax.set_title(f"(a) Hydraulis strategy per iteration, {model}, {num_gpus} GPUs", fontsize=9)
     ax.legend(fontsize=7, title="strategy", title_fontsize=7)
     ax = axes[1]
     bal = [r for r in rows if r["megatron_latency_s"] != ""]
@@ -113,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ax.set_xlabel("iteration")
     ax.set_ylabel("rank propagation latency (s)")
     ax.set_ylim(bottom=0)
-    ax.set_title("(b) load balance across the 64 ranks", fontsize=9)
+    ax.set_title(f"(b) load balance across the {num_gpus} ranks", fontsize=9)
     ax.legend(fontsize=7)
     for a in axes:
         a.grid(alpha=0.3)
@@ -138,10 +139,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         rows,
         fig,
         workload=(
-            f"`{MODEL}` on {NUM_GPUS} A800 (TP up to {MAX_TP}), SYNTHETIC `commoncrawl` lengths "
-            f"truncated at 32K, {TOKENS:,} tokens per iteration, {iterations} iterations, "
-            f"{trials} dispatch trials; latencies are the planner core's schedule timelines on "
-            "the analytic cost model. Rank columns are filled for the first "
+            f"`{model}` on {num_gpus} A800 (TP up to {MAX_TP}), SYNTHETIC `commoncrawl` lengths "
+            f"truncated at {context // 1024}K, {tokens:,} tokens per iteration, {iterations} "
+            f"iterations, {trials} dispatch trials; latencies are the planner core's schedule "
+            "timelines on the analytic cost model. Rank columns are filled for the first "
             f"{BALANCE_ITERATIONS} iterations (panel b)."
         ),
         paper=(

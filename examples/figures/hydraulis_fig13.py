@@ -7,12 +7,10 @@ selection (= Hydraulis), and our (e) + DynaPipe micro-batching inside pipelines.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m examples.figures.hydraulis_fig13")
 
 from examples.figures._common import PaperFigure, start, subplots, write_outputs
 from examples.figures._hydraulis import METHODS, setting_rows
@@ -29,10 +27,12 @@ STEPS = (
 
 def main(argv: Sequence[str] | None = None) -> None:
     run = start(FIGURE, argv, __doc__ or "")
-    iterations = 4 if run.quick else 20
+    # Quick: the smallest setting (7B on 8 GPUs at 16K), one iteration of 50K tokens.
+    model, gpus, context = ("llama-7b", 8, 16384) if run.quick else ("llama-32b", 64, 32768)
+    iterations, trials, tokens = (1, 5, 50_000) if run.quick else (20, 100, 100_000)
     rows = [
         r
-        for r in setting_rows("llama-32b", 64, 32768, iterations, 100, 100_000)
+        for r in setting_rows(model, gpus, context, iterations, trials, tokens)
         if r["method"] in STEPS or r["method"] == "megatron"
     ]
     fig, axes = subplots(run, ncols=1, width=7.5, height=4.0)
@@ -59,8 +59,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         rows,
         fig,
         workload=(
-            f"`llama-32b`, 64 A800, context 32K, 100,000 tokens per iteration, {iterations} "
-            "iterations, 100 dispatch trials; `benchmarks/hydraulis_quality.py`'s `setting`."
+            f"`{model}`, {gpus} A800, context {context // 1024}K, {tokens:,} tokens per "
+            f"iteration, {iterations} iterations, {trials} dispatch trials; "
+            "`benchmarks/hydraulis_quality.py`'s `setting`."
         ),
         paper=(
             '§8.4, Fig. 13 (32B, CommonCrawl, 64 GPUs): steps (a)-(d) as above; "The results '

@@ -34,15 +34,14 @@ import shlex
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run by path: its imports need the repository root
+    raise SystemExit("run from the repository root: python -m examples.runs._collect")
 
 from benchmarks.torchrun_runs import iteration_rows
 from examples.figures._common import PaperFigure, Run, subplots, write_outputs

@@ -1,5 +1,6 @@
 # Sourced by every examples/runs/*.sh: paths, the ranks, TINY mode, the flags every run shares,
-# and `launch` / `skip_method` / `draw`, which record and draw through _collect.py.
+# and `launch` / `skip_method` / `draw`, which record and draw through _collect.py (run as the
+# module `examples.runs._collect`, with the repository root on PYTHONPATH, from any directory).
 #
 # Environment shared by every script (each script lists its own grid variables):
 #   NPROC        ranks on this node (default: the GPUs nvidia-smi lists; TINY: 2 CPU ranks)
@@ -74,12 +75,17 @@ layout_label() {
     echo "${parts[*]}"
 }
 
+# collect ARGS...: `python -m examples.runs._collect ARGS...` from wherever the script runs.
+collect() {
+    PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m examples.runs._collect "$@"
+}
+
 # launch PANEL X_NAME X METHOD FLAGS...: one `torchrun pretrain_gpt.py` with the base flags and
 # FLAGS, recorded (a failed run is recorded and the sweep goes on).
 launch() {
     local panel="$1" x_name="$2" x="$3" method="$4"
     shift 4
-    "$PYTHON" "$RUNS_DIR/_collect.py" run --out "$OUT_DIR" --panel "$panel" --x-name "$x_name" \
+    collect run --out "$OUT_DIR" --panel "$panel" --x-name "$x_name" \
         --x "$x" --method "$method" -- \
         "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" \
         "$ROOT/pretrain_gpt.py" "${BASE_FLAGS[@]}" "$@"
@@ -87,13 +93,13 @@ launch() {
 
 # skip_method PANEL X_NAME X METHOD REASON: a method the runtime cannot run at this point.
 skip_method() {
-    "$PYTHON" "$RUNS_DIR/_collect.py" skip --out "$OUT_DIR" --panel "$1" --x-name "$2" --x "$3" \
-        --method "$4" --reason "$5"
+    collect skip --out "$OUT_DIR" --panel "$1" --x-name "$2" --x "$3" --method "$4" \
+        --reason "$5"
 }
 
 # draw WORKLOAD: the PNG, CSV and note of every recorded run.
 draw() {
-    "$PYTHON" "$RUNS_DIR/_collect.py" draw "$NAME" --out "$OUT_DIR" --warmup "$WARMUP" \
-        --started "$STARTED" --workload "$1" ${TINY:+--tiny}
+    collect draw "$NAME" --out "$OUT_DIR" --warmup "$WARMUP" --started "$STARTED" \
+        --workload "$1" ${TINY:+--tiny}
     echo "$NAME: done in $(($(date +%s) - STARTED)) s"
 }

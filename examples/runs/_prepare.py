@@ -19,14 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dynapipe_planner.cluster import get_gpu
 from dynapipe_planner.devices import GB

@@ -1,36 +1,56 @@
-"""Paper-figure scripts (examples/, issue #8): one small figure end to end, and the runner's
-failure path (it must stop and name the failing script)."""
+"""Paper-figure scripts (examples/, issue #8): every script in its QUICK mode (found by globbing,
+so a new script is covered without listing it; a failure names the script), a few of them
+checked further, and the runner's failure path (it must stop and name the failing script).
+
+Each script runs as `python -m examples.figures.<name> --quick` in a fork of this test process
+(`forked_programs`: the imports are paid once per worker, not per script)."""
 
 from __future__ import annotations
 
 import csv
 import importlib
 import os
+import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from forked_programs import preimport_runtime, run_forked
 from paths import ROOT
 
 RUNNER = ROOT / "examples" / "all.sh"
+FIGURES = sorted(
+    p.stem for p in (ROOT / "examples" / "figures").glob("*.py") if not p.name.startswith("_")
+)
+QUICK_TIMEOUT_S = 240.0
 
 
-def run_quick(name: str, out: Path) -> None:
-    """Run `examples/figures/<name>.py --quick` in this process, writing under `out`."""
-    sys.path.insert(0, str(ROOT))
-    try:
-        module = importlib.import_module(f"examples.figures.{name}")
-    finally:
-        sys.path.remove(str(ROOT))
-    module.main(["--out", str(out), "--quick"])
+@pytest.fixture(scope="module")
+def imported() -> None:
+    """Every figure module and what they import (the runtime too: Hydraulis Table 1 launches
+    training ranks), imported once here so that every fork inherits it."""
+    preimport_runtime()
+    for name in FIGURES:
+        importlib.import_module(f"examples.figures.{name}")
 
 
-def test_fig7_end_to_end(tmp_path: Path) -> None:
-    run_quick("dynapipe_fig7", tmp_path)
-    folder = tmp_path / "dynapipe_fig7"
-    for suffix in (".png", ".csv", ".md"):
-        assert (folder / f"dynapipe_fig7{suffix}").stat().st_size > 0
+def run_quick(name: str, out: Path) -> Path:
+    """`python -m examples.figures.<name> --out <out> --quick`, forked; its output folder."""
+    done = run_forked(
+        ["-m", f"examples.figures.{name}", "--out", out, "--quick"],
+        cwd=out,
+        timeout_s=QUICK_TIMEOUT_S,
+    )
+    assert done.returncode == 0, (
+        f"examples/figures/{name}.py --quick failed (exit status {done.returncode}):\n"
+        f"{done.stdout[-4000:]}"
+    )
+    return out / name
+
+
+def check_fig7(folder: Path) -> None:
     with (folder / "dynapipe_fig7.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == ["stages", "sigma", "schedule", "normalised_makespan", "std", "trials"]
@@ -41,12 +61,11 @@ def test_fig7_end_to_end(tmp_path: Path) -> None:
         assert f"## {section}" in note
 
 
-def test_galvatron_table2_quick(tmp_path: Path) -> None:
+def check_galvatron_table2(folder: Path) -> None:
     """Table II's cells come from our search (the CSV holds only computed numbers; the paper's
     quoted cells sit beside ours in the note); in every (budget, model) the full Galvatron-BMW
     space is at least as fast as Galvatron-Base's."""
-    run_quick("galvatron_table2", tmp_path)
-    with (tmp_path / "galvatron_table2" / "galvatron_table2.csv").open() as f:
+    with (folder / "galvatron_table2.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == [
         "cluster", "gpu", "gpus", "budget_gb", "model", "strategy", "samples_per_s",
@@ -58,7 +77,7 @@ def test_galvatron_table2_quick(tmp_path: Path) -> None:
         base = cells[(budget, model, "Galvatron-Base")]["samples_per_s"]
         assert base == "OOM" or float(bmw) >= float(base)
     # the paper's own cell (Table II, ViT-Huge-32, 8 GB, Galvatron-BMW: 71.57 (568)) in the note
-    note = (tmp_path / "galvatron_table2" / "galvatron_table2.md").read_text()
+    note = (folder / "galvatron_table2.md").read_text()
     ours = cells[("8", "vit-huge-32", "Galvatron-BMW")]
     row = f"| vit-huge-32 | Galvatron-BMW | {ours['samples_per_s']} ({ours['global_batch']}) |"
     assert f"{row} 71.57 (568) |" in note
@@ -66,26 +85,34 @@ def test_galvatron_table2_quick(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(sys.platform == "win32", reason="bash runner")
 def test_runner_names_the_failing_script(tmp_path: Path) -> None:
-    ok = tmp_path / "fine_figure.py"
-    ok.write_text("import sys\nprint('ran', sys.argv[1:])\n")
-    bad = tmp_path / "broken_figure.py"
-    bad.write_text("raise SystemExit(3)\n")
-    never = tmp_path / "later_figure.py"
+    package = tmp_path / "fake_figures"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "fine_figure.py").write_text("import sys\nprint('ran', sys.argv[1:])\n")
+    (package / "broken_figure.py").write_text("raise SystemExit(3)\n")
+    never = package / "later_figure.py"
     never.write_text("open(__file__ + '.ran', 'w').close()\n")
-    env = {**os.environ, "FIGURES": f"{ok} {bad} {never}", "OUT": str(tmp_path / "out")}
-    env["PYTHON"] = sys.executable
+    modules = " ".join(
+        f"fake_figures.{n}" for n in ("fine_figure", "broken_figure", "later_figure")
+    )
+    env = {**os.environ, "FIGURES": modules, "OUT": str(tmp_path / "out")}
+    env["PYTHON"], env["PYTHONPATH"] = sys.executable, str(tmp_path)
     done = subprocess.run(["bash", str(RUNNER)], env=env, capture_output=True, text=True)
     assert done.returncode != 0
     assert "[1/3] fine_figure" in done.stdout
     assert "[2/3] broken_figure" in done.stdout
-    assert "FAILED: broken_figure" in done.stderr
+    assert "FAILED: broken_figure (python -m fake_figures.broken_figure)" in done.stderr
     assert "later_figure" not in done.stdout
     assert not Path(str(never) + ".ran").exists()
 
 
-def test_hexiscale_fig1_end_to_end(tmp_path: Path) -> None:
-    run_quick("hexiscale_fig1", tmp_path)
-    folder = tmp_path / "hexiscale_fig1"
+def test_runner_lists_every_figure() -> None:
+    """`examples/all.sh` (`make figures`) runs every script under examples/figures/."""
+    listed = re.findall(r"^    examples\.figures\.(\w+)$", RUNNER.read_text(), re.M)
+    assert sorted(listed) == FIGURES, "examples/all.sh's DEFAULT_FIGURES misses or adds scripts"
+
+
+def check_hexiscale_fig1(folder: Path) -> None:
     with (folder / "hexiscale_fig1.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [r["plan"] for r in rows][-1] == "HexiScale (ours)"
@@ -94,3 +121,24 @@ def test_hexiscale_fig1_end_to_end(tmp_path: Path) -> None:
         assert parts == pytest.approx(float(r["iteration_s"]), rel=1e-3)
     assert rows[-1]["fits_memory"] == "True"
     assert (folder / "hexiscale_fig1.md").read_text().startswith("# HexiScale Fig. 1:")
+
+
+CHECKS: dict[str, Callable[[Path], None]] = {
+    "dynapipe_fig7": check_fig7,
+    "galvatron_table2": check_galvatron_table2,
+    "hexiscale_fig1": check_hexiscale_fig1,
+}
+
+
+@pytest.mark.parametrize("name", FIGURES)
+@pytest.mark.usefixtures("imported")
+def test_figure_runs_quick(name: str, tmp_path: Path) -> None:
+    """Every figure script's QUICK mode ends well and writes its PNG, CSV and note."""
+    folder = run_quick(name, tmp_path)
+    for suffix in (".png", ".csv", ".md"):
+        assert (folder / f"{name}{suffix}").stat().st_size > 0, f"{name}: no {suffix}"
+    CHECKS.get(name, lambda folder: None)(folder)
+
+
+def test_quick_checks_name_scripts() -> None:
+    assert set(CHECKS) <= set(FIGURES)

@@ -162,3 +162,15 @@ def test_too_many_processes_for_the_gpus_is_one_line() -> None:
     )
     assert out.returncode != 0
     assert f"{nproc} processes on this node" in out.stderr
+
+
+def test_gpu_throughput_smoke_mode_runs() -> None:
+    """`python -m benchmarks.gpu_throughput --smoke` (CI without a GPU checks only that it
+    stops at its CUDA check, `test_benchmark_scripts.py`): every method on a tiny GPT, real
+    torchrun ranks on the GPUs."""
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_throughput", "--smoke"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "ratio:" in out.stdout

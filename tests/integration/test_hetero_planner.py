@@ -373,13 +373,8 @@ def test_search_partitioner_is_pluggable() -> None:
 def test_max_mfu_over_batches_takes_each_systems_best_batch() -> None:
     # The HexiScale benchmark's headline: every system priced at every batch by one cost
     # model, its maximum MFU reported with the batch that achieved it.
-    import sys
+    from benchmarks.hexiscale_settings import job_cost, max_mfu_over_batches, price_system
 
-    sys.path.insert(0, str(ROOT))
-    try:
-        from benchmarks.hexiscale_settings import job_cost, max_mfu_over_batches, price_system
-    finally:
-        sys.path.pop(0)
     cluster = two_boxes("A100-80GB", 4, "RTX4090", 4)
     systems, batches = ("ours", "megatron", "metis"), (8, 32)
     found = max_mfu_over_batches(cluster, "gpt-1.3b", batches, FAST, systems)

@@ -102,12 +102,8 @@ def _our_loop(rank: int, world: int, argv: list[str]) -> list[float]:
 
 def iteration_rows(out: str) -> list[dict[str, str]]:
     """DynaPipe's iteration lines in `out`, read as the benchmarks read them."""
-    root = str(ROOT)
-    sys.path.insert(0, root)
-    try:
-        from benchmarks.torchrun_runs import iteration_rows as rows
-    finally:
-        sys.path.remove(root)
+    from benchmarks.torchrun_runs import iteration_rows as rows
+
     return rows(out)
 
 
@@ -588,13 +584,14 @@ def test_checkpoint_of_megatrons_loop_resumes_in_ours(tmp_path) -> None:
 @pytest.mark.slow
 def test_megatron_lm_program_under_torchrun() -> None:
     """The program as users launch it: torchrun starts the processes, Megatron's own
-    initialisation creates the process group (gloo on CPU ranks)."""
+    initialisation creates the process group (gloo on CPU ranks). It runs as a module from the
+    repository root, where it finds pretrain_gpt.py's `forward_step`."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    program = TESTS / "megatron_lm_program.py"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(program)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m"]
     out = subprocess.run(
-        [*cmd, *FLAGS], cwd=program.parent, env=env, capture_output=True, text=True, timeout=300
-    )
+        [*cmd, "tests.megatron_lm_program", *FLAGS], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     assert len(_megatron_losses(out.stdout)) == ITERATIONS, out.stdout[-3000:]
     assert len(iteration_rows(out.stdout)) == ITERATIONS, out.stdout[-3000:]

@@ -65,8 +65,7 @@ def test_scripts_are_strict_bash() -> None:
         assert os.access(script, os.X_OK), script
 
 
-def test_iteration_lines_parse_with_padded_numbers_and_predictions(monkeypatch) -> None:
-    monkeypatch.syspath_prepend(str(ROOT))
+def test_iteration_lines_parse_with_padded_numbers_and_predictions() -> None:
     from benchmarks.torchrun_runs import iteration_rows
 
     homogeneous = (

@@ -153,11 +153,10 @@ def test_workers_skip_the_main_script_and_die_with_a_killed_parent(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(
         textwrap.dedent(
-            f"""
+            """
             import dataclasses, os, signal, sys
             print("script imported as", __name__, file=sys.stderr, flush=True)
-            sys.path[:0] = [{str(TESTS)!r}, {str(TESTS / "integration")!r}]
-            from test_service import RECIPE, work
+            from test_service import RECIPE, work  # PYTHONPATH: the tests' folders
             from dynapipe_planner.planner import PlannerConfig
             from dynapipe_planner.service import PlanningService
 
@@ -177,7 +176,9 @@ def test_workers_skip_the_main_script_and_die_with_a_killed_parent(tmp_path):
             """
         )
     )
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    path = os.pathsep.join([str(TESTS), str(TESTS / "integration")])
+    env = {**os.environ, "PYTHONPATH": path}  # the script's and its workers'
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
     assert out.returncode == -signal.SIGKILL, out.stderr
     assert out.stderr.count("script imported as __main__") == 1
     assert out.stderr.count("script imported as __mp_main__") == 1  # the ScriptConfig worker

@@ -14,7 +14,8 @@ DOCS = sorted((ROOT / "docs").glob("*.md"))
 MAX_README_LINES = 250
 
 # Backticked repository paths (`dynapipe_planner/plan.py`, `tools/profile_costs.py --clock cpu`)
-# and dotted module names (`megatron.dynapipe.megatron_loop`, `dynapipe_planner.search.search`).
+# and dotted module names (`megatron.dynapipe.megatron_loop`, `dynapipe_planner.search.search`,
+# `benchmarks.throughput`).
 PATH_ROOTS = (
     "dynapipe_planner",
     "megatron/dynapipe",
@@ -26,7 +27,11 @@ PATH_ROOTS = (
     "docs",
 )
 PATH = re.compile(r"(?<![\w./-])(?:" + "|".join(map(re.escape, PATH_ROOTS)) + r")/[\w./*<>-]*")
-MODULE = re.compile(r"(?<![\w.])(?:dynapipe_planner|megatron\.dynapipe)(?:\.\w+)*")
+MODULE = re.compile(
+    r"(?<![\w.])(?:dynapipe_planner|megatron\.dynapipe)(?:\.\w+)*"
+    # the repository's own packages, run from its root (`python -m benchmarks.cpu_throughput`)
+    r"|(?<![\w./-])(?:benchmarks|examples)(?:\.\w+)+"
+)
 CODE = re.compile(r"`([^`\n]+)`")
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 # Compiled extensions (setup.py) have no source file of their own name.

@@ -8,18 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
-from paths import ROOT
 
+from benchmarks.galvatron_reference import profiles
 from dynapipe_planner.cluster import get_gpu
 from dynapipe_planner.model_spec import MODEL_PRESETS
 from dynapipe_planner.search import analytic_cost_inputs
-
-sys.path.insert(0, os.path.join(str(ROOT), "benchmarks"))
-
-from galvatron_reference import profiles
 
 MIB = 2**20
 MODEL = MODEL_PRESETS["gpt-1.3b"]

@@ -13,6 +13,7 @@ from dynapipe_planner.cluster import ClusterSpec, GiB, get_gpu
 from dynapipe_planner.cost import AnalyticCostModel
 from dynapipe_planner.cost.table import mix_stages
 from dynapipe_planner.errors import PlanningError
+from dynapipe_planner.microbatch import ordering
 from dynapipe_planner.microbatch.baselines import Group
 from dynapipe_planner.microbatch.ordering import order_samples
 from dynapipe_planner.model_spec import MODEL_PRESETS, ModelSpec
@@ -280,6 +281,16 @@ def test_tsp_order_is_a_permutation_and_plans_cleanly():
     )
     planner = make_planner(T5_TINY, 2, 1, 8, order="tsp")
     check_plan(planner, planner.plan(lengths), lengths)
+
+
+def test_tsp_distance_matrix_and_callback_find_the_same_path(monkeypatch):
+    """Up to `MATRIX_MAX_POINTS` distinct points OR-Tools reads the distances as one matrix;
+    beyond, a Python callback gives them: the same distances, so the same path."""
+    rng = np.random.default_rng(6)
+    lengths = np.stack([rng.integers(1, 2048, 80), rng.integers(1, 256, 80)], axis=1)
+    with_matrix = order_samples(lengths, "tsp")
+    monkeypatch.setattr(ordering, "MATRIX_MAX_POINTS", 0)
+    assert np.array_equal(order_samples(lengths, "tsp"), with_matrix)
 
 
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
