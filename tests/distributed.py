@@ -37,6 +37,9 @@ RANK_MODULES = (
     "megatron.dynapipe.training",
     "megatron.dynapipe.hetero.training",
     "megatron.dynapipe.megatron_loop",
+    # Megatron's tokenizer builder imports its text tokenizers' package, and with it
+    # `transformers`, in every rank: over half of a small run's CPU time when each fork did it.
+    "megatron.core.tokenizers.text",
 )
 
 
@@ -53,7 +56,14 @@ def import_rank_modules() -> None:
 
 
 def _rank_main(
-    fn: Callable[..., Any], rank: int, world: int, port: int, conn, args, backend: str
+    fn: Callable[..., Any],
+    rank: int,
+    world: int,
+    port: int,
+    conn,
+    args,
+    backend: str,
+    timeout_s: float,
 ) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
@@ -68,7 +78,9 @@ def _rank_main(
             init_method=f"tcp://127.0.0.1:{port}",
             rank=rank,
             world_size=world,
-            timeout=timedelta(seconds=60),
+            # A rank waits for another as long as the test waits for all of them: a rank busy
+            # alone (rank 0 writing a checkpoint) is not a hung one while the test allows it.
+            timeout=timedelta(seconds=timeout_s),
         )
         result = fn(rank, world, *args)
         conn.send((True, result))
@@ -119,7 +131,7 @@ def run_ranks(
     procs, conns = [], {}
     for rank in range(world_size):
         recv, send = ctx.Pipe(duplex=False)
-        rank_args = (fn, rank, world_size, port, send, args, backend)
+        rank_args = (fn, rank, world_size, port, send, args, backend, timeout_s)
         proc = ctx.Process(target=_rank_main, args=rank_args)
         proc.start()
         send.close()

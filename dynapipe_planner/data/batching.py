@@ -87,12 +87,16 @@ def sample_batches(
 
 
 def _batch_bounds(cumulative: np.ndarray, budget: int) -> list[int]:
-    """Greedy cut points over cumulative token counts: each batch is the longest run that fits."""
-    bounds = [0]
-    while bounds[-1] < cumulative.size - 1:
-        start = bounds[-1]
-        fits = int(np.searchsorted(cumulative, cumulative[start] + budget, side="right")) - 1
-        bounds.append(max(fits, start + 1))
+    """Greedy cut points over cumulative token counts: each batch is the longest run that fits
+    (a sample over the budget alone). Every start's end is found in one vectorised search and
+    the chain from 0 followed after: one search per batch took 15 s for a million samples."""
+    starts = cumulative[:-1]
+    ends = np.searchsorted(cumulative, starts + budget, side="right") - 1
+    ends = np.maximum(ends, np.arange(1, cumulative.size))
+    bounds, at, last = [0], 0, cumulative.size - 1
+    while at < last:
+        at = int(ends[at])
+        bounds.append(at)
     return bounds
 
 

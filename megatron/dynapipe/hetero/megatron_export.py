@@ -143,7 +143,15 @@ def export_in_child(args: argparse.Namespace, path: Path, directory: Path, vocab
         target=_child, args=(_one_rank_args(args, directory), str(path), vocab)
     )
     child.start()
-    child.join()
+    child.join(args.dynapipe_timeout)
+    if child.is_alive():  # bounded by the job's timeout, as every wait of the job is
+        child.kill()
+        child.join()
+        raise CheckpointError(
+            f"writing {path} as a Megatron checkpoint in {directory} took more than "
+            f"--dynapipe-timeout ({args.dynapipe_timeout:g} s); the layout-independent "
+            "checkpoint is kept"
+        )
     if child.exitcode != 0:
         raise CheckpointError(
             f"writing {path} as a Megatron checkpoint in {directory} failed (exit status "
