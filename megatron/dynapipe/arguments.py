@@ -180,7 +180,7 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         default=None,
         metavar="FILE",
         help="a static asymmetric layout (JSON: replicas of stages with devices, tp, layers, "
-        "and each replica's batch_fraction; see megatron/dynapipe/hetero/plan_file.py)",
+        "and each replica's batch_fraction; see dynapipe_planner/hetero/plan_file.py)",
     )
     h.add_argument(
         "--max-cached-strategies",

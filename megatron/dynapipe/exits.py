@@ -30,7 +30,6 @@ from .checkpoint_metadata import MetadataRefused
 from .checkpointing import CheckpointError, CheckpointWriteError
 from .data.base import DataError
 from .device_speed import DeviceSpeedError
-from .hetero.plan_file import HeteroPlanError
 from .pipeline.executor import MissingPackedParams
 from .pipeline.liveness import PeerFailure
 from .pipeline.p2p import TransferError
@@ -41,7 +40,6 @@ USER_ERRORS = (
     CheckpointError,
     MetadataRefused,
     DeviceSpeedError,
-    HeteroPlanError,
     PlanningError,
 )
 JOB_FAULTS = (PeerFailure, PlanningServiceError, PlanMismatch, TransferError, CheckpointWriteError)

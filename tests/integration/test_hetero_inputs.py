@@ -130,7 +130,7 @@ def test_tp_must_divide_the_heads_and_every_rank_needs_a_stage(tmp_path: Path) -
         parse_hetero_plan(_plan(), SPEC, 5)
     bad = tmp_path / "plan.json"
     bad.write_text("{not json")
-    with pytest.raises(HeteroPlanError, match=r"plan\.json is not valid JSON"):
+    with pytest.raises(HeteroPlanError, match=r"plan\.json: not valid JSON"):
         load_hetero_plan(bad, SPEC, 4)
 
 
@@ -253,6 +253,8 @@ def test_a_hexiscale_plan_file_is_read(tmp_path: Path) -> None:
     good = {
         "format": "hexiscale-plan",
         "version": 1,
+        "micro_batch_size": 1,
+        "seqlen": 128,
         "replicas": [
             {
                 "id": 0,
