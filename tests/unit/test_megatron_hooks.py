@@ -76,6 +76,12 @@ def test_every_replacement_exists(hook) -> None:
         assert callable(found), f"{hook.replacement} (for {hook.target}) is not callable"
 
 
+@pytest.mark.parametrize("entry", [*SWAPS, *STATE], ids=lambda entry: entry.by)
+def test_every_swap_and_global_names_the_function_that_sets_it(entry) -> None:
+    module, name = entry.by.split(":")
+    assert callable(getattr(importlib.import_module(f"megatron.dynapipe.{module}"), name, None))
+
+
 @pytest.mark.parametrize("state", STATE, ids=lambda state: state.module)
 def test_every_declared_global_exists(state) -> None:
     module = importlib.import_module(state.module)
