@@ -63,7 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens-per-global-batch", type=int, default=16384)
     p.add_argument("--iterations", type=int, default=50)
     p.add_argument("--warmup-iterations", type=int, default=3)
-    p.add_argument("--memory-limit", type=float, default=2.0, help="GiB per stage for the planner")
+    p.add_argument(
+        "--memory-limit-gib", type=float, default=2.0, help="GiB per stage for the planner"
+    )
     p.add_argument("--data-path", default="stdlib")
     p.add_argument("--microbatch-sizes", default="1,2,4,8,16", help="profiling grid")
     p.add_argument("--max-tokens", type=int, default=16384, help="profiling grid token cap")
@@ -89,7 +91,7 @@ def _training_argv(args: argparse.Namespace) -> list[str]:
         "--tokens-per-global-batch", str(args.tokens_per_global_batch),
         "--train-iters", str(args.iterations), "--data-path", args.data_path,
         "--dynapipe-cost-model", args.cost_table,
-        "--dynapipe-memory-limit-gib", str(args.memory_limit),
+        "--dynapipe-memory-limit-gib", str(args.memory_limit_gib),
         "--log-interval", "10", "--split", "1,0,0", "--eval-iters", "0", "--lr", "1e-4",
     ]  # fmt: skip
 
@@ -206,7 +208,7 @@ def _train(args: argparse.Namespace, out: Path, mode: str) -> list[list[dict]]:
         "--tokens-per-global-batch", str(args.tokens_per_global_batch),
         "--iterations", str(args.iterations),
         "--warmup-iterations", str(args.warmup_iterations),
-        "--memory-limit", str(args.memory_limit),
+        "--memory-limit-gib", str(args.memory_limit_gib),
         "--data-path", args.data_path, "--cost-table", args.cost_table,
         "--output-dir", str(out), "--worker", mode,
     ]  # fmt: skip

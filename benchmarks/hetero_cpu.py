@@ -102,7 +102,7 @@ def job_flags(args: argparse.Namespace) -> list[str]:
         *model_flags(args),
         "--tokens-per-global-batch", str(args.tokens_per_global_batch),
         "--data-path", args.data_path, "--seed", "1234", "--dynamic-micro-batching",
-        "--dynapipe-memory-limit-gib", str(args.memory_limit_gb),
+        "--dynapipe-memory-limit-gib", str(args.memory_limit_gib),
         "--hidden-dropout", "0", "--attention-dropout", "0", "--lr", "1e-3", "--log-interval", "1",
         "--split", "1,0,0", "--eval-iters", "0",  # every document trains, as before #16
         "--lr-decay-style", "constant",
@@ -170,7 +170,7 @@ def main() -> None:
     add_model_args(p, hidden_size=64, seq_length=128)
     p.add_argument("--tokens-per-global-batch", type=int, default=4096)
     p.add_argument("--data-path", default="synthetic:webcode")
-    p.add_argument("--memory-limit-gb", type=float, default=1.0)
+    p.add_argument("--memory-limit-gib", type=float, default=1.0)
     p.add_argument("--link-gbs", type=float, default=1.0, help="planner's view of gloo links")
     p.add_argument("--link-latency-us", type=float, default=100.0)
     p.add_argument("--planner-max-plans", type=int, default=200)

@@ -4,7 +4,7 @@ strategies against homogeneous baselines, and the ablation of seed hydraulis.txt
 Workload: LLaMA-2 style 7B / 13B / 32B (`llama-*` presets) on A800 GPUs (8 per node, TP up to
 16 as in the paper's 32B runs), contexts 16K and 32K, SYNTHETIC CommonCrawl-like lengths
 truncated at the context, 200K tokens per iteration in every setting (the paper's workload for
-its scalability study, Fig. 11, and its solve times, App. E; `--tokens-per-iteration`), the
+its scalability study, Fig. 11, and its solve times, App. E; `--tokens-per-global-batch`), the
 same global batches for every method. Every latency is the planner core's schedule timeline
 for each pipeline's micro-batches on that pipeline's analytic cost model (the timeline the
 simulator reproduces), the iteration's being its slowest pipeline's. Baselines
@@ -293,7 +293,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=100)
     parser.add_argument("--trials", type=int, default=100, help="dispatch trials (App. D.2)")
     parser.add_argument("--models", nargs="*", default=None, help="subset of the settings")
-    parser.add_argument("--tokens-per-iteration", type=int, default=TOKENS_PER_ITERATION)
+    parser.add_argument("--tokens-per-global-batch", type=int, default=TOKENS_PER_ITERATION)
     parser.add_argument(
         "--megatron-lm",
         metavar="PATH",
@@ -308,7 +308,7 @@ def main() -> None:
     settings, contexts = SETTINGS, CONTEXTS
     if args.smoke:
         settings, contexts = SETTINGS[:1], CONTEXTS[:1]
-        args.iterations, args.trials, args.tokens_per_iteration = 1, 5, 50_000
+        args.iterations, args.trials, args.tokens_per_global_batch = 1, 5, 50_000
     print(__doc__)
     if args.megatron_lm:
         with MegatronLmDpBalanced(args.megatron_lm) as upstream_dp:
@@ -338,7 +338,7 @@ def run_settings(args, settings, contexts, upstream_dp) -> None:
                 context,
                 args.iterations,
                 args.trials,
-                args.tokens_per_iteration,
+                args.tokens_per_global_batch,
                 upstream_dp,
             )
             ours = results["(e) +DynaPipe=ours"][0]

@@ -189,7 +189,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-seqlens", type=int, nargs="*", default=[512, 1024, 2048, 4096, 8192])
     parser.add_argument("--iterations", type=int, default=5)
-    parser.add_argument("--global-batch-tokens", type=int, default=65536)
+    parser.add_argument("--tokens-per-global-batch", type=int, default=65536)
     parser.add_argument(
         "--sizes", type=int, nargs="*", default=[1000, 2000, 4000, 8000], help="N of table 2"
     )
@@ -200,7 +200,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.smoke:
-        args.max_seqlens, args.iterations, args.global_batch_tokens = [512], 1, 16384
+        args.max_seqlens, args.iterations, args.tokens_per_global_batch = [512], 1, 16384
         args.sizes = [200]
     print(__doc__)
     cluster = ClusterSpec(get_gpu("A100-80GB"), num_stages=4, num_replicas=2)
@@ -213,7 +213,7 @@ def main() -> None:
     gains = []  # per max length: DynaPipe over packing, and over the best baseline
     for max_len in args.max_seqlens:
         lengths = np.minimum(data, max_len)
-        batches = global_batches(lengths, args.global_batch_tokens, seed=1)
+        batches = global_batches(lengths, args.tokens_per_global_batch, seed=1)
         chosen = [next(batches) for _ in range(args.iterations)]
         rows = {}
         for name, (batching, schedule, dp_packing) in METHODS.items():

@@ -66,7 +66,7 @@ def _common(args: argparse.Namespace) -> list[str]:
         "--num-attention-heads", "4", "--seq-length", str(args.seq_length),
         "--tokens-per-global-batch", str(args.tokens_per_global_batch),
         "--data-path", args.data_path, "--dynamic-micro-batching",
-        "--dynapipe-memory-limit-gib", str(args.memory_limit_gb),
+        "--dynapipe-memory-limit-gib", str(args.memory_limit_gib),
         "--hidden-dropout", "0", "--attention-dropout", "0", "--lr", "1e-3", "--log-interval", "1",
         "--split", "1,0,0", "--eval-iters", "0",  # every document trains, as before #16
         "--lr-decay-style", "constant", "--device-speed", args.device_speed,
@@ -95,7 +95,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-length", type=int, default=128)
     p.add_argument("--tokens-per-global-batch", type=int, default=2048)
     p.add_argument("--data-path", default="synthetic:flan")
-    p.add_argument("--memory-limit-gb", type=float, default=0.01)
+    p.add_argument("--memory-limit-gib", type=float, default=0.01)
     p.add_argument("--device-speed", default="2:2,3:2", help="emulated slowdown per rank")
     p.add_argument("--warmup-iters", type=int, default=2)
     p.add_argument("--measured-iters", type=int, default=6)

@@ -23,7 +23,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 from .errors import PlanningError
-from .input_files import check_input_file, json_loads
+from .input_files import load_json_file
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 # Megatron's position embeddings of a GPT model; only learned absolute positions have weights.
@@ -329,13 +329,4 @@ def load_model_spec(name_or_path: str) -> ModelSpec:
         raise PlanningError(
             f"model {name_or_path!r} is neither a preset ({', '.join(MODEL_PRESETS)}) nor a file"
         )
-    check_input_file(path, "model spec")
-    try:
-        data = json_loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise PlanningError(f"model spec {path}: cannot read ({e.strerror or e})") from e
-    except UnicodeDecodeError as e:
-        raise PlanningError(f"model spec {path}: not UTF-8 text ({e.reason})") from e
-    except ValueError as e:
-        raise PlanningError(f"model spec {path}: not valid JSON ({e})") from e
-    return ModelSpec.from_dict(data)
+    return ModelSpec.from_dict(load_json_file(path, "model spec"))

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import PlanningError
-from .input_files import check_input_file, json_loads
+from .input_files import parse_json_document, read_input_file
 
 PLAN_VERSION = 1
 MAGIC = b"DYNAPLAN"
@@ -312,10 +312,9 @@ class ExecutionPlan:
             raise PlanningError(
                 f"{source}: plan version {version}, this reader knows {PLAN_VERSION}"
             )
-        try:
-            header = json.loads(reader.take(hdr_len, "header").decode())
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise PlanningError(f"{source}: corrupt header ({e})") from e
+        header = parse_json_document(
+            reader.take(hdr_len, "header"), source, kind=dict, invalid="corrupt header"
+        )
         mbs = []
         for k in range(header["num_microbatches"]):
             mid, rep, seq, tgt, n = reader.unpack("<iiiiI", f"microbatch {k}")
@@ -373,17 +372,12 @@ class ExecutionPlan:
 def load_plan(path: str | Path) -> ExecutionPlan:
     """Read a JSON or binary plan (detected by content) with errors that name the file."""
     path = Path(path)
-    check_input_file(path, "plan")
-    try:
-        buf = path.read_bytes()
-    except OSError as e:
-        raise PlanningError(f"cannot read plan {path}: {e.strerror}") from e
+    buf = read_input_file(path, "plan")
     if buf.startswith(MAGIC):
         return ExecutionPlan.from_bytes(buf, str(path))
-    try:
-        data = json_loads(buf)
-    except ValueError as e:
-        raise PlanningError(f"{path}: neither a binary plan nor valid JSON ({e})") from e
+    data = parse_json_document(
+        buf, f"plan {path}", kind=dict, invalid="neither a binary plan nor valid JSON"
+    )
     return ExecutionPlan.from_dict(data, str(path))
 
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..cluster import ClusterSpec, cluster_to_dict
 from ..errors import PlanningError
-from ..input_files import check_input_file, json_loads
+from ..input_files import load_json_file
 from ..model_spec import ModelSpec
 from .stages import assemble_pipeline
 from .table import PipelineCosts
@@ -59,13 +59,7 @@ class ProfiledCostModel:
     @classmethod
     def load(cls, path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> ProfiledCostModel:
         path = Path(path)
-        check_input_file(path, "cost table")
-        try:
-            data = json_loads(path.read_text())
-        except OSError as e:
-            raise PlanningError(f"cannot read cost table {path}: {e.strerror}") from e
-        except ValueError as e:
-            raise PlanningError(f"cost table {path}: not valid JSON ({e})") from e
+        data = load_json_file(path, "cost table", kind=None)
         if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != 1:
             raise PlanningError(f"cost table {path}: expected format {FORMAT!r} version 1")
         entries = data.get("entries")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..cost.table import split_layers
 from ..errors import PlanningError
-from ..input_files import check_input_file, json_loads
+from ..input_files import load_json_file
 from ..megatron_model import model_flags
 from ..model_spec import ModelSpec
 from ..plan import atomic_write
@@ -338,14 +338,8 @@ def _layer_strategy(entry: object, pp: int, where: str) -> LayerStrategy:
 def load_plan(path: str | Path) -> SearchedPlan:
     """Read a plan file `write_plan` wrote; `PlanFileError` names what is wrong with it."""
     where = f"plan {path}"
-    check_input_file(path, "plan", PlanFileError)
-    try:
-        data = json_loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise PlanFileError(f"{where} does not exist") from None
-    except (OSError, ValueError) as err:
-        raise PlanFileError(f"{where} is not a readable JSON file: {err}") from None
-    if not isinstance(data, dict) or data.get("version") != PLAN_VERSION:
+    data = load_json_file(path, "plan", PlanFileError)
+    if data.get("version") != PLAN_VERSION:
         raise PlanFileError(f"{where}: not a dynapipe-search plan of version {PLAN_VERSION}")
     model = ModelSpec.from_dict(_field(data, "model", dict, where))
     partition = tuple(_field(data, "partition", list, where))

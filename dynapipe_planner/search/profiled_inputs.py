@@ -80,7 +80,7 @@ import numpy as np
 
 from ..cost.profiled import FIELDS, FORMAT, affine_time
 from ..errors import PlanningError
-from ..input_files import check_input_file, json_loads
+from ..input_files import load_json_file
 from ..model_spec import ModelSpec
 from .cost_inputs import CostInputs, LayerTypeCosts
 from .plan_file import MODEL_SHAPE_FLAGS
@@ -95,13 +95,7 @@ def read_cost_tables(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
     under `"path"` for the messages."""
     tables = []
     for path in paths:
-        check_input_file(path, "cost table")
-        try:
-            data = json_loads(Path(path).read_text())
-        except OSError as e:
-            raise PlanningError(f"cannot read cost table {path}: {e.strerror}") from None
-        except ValueError as e:
-            raise PlanningError(f"cost table {path}: not valid JSON ({e})") from None
+        data = load_json_file(path, "cost table", kind=None)
         if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != 1:
             raise PlanningError(f"cost table {path}: expected format {FORMAT!r} version 1")
         if not isinstance(data.get("entries"), list) or not data["entries"]:

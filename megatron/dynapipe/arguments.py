@@ -180,7 +180,7 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         default=None,
         metavar="FILE",
         help="a static asymmetric layout (JSON: replicas of stages with devices, tp, layers, "
-        "and each replica's batch_fraction; see megatron/dynapipe/hetero/plan_file.py)",
+        "and each replica's batch_fraction; see dynapipe_planner/hetero/plan_file.py)",
     )
     h.add_argument(
         "--max-cached-strategies",
@@ -264,61 +264,58 @@ def _validate(validate_args: Callable, args: argparse.Namespace, defaults: dict)
     """Megatron's `validate_args`, its failed checks one line each. Defaults for flags Megatron
     requires: micro-batches of one sample (the planner sizes its own), position embeddings for
     the longest sequence, a checkpoint at the end of training."""
-    from megatron.training import arguments as megatron_arguments
-
     ours = {"micro_batch_size": 1}
     if args.seq_length is not None:
         ours["max_position_embeddings"] = args.seq_length
     if args.train_iters is not None:
         ours["save_interval"] = args.train_iters
     try:
-        with _megatron_checks_on_cpu(megatron_arguments):
+        with _megatron_checks_on_cpu():
             validate_args(args, {**ours, **defaults})
     except (AssertionError, ValueError) as error:
         raise ArgumentError(_megatron_complaint(error)) from None
 
 
-def hook_megatron_parser() -> None:
-    """Make megatron.training's own `parse_args` and `validate_args` (what a Megatron-LM
-    program's `parse_and_validate_args` calls) DynaPipe's: its flags join the program's
-    `extra_args_provider`, the runtime's refusals and CPU defaults apply, and DynaPipe's checks
-    follow Megatron's. When DynaPipe plans (`plans`), the loss is per token over the global
+# The flags the program's command line gave (`program_parse_args`), for `program_validate_args`.
+_GIVEN: dict[str, str] = {}
+
+
+def program_parse_args(
+    extra_args_provider: ExtraArgs | None = None, ignore_unknown_args: bool = False
+) -> argparse.Namespace:
+    """megatron.training's own `parse_args` (what a Megatron-LM program's
+    `parse_and_validate_args` calls), as `megatron_hooks` installs it (group PARSER):
+    DynaPipe's flags join the program's `extra_args_provider`, and the runtime's refusals and
+    CPU defaults apply. When DynaPipe plans (`plans`), the loss is per token over the global
     batch (`--calculate-per-token-loss`): micro-batches of any size weigh each token equally;
-    otherwise the program's flags say, as without DynaPipe. Idempotent."""
-    from megatron.training import arguments as megatron_arguments
+    otherwise the program's flags say, as without DynaPipe."""
+    from . import megatron_hooks
 
-    if getattr(megatron_arguments.parse_args, "_dynapipe", False):
-        return
-    megatron_parse, megatron_validate = (
-        megatron_arguments.parse_args,
-        megatron_arguments.validate_args,
-    )
-    given: dict[str, str] = {}
+    megatron_parse = megatron_hooks.original("megatron.training.arguments.parse_args")
 
-    def parse_args(
-        extra_args_provider: ExtraArgs | None = None, ignore_unknown_args: bool = False
-    ) -> argparse.Namespace:
-        def provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-            if extra_args_provider is not None:
-                parser = extra_args_provider(parser)
-            return _our_parser(add_dynapipe_args(parser))
+    def provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        if extra_args_provider is not None:
+            parser = extra_args_provider(parser)
+        return _our_parser(add_dynapipe_args(parser))
 
-        args = megatron_parse(provider, ignore_unknown_args)
-        given.clear()
-        given.update(given_flags(sys.argv[1:], provider))
-        _before_validation(args, given, provider)
-        if plans(args):  # micro-batches of any size weigh each token equally
-            args.calculate_per_token_loss = True
-        return args
+    args = megatron_parse(provider, ignore_unknown_args)
+    _GIVEN.clear()
+    _GIVEN.update(given_flags(sys.argv[1:], provider))
+    _before_validation(args, _GIVEN, provider)
+    if plans(args):  # micro-batches of any size weigh each token equally
+        args.calculate_per_token_loss = True
+    return args
 
-    def validate_args(args: argparse.Namespace, defaults: dict | None = None) -> None:
-        # megatron.training's loop needs an evaluation interval; 1000 was Megatron-LM's default.
-        _validate(megatron_validate, args, {"eval_interval": 1000, **(defaults or {})})
-        _check_dynapipe(args, given)
 
-    parse_args._dynapipe = True  # type: ignore[attr-defined]
-    megatron_arguments.parse_args = parse_args
-    megatron_arguments.validate_args = validate_args
+def program_validate_args(args: argparse.Namespace, defaults: dict | None = None) -> None:
+    """megatron.training's own `validate_args`, as `megatron_hooks` installs it (group
+    PARSER): Megatron's checks, each failure in one line, then DynaPipe's."""
+    from . import megatron_hooks
+
+    megatron_validate = megatron_hooks.original("megatron.training.arguments.validate_args")
+    # megatron.training's loop needs an evaluation interval; 1000 was Megatron-LM's default.
+    _validate(megatron_validate, args, {"eval_interval": 1000, **(defaults or {})})
+    _check_dynapipe(args, _GIVEN)
 
 
 def _our_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -400,21 +397,19 @@ def _command_line(argv: list[str]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _megatron_checks_on_cpu(megatron_arguments) -> Iterator[None]:
+def _megatron_checks_on_cpu() -> Iterator[None]:
     """`validate_args` asks the GPU's architecture whenever TP > 1, to decide whether
     CUDA_DEVICE_MAX_CONNECTIONS must be 1 (streams of pre-Blackwell GPUs). A CPU has no such
     streams: it answers as a pre-Blackwell device, and the variable is set as Megatron asks
     (it has no effect without CUDA)."""
+    from .megatron_hooks import swapped
+
     if torch.cuda.is_available():
         yield
         return
-    saved = megatron_arguments.get_device_arch_version
-    megatron_arguments.get_device_arch_version = lambda: 0
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
-    try:
+    with swapped("megatron.training.arguments", "get_device_arch_version", lambda: 0):
         yield
-    finally:
-        megatron_arguments.get_device_arch_version = saved
 
 
 # Megatron features DynaPipe's planned iterations do not run, by destination: why. A flag is

@@ -3,16 +3,16 @@
 torch.distributed.checkpoint keeps a checkpoint's index in `.metadata`, a pickle, which its
 `FileSystemReader` loads with `pickle.load` on every torch_dist `--load` (megatron-core's own
 loader and DynaPipe's checks alike): whoever can write a checkpoint directory could make that
-load run any code. `install()` makes that reader load it with `MetadataUnpickler`, which builds
-only what the format is made of: the data classes and enums of torch's checkpoint modules,
-`torch.Size`, dtypes and layouts. Anything else stops the load with one line naming the file
-and the global it asked for (`MetadataRefused`, exit status 2). The reader is wrapped at its
-`pickle` seam: torch's own `read_metadata` runs unchanged.
+load run any code. `megatron_hooks` (group CHECKPOINTS) makes that reader load it with
+`MetadataUnpickler`, which builds only what the format is made of: the data classes and enums
+of torch's checkpoint modules, `torch.Size`, dtypes and layouts. Anything else stops the load
+with one line naming the file and the global it asked for (`MetadataRefused`, exit status 2).
+The reader is wrapped at its `pickle` seam: torch's own `read_metadata` runs unchanged.
 
 The shards hold pickles too: every non-tensor item of a torch_dist checkpoint (Megatron's
 common state: args, iteration, RNG states; its sharded objects) is a byte item that torch's
-`DefaultLoadPlanner.load_bytes` reads with `torch.load(..., weights_only=False)`. `install()`
-makes that planner's `torch.load` weights-only, as torch's own default is since 2.6 and as
+`DefaultLoadPlanner.load_bytes` reads with `torch.load(..., weights_only=False)`. The same
+group makes that planner's `torch.load` weights-only, as torch's own default is since 2.6 and as
 megatron-core reads its common state elsewhere (with the classes it registers as safe); a
 crafted item then fails torch's check, which names the global it refused.
 """
@@ -101,15 +101,10 @@ class _WeightsOnlyTorch:
         return torch.load(file, *args, **{**kwargs, "weights_only": True})
 
 
-def install() -> None:
-    """Make torch's `FileSystemReader` read `.metadata` with `MetadataUnpickler`, and its
-    default load planner read byte items weights-only (idempotent)."""
-    from torch.distributed.checkpoint import default_planner, filesystem
-
-    if not isinstance(filesystem.pickle, _MetadataPickle):
-        filesystem.pickle = _MetadataPickle()
-    if not isinstance(default_planner.torch, _WeightsOnlyTorch):
-        default_planner.torch = _WeightsOnlyTorch()
+# What `megatron_hooks` installs as torch's `FileSystemReader` and default load planner see
+# `pickle` and `torch` (group CHECKPOINTS).
+METADATA_PICKLE = _MetadataPickle()
+WEIGHTS_ONLY_TORCH = _WeightsOnlyTorch()
 
 
 def _is_dtype(module: str, name: str) -> bool:

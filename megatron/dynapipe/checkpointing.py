@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import functools
 import os
 import re
 import shutil
@@ -40,7 +39,7 @@ import torch.distributed as dist
 
 from dynapipe_planner.processes import main_hidden
 
-from . import checkpoint_metadata
+from . import checkpoint_metadata, megatron_hooks
 
 # The files of DynaPipe's layout-independent checkpoints (heterogeneous jobs, `hetero`).
 LATEST = "latest_iteration.txt"
@@ -80,24 +79,17 @@ def _megatron():
     return checkpointing
 
 
-def lean_writer_manager() -> None:
+def get_write_results_queue(*args: object, **kwargs: object) -> object:
     """megatron-core's torch_dist writer starts one multiprocessing manager per rank (it carries
     asynchronous saves' results) with "spawn", which re-imports the training script in it:
     10 s of CPU and ~400 MB per rank at the first save, for a process that needs neither torch
-    nor megatron. Start it with `__main__` hidden (`dynapipe_planner.processes`); idempotent."""
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
-    start = filesystem_async.get_write_results_queue
-    if getattr(start, "_dynapipe", False):
-        return
-
-    @functools.wraps(start)
-    def get_write_results_queue(*args: object, **kwargs: object) -> object:
-        with main_hidden():
-            return start(*args, **kwargs)
-
-    get_write_results_queue._dynapipe = True  # type: ignore[attr-defined]
-    filesystem_async.get_write_results_queue = get_write_results_queue
+    nor megatron. Start it with `__main__` hidden (`dynapipe_planner.processes`); installed by
+    `megatron_hooks` (group CHECKPOINTS)."""
+    start = megatron_hooks.original(
+        "megatron.core.dist_checkpointing.strategies.filesystem_async.get_write_results_queue"
+    )
+    with main_hidden():
+        return start(*args, **kwargs)
 
 
 def has_checkpoint(directory: str | os.PathLike) -> bool:
@@ -108,8 +100,8 @@ def has_checkpoint(directory: str | os.PathLike) -> bool:
 def resume_point(args: argparse.Namespace) -> ResumePoint | None:
     """The checkpoint `--load` names, or None to start from scratch: no --load, or (as
     Megatron does) a --load directory without a checkpoint yet."""
-    checkpoint_metadata.install()  # what loads the checkpoint reads .metadata without running code
-    lean_writer_manager()
+    # What loads the checkpoint reads .metadata without running code; lean writer processes.
+    megatron_hooks.install(megatron_hooks.CHECKPOINTS)
     if not args.load:
         return None
     directory = Path(args.load)
@@ -446,7 +438,8 @@ def release_writer_processes() -> None:
     stop it when training ends, so no process outlives the job."""
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-    queue, filesystem_async._results_queue = filesystem_async._results_queue, None
+    queue = filesystem_async._results_queue
+    megatron_hooks.assign(filesystem_async.__name__, {"_results_queue": None})
     manager = getattr(queue, "_manager", None)
     if manager is not None:
         manager.shutdown()

@@ -5,9 +5,10 @@ stream synchronisation, the tensor-parallel RNG tracker). `install()` redirects 
 to the CPU when no GPU is present, and does nothing at all when CUDA is available, so the same
 program runs on a laptop, in CI and on a cluster.
 
-`install_training()` adds what `megatron.training`'s own loop (`pretrain`) needs on top: it
-initialises without CUDA (gloo, megatron-core's groups and seeds, which it builds only when it
-sees a GPU).
+The attributes it replaces are `megatron_hooks`' (group CPU); what megatron.training's own
+loop (`pretrain`) needs on top, initialising without CUDA (gloo, megatron-core's groups and
+seeds, which it builds only when it sees a GPU), is the group STARTUP's
+(`initialize_megatron`, `skip_jit_warmup`).
 
 Every intercepted call records its first Megatron frame (`megatron/core/<file>:<function>` or
 `megatron/training/...`). `recorded_call_sites()` returns that set; a test compares it with a
@@ -98,7 +99,7 @@ class _CudaToCpu(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-class _NullStream:
+class NullStream:
     """Stands in for a CUDA stream or event: CPU ops are already ordered, so waits do nothing."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -110,8 +111,8 @@ class _NullStream:
     def wait_stream(self, *args: Any, **kwargs: Any) -> None:
         pass
 
-    def record_event(self, *args: Any, **kwargs: Any) -> _NullStream:
-        return _NullStream()
+    def record_event(self, *args: Any, **kwargs: Any) -> NullStream:
+        return NullStream()
 
     def record(self, *args: Any, **kwargs: Any) -> None:
         pass
@@ -142,8 +143,30 @@ def _set_cpu_rng_state(new_state: torch.Tensor, *args: Any, **kwargs: Any) -> No
     torch.default_generator.set_state(new_state)
 
 
+# What `megatron_hooks` installs in torch.cuda and megatron-core on CPU ranks (group CPU).
+# Device queries: tensors are placed with `device=torch.cuda.current_device()`.
+cuda_current_device = _recording(lambda: _CPU)
+# Streams and events order GPU kernels; CPU work is synchronous, so they become no-ops.
+cuda_synchronize = _recording(lambda *a, **k: None)
+cuda_stream = _recording(lambda *a, **k: contextlib.nullcontext())
+# RNG: the "CUDA" generator becomes the CPU default generator. `torch.manual_seed` must not be
+# used for `cuda.manual_seed`: it calls `cuda.manual_seed_all`, which would recurse.
+cuda_get_rng_state = _recording(_get_cpu_rng_state)
+cuda_set_rng_state = _recording(_set_cpu_rng_state)
+cuda_manual_seed = _recording(lambda seed: torch.default_generator.manual_seed(seed))
+cuda_manual_seed_all = _recording(lambda seed: None)
+
+
+def null_stream(*args: Any, **kwargs: Any) -> NullStream:
+    """`torch.cuda.current_stream` and `default_stream` on a CPU rank."""
+    return NullStream()
+
+
 def install() -> bool:
-    """Redirect megatron-core's CUDA call sites to the CPU. Idempotent.
+    """Redirect megatron-core's CUDA call sites to the CPU: `megatron_hooks`' group CPU
+    (device queries, streams, the CUDA generator as the TP RNG tracker reads it, sequence
+    parallelism in the torch norm) and a function mode for the CUDA devices torch calls name.
+    Idempotent.
 
     Returns True when the redirects are active, False when CUDA is available (nothing patched).
     """
@@ -152,68 +175,41 @@ def install() -> bool:
         return False
     if _installed:
         return True
-    cuda = torch.cuda
-    # Device queries: tensors are placed with `device=torch.cuda.current_device()`.
-    cuda.current_device = _recording(lambda: _CPU)
-    # Streams and events order GPU kernels; CPU work is synchronous, so they become no-ops.
-    cuda.synchronize = _recording(lambda *a, **k: None)
-    cuda.current_stream = cuda.default_stream = lambda *a, **k: _NullStream()
-    cuda.Stream = cuda.Event = _NullStream
-    cuda.stream = _recording(lambda *a, **k: contextlib.nullcontext())
-    # RNG: the "CUDA" generator becomes the CPU default generator. `torch.manual_seed` must not
-    # be used for `cuda.manual_seed`: it calls `cuda.manual_seed_all`, which would recurse.
-    cuda.get_rng_state = _recording(_get_cpu_rng_state)
-    cuda.set_rng_state = _recording(_set_cpu_rng_state)
-    cuda.manual_seed = _recording(lambda seed: torch.default_generator.manual_seed(seed))
-    cuda.manual_seed_all = _recording(lambda seed: None)
-    _patch_tensor_parallel_rng()
-    _patch_sequence_parallel_norm()
+    from . import megatron_hooks
+
+    megatron_hooks.install(megatron_hooks.CPU)  # torch.cuda's first, before megatron-core loads
+    from megatron.core.tensor_parallel import random as tp_random
+
+    # With one generator for "CPU" and "CUDA", every tracker fork changes the CPU state and
+    # the tracker would warn each time.
+    logging.getLogger(tp_random.__name__).setLevel(logging.ERROR)
     _mode = _CudaToCpu()
     _mode.__enter__()
     _installed = True
     return True
 
 
-def _patch_tensor_parallel_rng() -> None:
-    """The TP RNG tracker reads CUDA generator state through two module-level helpers."""
-    from megatron.core.tensor_parallel import random as tp_random
+def sequence_parallel_norm(cls: type, config: Any, *args: Any, **kwargs: Any) -> torch.nn.Module:
+    """Sequence parallelism on CPU ranks (`WrappedTorchNorm.__new__`). The local spec's norm
+    (`WrappedTorchNorm`: torch's LayerNorm or RMSNorm, what runs without apex and
+    TransformerEngine) refuses `sequence_parallel`; the GPU norms take it and mark their
+    weights `sequence_parallel`, so `finalize_model_grads` sums their gradients over the
+    tensor-parallel group (each rank normalised only its own share of the tokens). The same
+    torch norm, marked the same way, is exactly that: a norm acts on each token alone."""
+    from . import megatron_hooks
 
-    tp_random._get_cuda_rng_state = _recording(_get_cpu_rng_state)
-    tp_random._set_cuda_rng_state = _recording(_set_cpu_rng_state)
-    # With one generator for "CPU" and "CUDA", every tracker fork changes the CPU state and
-    # the tracker would warn each time.
-    logging.getLogger(tp_random.__name__).setLevel(logging.ERROR)
-
-
-def _patch_sequence_parallel_norm() -> None:
-    """Sequence parallelism on CPU ranks. The local spec's norm (`WrappedTorchNorm`: torch's
-    LayerNorm or RMSNorm, what runs without apex and TransformerEngine) refuses
-    `sequence_parallel`; the GPU norms take it and mark their weights `sequence_parallel`, so
-    `finalize_model_grads` sums their gradients over the tensor-parallel group (each rank
-    normalised only its own share of the tokens). The same torch norm, marked the same way, is
-    exactly that: a norm acts on each token alone."""
-    from megatron.core.transformer import torch_norm
-
-    wrapped = torch_norm.WrappedTorchNorm
-    build = wrapped.__new__
-    if getattr(build, "_sequence_parallel", False):
-        return
-
-    def __new__(cls: type, config: Any, *args: Any, **kwargs: Any) -> torch.nn.Module:
-        if not config.sequence_parallel:
-            return build(cls, config, *args, **kwargs)
-        _record()
-        config.sequence_parallel = False  # only for the norm's own check
-        try:
-            norm = build(cls, config, *args, **kwargs)
-        finally:
-            config.sequence_parallel = True
-        for param in norm.parameters():
-            param.sequence_parallel = True
-        return norm
-
-    __new__._sequence_parallel = True  # type: ignore[attr-defined]
-    wrapped.__new__ = __new__  # type: ignore[method-assign]
+    build = megatron_hooks.original("megatron.core.transformer.torch_norm.WrappedTorchNorm.__new__")
+    if not config.sequence_parallel:
+        return build(cls, config, *args, **kwargs)
+    _record()
+    config.sequence_parallel = False  # only for the norm's own check
+    try:
+        norm = build(cls, config, *args, **kwargs)
+    finally:
+        config.sequence_parallel = True
+    for param in norm.parameters():
+        param.sequence_parallel = True
+    return norm
 
 
 @contextlib.contextmanager
@@ -221,73 +217,62 @@ def _one_cuda_device() -> Iterator[None]:
     """megatron.training builds megatron-core's groups and seeds the TP RNG tracker only when
     `torch.cuda.device_count() > 0`; on a CPU rank it sees one device, whose selection is a
     no-op (the redirects above carry the rest)."""
-    cuda = torch.cuda
-    saved = cuda.device_count, cuda.set_device
-    cuda.device_count = lambda: 1
-    cuda.set_device = lambda *args, **kwargs: None
-    _record(3)
-    try:
+    from .megatron_hooks import swapped
+
+    with (
+        swapped("torch.cuda", "device_count", lambda: 1),
+        swapped("torch.cuda", "set_device", lambda *args, **kwargs: None),
+    ):
+        _record(3)
         yield
-    finally:
-        cuda.device_count, cuda.set_device = saved
 
 
-def install_training() -> bool:
-    """`install()`, plus megatron.training's initialisation on CPU ranks: `pretrain` calls
-    `initialize_megatron` as if CUDA were allowed to be missing, over gloo, with megatron-core's
-    groups and seeds set up as on a GPU. The warm-up of the CUDA JIT fusions is skipped: the
-    fusions are off on CPU, and its random inputs, drawn from the CPU generator here (a GPU
-    draws them from its own), would change the weights drawn after it. Idempotent; False
-    (nothing patched) with CUDA."""
-    if not install():
-        return False
-    from megatron.training import initialize as megatron_initialize
-    from megatron.training import training
-
-    megatron_initialize._warmup_jit_function = _recording(lambda *args, **kwargs: None)
-
-    initialize = training.initialize_megatron
-    if getattr(initialize, "_cpu_ranks", False):
-        return True
-
-    def initialize_on_cpu(*args: Any, **kwargs: Any) -> Any:
-        from megatron.training import get_args
-
-        get_args().distributed_backend = "gloo"  # NCCL needs GPUs
-        kwargs["allow_no_cuda"] = True
-        with _one_cuda_device():
-            return initialize(*args, **kwargs)
-
-    initialize_on_cpu._cpu_ranks = True  # type: ignore[attr-defined]
-    training.initialize_megatron = initialize_on_cpu
-    _resume_dropout_stream(training)
-    return True
+def skip_jit_warmup(*args: Any, **kwargs: Any) -> None:
+    """megatron.training's warm-up of the CUDA JIT fusions (`_warmup_jit_function`), skipped on
+    CPU ranks: the fusions are off on CPU, and its random inputs, drawn from the CPU generator
+    here (a GPU draws them from its own), would change the weights drawn after it."""
+    _record()
 
 
-def _resume_dropout_stream(training: Any) -> None:
-    """A GPU rank keeps two generators: the CPU's, which data loaders draw their seeds from,
-    and the GPU's, which dropout draws from. A CPU rank has one for both (`install`). Megatron's
-    checkpoint load restores both (the GPU's last), but the data loaders it builds after the
-    load then draw from the restored dropout stream, so a resumed run's dropout would differ
-    from the uninterrupted run's. The state the load restored is set again as the first
-    training step after it starts, where a GPU's dropout stream would stand."""
-    load, step = training.load_checkpoint, training.train_step
-    restored: dict[str, torch.Tensor] = {}
+def initialize_megatron(*args: Any, **kwargs: Any) -> Any:
+    """megatron.training's initialisation on a CPU rank: as if CUDA were allowed to be
+    missing, over gloo, with megatron-core's groups and seeds set up as on a GPU."""
+    from megatron.training import get_args
 
-    def load_checkpoint(*args: Any, **kwargs: Any) -> Any:
-        from megatron.training import get_args
+    from . import megatron_hooks
 
-        result = load(*args, **kwargs)
-        job = get_args()
-        loaded = isinstance(result, tuple) and result and result[0]
-        if loaded and not (job.no_load_rng or job.finetune):
-            restored["dropout"] = torch.cuda.get_rng_state()
-        return result
+    initialize = megatron_hooks.original("megatron.training.training.initialize_megatron")
+    get_args().distributed_backend = "gloo"  # NCCL needs GPUs
+    kwargs["allow_no_cuda"] = True
+    with _one_cuda_device():
+        return initialize(*args, **kwargs)
 
-    def train_step(*args: Any, **kwargs: Any) -> Any:
-        state = restored.pop("dropout", None)
-        if state is not None:
-            torch.cuda.set_rng_state(state)
-        return step(*args, **kwargs)
 
-    training.load_checkpoint, training.train_step = load_checkpoint, train_step
+# The CUDA generator's state a checkpoint load restored on this CPU rank (`keep_dropout_stream`).
+_RESTORED: dict[str, torch.Tensor] = {}
+
+
+def keep_dropout_stream(load_result: Any) -> None:
+    """After Megatron's checkpoint load (`load_result`: what it returned), on CPU ranks. A GPU rank
+    keeps two generators: the CPU's, which data loaders draw their seeds from, and the GPU's,
+    which dropout draws from. A CPU rank has one for both (`install`). Megatron's checkpoint
+    load restores both (the GPU's last), but the data loaders it builds after the load then
+    draw from the restored dropout stream, so a resumed run's dropout would differ from the
+    uninterrupted run's. The state the load restored is set again as the first training step
+    after it starts (`resume_dropout_stream`), where a GPU's dropout stream would stand."""
+    from megatron.training import get_args
+
+    if not _installed:
+        return
+    job = get_args()
+    loaded = isinstance(load_result, tuple) and load_result and load_result[0]
+    if loaded and not (job.no_load_rng or job.finetune):
+        _RESTORED["dropout"] = torch.cuda.get_rng_state()
+
+
+def resume_dropout_stream() -> None:
+    """Before a training step: the dropout stream a checkpoint load restored, set again
+    (`keep_dropout_stream`)."""
+    state = _RESTORED.pop("dropout", None)
+    if state is not None:
+        torch.cuda.set_rng_state(state)

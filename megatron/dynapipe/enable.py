@@ -5,6 +5,8 @@ schedules every training iteration of `megatron.training.pretrain` (see `megatro
 Before megatron-core is imported, its notices about each optional GPU package it falls back
 from (TransformerEngine, Apex), and torch's about CUDA and pinned memory on machines without
 them, are silenced: a CPU rank would print a screenful of them, and an error must stay one line.
+Then every hook in `megatron_hooks.HOOKS` is installed, and on a machine without CUDA the
+CUDA devices torch calls name are redirected to the CPU as well (`cpu_compat`).
 """
 
 import logging
@@ -15,6 +17,7 @@ warnings.filterwarnings("ignore", message=r"'pin_memory' argument is set as true
 warnings.filterwarnings("ignore", message=r"`torch\.distributed\.all_gather_into_tensor` is dep")
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
-from .megatron_loop import install  # noqa: E402
+from . import cpu_compat, megatron_hooks  # noqa: E402
 
-install()
+megatron_hooks.install()
+cpu_compat.install()

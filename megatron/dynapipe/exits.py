@@ -30,8 +30,6 @@ from .checkpoint_metadata import MetadataRefused
 from .checkpointing import CheckpointError, CheckpointWriteError
 from .data.base import DataError
 from .device_speed import DeviceSpeedError
-from .hetero.candidates import CandidateError
-from .hetero.plan_file import HeteroPlanError
 from .pipeline.executor import MissingPackedParams
 from .pipeline.liveness import PeerFailure
 from .pipeline.p2p import TransferError
@@ -42,8 +40,6 @@ USER_ERRORS = (
     CheckpointError,
     MetadataRefused,
     DeviceSpeedError,
-    HeteroPlanError,
-    CandidateError,
     PlanningError,
 )
 JOB_FAULTS = (PeerFailure, PlanningServiceError, PlanMismatch, TransferError, CheckpointWriteError)

@@ -1,10 +1,10 @@
 """DynaPipe inside megatron.training's own training loop: `import megatron.dynapipe.enable`.
 
 A Megatron-LM program keeps `megatron.training.pretrain(...)` with its model provider,
-`forward_step` and dataset provider (`pretrain_gpt.py` is one). `install()` patches the start of
-`pretrain` (`megatron_startup`: parser, tokenizer, CPU initialisation, data loaders, error
-endings, pre-checks, DynaPipe's own loop for the jobs Megatron's cannot run) and these seams of
-its loop:
+`forward_step` and dataset provider (`pretrain_gpt.py` is one). `megatron_hooks` replaces the
+start of `pretrain` (`megatron_startup`: parser, tokenizer, CPU initialisation, data loaders,
+error endings, pre-checks, DynaPipe's own loop for the jobs Megatron's cannot run) and these
+functions of its loop with this module's (group DYNAPIPE):
 
 - the schedule `train()` takes from `get_forward_backward_func()`: when DynaPipe plans (a
   batching flag, `arguments.dynapipe_plans`), `DynaPipeSchedule`. Each call takes the next
@@ -20,19 +20,21 @@ its loop:
   loss function returns go back to Megatron's `train_step`, which reduces, logs and checkpoints
   as always. Parallel state is Megatron's (`adopt_megatron_groups`). Evaluation (`forward_only`)
   keeps Megatron's schedule on the program's validation data;
-- its `train_step` (`_logged_train_step`), guarded by DynaPipe's heartbeats (a failed step
+- its `train_step` (`train_step`), guarded by DynaPipe's heartbeats (a failed step
   names the ranks that stopped answering, `pipeline.liveness`), timed whole (its memory traced
   on the last iteration with `--log-peak-memory`) and followed, on the last rank where Megatron
   prints, by DynaPipe's iteration line (`log.iteration_line`: per-iteration loss, real
   tokens/s, padding efficiency, predicted and measured time), which Megatron's own line lacks
   and the benchmarks parse, also for `--baseline megatron-1f1b` (Megatron's own schedule);
   Megatron's consumed-samples count then moves by the planned batch's samples;
-- its `training_log` (`_planned_batch_logged`): Megatron's `global batch size` field (and its
+- its `train` (`train`): its collectives outside `train_step` fail naming the ranks that
+  stopped answering too;
+- its `training_log` (`training_log`): Megatron's `global batch size` field (and its
   `batch-size` TensorBoard scalar) is the planned batch's samples, and its FLOPs accounting
   (`--log-throughput`'s TFLOP/s, the FLOPs a checkpoint keeps) counts the planned batch's real
   tokens and per-sample attention (`_count_planned_tokens`), not `--micro-batch-size` x
   `--seq-length` per micro-batch;
-- megatron-core's `get_batch_on_this_tp_rank` (`_planned_shape_broadcast`): Megatron-LM's
+- megatron-core's `get_batch_on_this_tp_rank` (`get_batch_on_this_tp_rank`): Megatron-LM's
   `get_batch` reads the iterator on tensor-parallel rank 0 and broadcasts to the others into
   buffers of `--micro-batch-size` x `--seq-length`. DynaPipe's micro-batches have their own
   shape, so under DynaPipe rank 0 first broadcasts the shape it holds and the others receive
@@ -46,12 +48,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
 import inspect
 import signal
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,7 @@ from dynapipe_planner.errors import iteration_name
 from dynapipe_planner.megatron_model import spec_from_args
 from dynapipe_planner.online_fit import IterationTimeFit
 
-from . import arguments, megatron_startup
+from . import arguments, cpu_compat, megatron_hooks
 from . import parallel_state as ps
 from .checkpointing import ResumePoint, TrainState
 from .data.base import SampleDataset
@@ -313,151 +313,114 @@ def check_layer_split(model: torch.nn.Module, args: Any) -> None:
         )
 
 
-def _planned_shape_broadcast(broadcast_batch: Callable[..., Any]) -> Callable[..., Any]:
+def get_batch_on_this_tp_rank(*args: Any, **kwargs: Any) -> Any:
     """megatron-core's `get_batch_on_this_tp_rank` that, under DynaPipe, first broadcasts
     the planned micro-batch's `[rows, tokens per row]` from tensor-parallel rank 0 (whichever
     of tokens and labels that stage holds) and receives into buffers of that shape."""
-    signature = inspect.signature(broadcast_batch)
+    from megatron.training import get_args
 
-    @functools.wraps(broadcast_batch)
-    def get_batch_on_this_tp_rank(*args: Any, **kwargs: Any) -> Any:
-        from megatron.training import get_args
-
-        if not get_args().dynapipe_plans:
-            return broadcast_batch(*args, **kwargs)
-        call = signature.bind(*args, **kwargs)
-        given = call.arguments
-        shape = torch.zeros(2, dtype=torch.int64, device=ps.device())
-        if given["tp_rank"] == 0:
-            batch = given["batch"]
-            held = batch.get("tokens") if batch.get("tokens") is not None else batch["labels"]
-            shape.copy_(torch.tensor(held.shape, dtype=torch.int64))
-        dist.broadcast(shape, given["broadcast_src_rank"], group=given["broadcast_group"])
-        given["micro_batch_size"], given["seq_length"] = (int(n) for n in shape)
-        return broadcast_batch(*call.args, **call.kwargs)
-
-    get_batch_on_this_tp_rank._dynapipe = True  # type: ignore[attr-defined]
-    return get_batch_on_this_tp_rank
+    broadcast_batch = megatron_hooks.original("megatron.core.utils.get_batch_on_this_tp_rank")
+    if not get_args().dynapipe_plans:
+        return broadcast_batch(*args, **kwargs)
+    call = inspect.signature(broadcast_batch).bind(*args, **kwargs)
+    given = call.arguments
+    shape = torch.zeros(2, dtype=torch.int64, device=ps.device())
+    if given["tp_rank"] == 0:
+        batch = given["batch"]
+        held = batch.get("tokens") if batch.get("tokens") is not None else batch["labels"]
+        shape.copy_(torch.tensor(held.shape, dtype=torch.int64))
+    dist.broadcast(shape, given["broadcast_src_rank"], group=given["broadcast_group"])
+    given["micro_batch_size"], given["seq_length"] = (int(n) for n in shape)
+    return broadcast_batch(*call.args, **call.kwargs)
 
 
-def _broadcast_planned_shapes() -> None:
-    from megatron.core import utils
-
-    if not getattr(utils.get_batch_on_this_tp_rank, "_dynapipe", False):
-        utils.get_batch_on_this_tp_rank = _planned_shape_broadcast(utils.get_batch_on_this_tp_rank)
+# The schedule `get_forward_backward_func` gives when DynaPipe plans, once it was asked for.
+_SCHEDULE: dict[str, DynaPipeSchedule] = {}
 
 
-def install() -> None:
-    """Enable DynaPipe in megatron.training (idempotent); see the module docstring."""
-    from megatron.training import training
+def get_forward_backward_func(*args: Any, **kwargs: Any) -> Any:
+    """megatron.training's `get_forward_backward_func`: when DynaPipe plans, DynaPipe's
+    schedule (one per process) in place of megatron-core's."""
+    from megatron.training import get_args
 
-    megatron_startup.install()
-    _broadcast_planned_shapes()
-    megatron_schedule_for = training.get_forward_backward_func
-    if getattr(megatron_schedule_for, "_dynapipe", False):
-        return
-    schedule: dict[str, DynaPipeSchedule] = {}
-
-    def get_forward_backward_func(*args: Any, **kwargs: Any) -> Any:
-        from megatron.training import get_args
-
-        megatron_schedule = megatron_schedule_for(*args, **kwargs)
-        if not get_args().dynapipe_plans:
-            return megatron_schedule
-        if "dynapipe" not in schedule:
-            schedule["dynapipe"] = DynaPipeSchedule(megatron_schedule)
-        return schedule["dynapipe"]
-
-    get_forward_backward_func._dynapipe = True  # type: ignore[attr-defined]
-    training.get_forward_backward_func = get_forward_backward_func
-    training.train_step = _logged_train_step(training.train_step, schedule)
-    training.train = _guarded_train(training.train, schedule)
-    training.training_log = _planned_batch_logged(training.training_log, schedule)
+    megatron_schedule_for = megatron_hooks.original(
+        "megatron.training.training.get_forward_backward_func"
+    )
+    megatron_schedule = megatron_schedule_for(*args, **kwargs)
+    if not get_args().dynapipe_plans:
+        return megatron_schedule
+    if "dynapipe" not in _SCHEDULE:
+        _SCHEDULE["dynapipe"] = DynaPipeSchedule(megatron_schedule)
+    return _SCHEDULE["dynapipe"]
 
 
-def _guarded_train(
-    megatron_train: Callable[..., Any], schedule: dict[str, DynaPipeSchedule]
-) -> Callable[..., Any]:
+def train(*args: Any, **kwargs: Any) -> Any:
     """megatron.training's `train` loop, whose collectives outside `train_step` (its FLOPs
     accounting, logging reductions) also fail naming the ranks that stopped answering, as a
     planned step does (`pipeline.liveness`)."""
+    from megatron.training import get_args
 
-    @functools.wraps(megatron_train)
-    def train(*args: Any, **kwargs: Any) -> Any:
-        from megatron.training import get_args
-
-        try:
-            return megatron_train(*args, **kwargs)
-        except RuntimeError:
-            dynapipe = schedule.get("dynapipe")
-            if dynapipe is None:
-                raise
-            with dynapipe.guarded(get_args().curr_iteration):
-                raise
-
-    return train
+    megatron_train = megatron_hooks.original("megatron.training.training.train")
+    try:
+        return megatron_train(*args, **kwargs)
+    except RuntimeError:
+        dynapipe = _SCHEDULE.get("dynapipe")
+        if dynapipe is None:
+            raise
+        with dynapipe.guarded(get_args().curr_iteration):
+            raise
 
 
-def _planned_batch_logged(
-    megatron_training_log: Callable[..., Any], schedule: dict[str, DynaPipeSchedule]
-) -> Callable[..., Any]:
+def training_log(*args: Any, **kwargs: Any) -> Any:
     """megatron.training's `training_log` with, after a planned step, the planned batch's
     samples as its global batch size: it multiplies `--micro-batch-size`, the data-parallel
     size and its micro-batch count, which under DynaPipe say nothing, so for this call they
     are 1, 1 and the planned samples."""
-    from megatron.training import training
+    from megatron.training import get_args
 
-    @functools.wraps(megatron_training_log)
-    def training_log(*args: Any, **kwargs: Any) -> Any:
-        from megatron.training import get_args
-
-        dynapipe = schedule.get("dynapipe")
-        if dynapipe is None or dynapipe.last is None:
+    megatron_training_log = megatron_hooks.original("megatron.training.training.training_log")
+    dynapipe = _SCHEDULE.get("dynapipe")
+    if dynapipe is None or dynapipe.last is None:
+        return megatron_training_log(*args, **kwargs)
+    job, samples = get_args(), dynapipe.last.samples
+    names = ("micro_batch_size", "data_parallel_size", "gtp_weight_remat_size")
+    saved = [getattr(job, name) for name in names]
+    for name in names:
+        setattr(job, name, 1)
+    try:
+        with megatron_hooks.swapped(
+            "megatron.training.training", "get_num_microbatches", lambda: samples
+        ):
             return megatron_training_log(*args, **kwargs)
-        job, samples = get_args(), dynapipe.last.samples
-        names = ("micro_batch_size", "data_parallel_size", "gtp_weight_remat_size")
-        saved = [getattr(job, name) for name in names], training.get_num_microbatches
-        for name in names:
-            setattr(job, name, 1)
-        training.get_num_microbatches = lambda: samples
-        try:
-            return megatron_training_log(*args, **kwargs)
-        finally:
-            for name, value in zip(names, saved[0], strict=True):
-                setattr(job, name, value)
-            training.get_num_microbatches = saved[1]
-
-    return training_log
+    finally:
+        for name, value in zip(names, saved, strict=True):
+            setattr(job, name, value)
 
 
-def _logged_train_step(
-    megatron_train_step: Callable[..., Any], schedule: dict[str, DynaPipeSchedule]
-) -> Callable[..., Any]:
+def train_step(*args: Any, **kwargs: Any) -> Any:
     """megatron.training's `train_step`, timed whole (zeroing, the planned passes, gradient
     sync, optimiser step) and followed by DynaPipe's iteration line when DynaPipe ran it, or
-    when the job is `--baseline megatron-1f1b` (measured against DynaPipe's line by line)."""
+    when the job is `--baseline megatron-1f1b` (measured against DynaPipe's line by line). On
+    CPU ranks a resumed run's dropout stream is set first (`cpu_compat.resume_dropout_stream`)."""
+    from megatron.training import get_args
 
-    @functools.wraps(megatron_train_step)
-    def train_step(*args: Any, **kwargs: Any) -> Any:
-        from megatron.training import get_args
-
-        job = get_args()
-        dynapipe = schedule.get("dynapipe")
-        traced = job.log_peak_memory and job.curr_iteration == job.train_iters - 1
-        started = time.perf_counter()
-        with (
-            dynapipe.guarded(job.curr_iteration) if dynapipe else contextlib.nullcontext(),
-            traced_peak(ps.device()) if traced else contextlib.nullcontext() as peak,
-        ):
-            result = megatron_train_step(*args, **kwargs)
-        measured_s = time.perf_counter() - started
-        peaks = every_rank(peak.peak) if traced else None
-        if dynapipe is not None and dynapipe.last is not None:
-            dynapipe.iterations.measured(dynapipe.last, measured_s)
-            _log_step(job, dynapipe.last, result[0], measured_s, peaks, dynapipe.iterations.fit)
-            dynapipe.count_samples(job)
-        elif job.baseline == "megatron-1f1b":
-            _log_step(job, _megatron_step(job), result[0], measured_s, peaks)
-        return result
-
-    return train_step
+    megatron_train_step = megatron_hooks.original("megatron.training.training.train_step")
+    job = get_args()
+    dynapipe = _SCHEDULE.get("dynapipe")
+    traced = job.log_peak_memory and job.curr_iteration == job.train_iters - 1
+    started = time.perf_counter()
+    with (
+        dynapipe.guarded(job.curr_iteration) if dynapipe else contextlib.nullcontext(),
+        traced_peak(ps.device()) if traced else contextlib.nullcontext() as peak,
+    ):
+        cpu_compat.resume_dropout_stream()
+        result = megatron_train_step(*args, **kwargs)
+    measured_s = time.perf_counter() - started
+    peaks = every_rank(peak.peak) if traced else None
+    if dynapipe is not None and dynapipe.last is not None:
+        dynapipe.iterations.measured(dynapipe.last, measured_s)
+        _log_step(job, dynapipe.last, result[0], measured_s, peaks, dynapipe.iterations.fit)
+        dynapipe.count_samples(job)
+    elif job.baseline == "megatron-1f1b":
+        _log_step(job, _megatron_step(job), result[0], measured_s, peaks)
+    return result

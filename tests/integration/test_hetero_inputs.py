@@ -15,11 +15,11 @@ pytest.importorskip("megatron.core")
 
 from dynapipe_planner.model_spec import ModelSpec
 from dynapipe_planner.static_hetero import dispatch_by_fraction
+from dynapipe_planner.strategy.candidates import CandidateError, load_candidates, realisable
 from dynapipe_planner.strategy.cli import strategy_main
 from dynapipe_planner.strategy.proposal import Strategy
 from dynapipe_planner.strategy.schemes import ParallelScheme
 from megatron.dynapipe.device_speed import DeviceSpeedError, parse_device_speed
-from megatron.dynapipe.hetero.candidates import CandidateError, load_candidates, realisable
 from megatron.dynapipe.hetero.plan_file import HeteroPlanError, load_hetero_plan, parse_hetero_plan
 
 SPEC = ModelSpec("tiny", "gpt", 4, 32, 4, 128, 256, max_position_embeddings=128)
@@ -130,7 +130,7 @@ def test_tp_must_divide_the_heads_and_every_rank_needs_a_stage(tmp_path: Path) -
         parse_hetero_plan(_plan(), SPEC, 5)
     bad = tmp_path / "plan.json"
     bad.write_text("{not json")
-    with pytest.raises(HeteroPlanError, match=r"plan\.json is not valid JSON"):
+    with pytest.raises(HeteroPlanError, match=r"plan\.json: not valid JSON"):
         load_hetero_plan(bad, SPEC, 4)
 
 
@@ -174,13 +174,13 @@ def test_plans_of_a_strategy_have_the_layouts_its_groups_were_built_for() -> Non
     first; the plan must still lay the strategy out as `realisable` did (scheme order)."""
     from dynapipe_planner.cluster import get_gpu
     from dynapipe_planner.model_spec import MODEL_PRESETS
+    from dynapipe_planner.strategy.candidates import layout_key, strategy_layouts
     from dynapipe_planner.strategy.schemes import (
         AnalyticSchemeModels,
         profile_schemes,
         scheme_tables,
     )
     from dynapipe_planner.strategy.selection import SelectionConfig, StrategySelector
-    from megatron.dynapipe.hetero.candidates import layout_key, strategy_layouts
 
     spec = MODEL_PRESETS["gpt-1.3b"]
     models = AnalyticSchemeModels(spec, get_gpu("A100-80GB"), 4, gpus_per_node=4)
@@ -253,6 +253,8 @@ def test_a_hexiscale_plan_file_is_read(tmp_path: Path) -> None:
     good = {
         "format": "hexiscale-plan",
         "version": 1,
+        "micro_batch_size": 1,
+        "seqlen": 128,
         "replicas": [
             {
                 "id": 0,

@@ -267,6 +267,43 @@ def test_bad_plans_are_named() -> None:
         plan.check(4, 2)
 
 
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (lambda d: d["replicas"][0]["stages"][0].update(devices=["0", 1]), "devices must list"),
+        (lambda d: d["replicas"][0]["stages"][0].update(layers=[0, 4.0]), "layers must list"),
+        (lambda d: d["replicas"][0]["stages"][0].update(devices=[], tp=0), "stage 0: needs dev"),
+        (lambda d: d["replicas"][1].update(micro_batches=0, batch_size=0), "micro_batches must"),
+        (lambda d: d["replicas"][1].update(batch_size=5), "replica 1: batch_size 5 is not its 2"),
+        (lambda d: d.update(replicas=[]), "'replicas' lists no pipeline"),
+        (lambda d: d["stats"].update(recompute=[["full"]]), r"stats.recompute\[1\] must list"),
+        (lambda d: d["stats"].update(recompute=[["all"], ["none"]]), r"recompute\[0\]\[0\] must"),
+        (lambda d: d.update(stats=[1]), "'stats' must be an object"),
+    ],
+    ids=[
+        "devices", "layers", "no-devices", "micro-batches", "batch-size", "no-replicas", "modes",
+        "mode", "stats",
+    ],
+)  # fmt: skip
+def test_what_the_runtime_reads_of_a_plan_is_checked(edit, named) -> None:
+    """The runtime reads `dynapipe-hetero` plans through `plan_from_dict` (its `--hetero-plan`):
+    each field it takes from them is refused naming the replica or stage when wrong."""
+    plan = HeteroPlan(
+        [
+            HeteroPipeline((HeteroStage((0, 1), (0, 4)),), 2),
+            HeteroPipeline((HeteroStage((2,), (0, 4)),), 2),
+        ],
+        1,
+        128,
+        stats={"recompute": [["none"], ["full"]]},
+    )
+    data = json.loads(json.dumps(plan_to_dict(plan)))
+    assert plan_from_dict(data).stats["recompute"] == [["none"], ["full"]]
+    edit(data)
+    with pytest.raises(PlanningError, match=named):
+        plan_from_dict(data)
+
+
 def test_cli(tmp_path: Path, capsys) -> None:
     out = tmp_path / "p.json"
     rc = hetero_main(

@@ -231,10 +231,10 @@ def test_a_real_checkpoints_metadata_loads_through_the_restricted_reader(torch_c
     from torch.distributed import checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from megatron.dynapipe.checkpoint_metadata import install
+    from megatron.dynapipe import megatron_hooks
     from megatron.dynapipe.checkpointing import _refused_global
 
-    install()
+    megatron_hooks.install(megatron_hooks.CHECKPOINTS)
     metadata = dcp.FileSystemReader(str(torch_checkpoint)).read_metadata()
     assert metadata.state_dict_metadata["w"].size == torch.Size([4, 3])
     assert metadata.state_dict_metadata["b"].properties.dtype == torch.bfloat16
@@ -435,8 +435,8 @@ _SCRIPT_THAT_SAVES = """
 import multiprocessing, psutil
 import torch  # what a training script imports: spawn would import it again in every child
 from megatron.core.dist_checkpointing.strategies import filesystem_async
-from megatron.dynapipe.checkpointing import lean_writer_manager
-lean_writer_manager()
+from megatron.dynapipe import megatron_hooks
+megatron_hooks.install(megatron_hooks.CHECKPOINTS)
 if __name__ == "__main__":
     filesystem_async.get_write_results_queue().put("written")
     (manager,) = multiprocessing.active_children()
@@ -447,7 +447,7 @@ if __name__ == "__main__":
 def test_the_checkpoint_writers_manager_does_not_rerun_the_training_script(tmp_path) -> None:
     """megatron-core's torch_dist writer spawns a result-queue manager per rank at its first
     save; spawned from a training script it imported torch and megatron again (10.6 s on this
-    2-core machine); with `lean_writer_manager` it is a bare interpreter."""
+    2-core machine); with `checkpointing.get_write_results_queue` it is a bare interpreter."""
     import subprocess
     import sys
 

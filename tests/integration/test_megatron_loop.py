@@ -366,18 +366,18 @@ MEGATRON_ONLY = [
 def _program_without_the_line(rank: int, world: int, argv: list[str]) -> None:
     """`megatron_lm_program.py` with its `import megatron.dynapipe.enable` (and pretrain_gpt.py's,
     whose forward_step it takes) a no-op, and only what runs megatron.training on CPU ranks at
-    all: gloo initialisation and the prebuilt dataset helpers."""
+    all: gloo initialisation and the prebuilt dataset helpers (`megatron_hooks.STARTUP`)."""
     from megatron.training import arguments
 
-    from megatron.dynapipe import cpu_compat, megatron_startup
+    from megatron.dynapipe import cpu_compat, megatron_hooks
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     sys.modules["megatron.dynapipe.enable"] = types.ModuleType("megatron.dynapipe.enable")
-    cpu_compat.install_training()
-    megatron_startup._use_prebuilt_dataset_helpers()
+    cpu_compat.install()
+    megatron_hooks.install(megatron_hooks.STARTUP)
     import megatron_lm_program
 
-    assert not getattr(arguments.parse_args, "_dynapipe", False)  # DynaPipe is not there
+    assert arguments.parse_args.__module__ == arguments.__name__  # DynaPipe is not there
     megatron_lm_program.main(argv)
 
 

@@ -219,11 +219,11 @@ def hooked_parse_args(monkeypatch):
     Megatron-LM program, reading `sys.argv`; the module's functions are restored afterwards."""
     from megatron.training import arguments as megatron_arguments
 
-    from megatron.dynapipe.arguments import hook_megatron_parser
+    from megatron.dynapipe import megatron_hooks
 
     for name in ("parse_args", "validate_args"):
         monkeypatch.setattr(megatron_arguments, name, getattr(megatron_arguments, name))
-    hook_megatron_parser()
+    megatron_hooks.install(megatron_hooks.PARSER)
     return megatron_arguments.parse_args
 
 

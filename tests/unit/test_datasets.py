@@ -8,6 +8,8 @@ bad flags give one line naming the item.
 
 from __future__ import annotations
 
+import json
+import re
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -142,6 +144,25 @@ def test_per_split_paths_use_each_blend_whole(prefixes, megatron_args) -> None:
     assert sorted(_documents(splits.train)) == [("a", j) for j in range(DOCUMENTS)]
     assert sorted(_documents(splits.valid)) == _expected(range(DOCUMENTS))
     assert splits.test is None
+
+
+def test_per_split_paths_from_a_json_file(prefixes, megatron_args, tmp_path) -> None:
+    """`--per-split-data-args-path`: the same blends from a JSON object of lists (or strings);
+    a file that is not one such object is one line naming the flag and the file."""
+    table = tmp_path / "splits.json"
+    table.write_text(
+        json.dumps({"train": [prefixes["a"]], "valid": f"1 {prefixes['a']} 1 {prefixes['b']}"})
+    )
+    args = megatron_args("--per-split-data-args-path", str(table), "--seq-length", "64")
+    splits = build_datasets(args, BYTE_TOKENIZER)
+    assert sorted(_documents(splits.train)) == [("a", j) for j in range(DOCUMENTS)]
+    assert sorted(_documents(splits.valid)) == _expected(range(DOCUMENTS))
+    assert splits.test is None
+    flag = f"--per-split-data-args-path {table}"
+    for text, why in [("[1]", "its top level is an array"), ("{", "not valid JSON (Expecting")]:
+        table.write_text(text)
+        with pytest.raises(DataError, match=re.escape(f"{flag}: {why}")):
+            build_datasets(args, BYTE_TOKENIZER)
 
 
 def test_megatron_builder_data_with_bpe_ids_loads(gpt2_bpe, megatron_args, tmp_path) -> None:

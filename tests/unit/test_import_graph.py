@@ -169,3 +169,39 @@ def test_only_tests_and_benchmarks_import_the_python_twins():
             if isinstance(node, ast.ImportFrom) and node.module
             for part in node.module.split(".")
         }, f"{path} imports {twins}"
+
+
+RUNTIME_ONLY = ("torch", "megatron")
+
+
+def runtime_imports(path: Path) -> list[str]:
+    """The modules of torch or megatron that `path` imports, anywhere in its source."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        found += [name for name in names if name.split(".")[0] in RUNTIME_ONLY]
+    return found
+
+
+def test_runtime_imports_are_found_even_lazy(tmp_path: Path):
+    module = tmp_path / "m.py"
+    module.write_text(
+        "import numpy\nfrom .torch import x\n"
+        "def f():\n    import torch.distributed as dist\n    from megatron.core import mpu\n"
+    )
+    assert runtime_imports(module) == ["torch.distributed", "megatron.core"]
+
+
+def test_the_planner_imports_neither_torch_nor_megatron():
+    """The planner installs and runs without the runtime (#36): no module of `dynapipe_planner`
+    imports torch or megatron (the runtime, megatron-core), not even lazily in a function; the
+    runtime adapts its flags into the planner's inputs, never the other way round."""
+    modules = sorted((REPOSITORY / "dynapipe_planner").rglob("*.py"))
+    assert len(modules) > 50
+    found = {str(path): runtime_imports(path) for path in modules if runtime_imports(path)}
+    assert not found, found

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dynapipe_planner.input_files import check_input_file, json_loads
+from dynapipe_planner.input_files import check_input_file, load_json_file
 
 from .base import BYTE_TOKENIZER, DataError, SampleDataset, Tokenizer, TrainingSample
 from .indexed import indexed_dataset
@@ -405,13 +405,8 @@ def _raw_per_split_blends(args: argparse.Namespace) -> list[tuple[str, list[str]
                 "--per-split-data-args-path and --train/valid/test-data-path are exclusive"
             )
         flag = f"--per-split-data-args-path {path}"
-        try:
-            table = json_loads(_read_text(path, "--per-split-data-args-path"))
-            lists = [table.get(name) for name in SPLIT_NAMES]
-        except (ValueError, AttributeError) as error:
-            raise DataError(
-                f"{flag}: not a JSON object of train/valid/test lists ({error})"
-            ) from None
+        table = load_json_file(path, "--per-split-data-args-path", DataError)
+        lists = [table.get(name) for name in SPLIT_NAMES]
         lists = [values.split() if isinstance(values, str) else values for values in lists]
         return [
             None if v is None else (f"{flag} [{n}]", list(v))

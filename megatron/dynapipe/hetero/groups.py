@@ -33,6 +33,8 @@ from megatron.core import parallel_state as mpu
 
 from dynapipe_planner.plan import ReplicaLayout
 
+from .. import megatron_hooks
+
 
 class LayoutMismatch(ValueError):
     """The plan's layouts do not describe this job; raised before any collective."""
@@ -253,18 +255,22 @@ class HeteroGroups:
 
 def fill_megatron_globals(groups: HeteroGroups) -> None:
     """Point megatron.core.parallel_state at this rank's groups, so megatron-core's layers,
-    RNG seeding and stage predicates see its stage's TP group and its own pipeline."""
+    RNG seeding and stage predicates see its stage's TP group and its own pipeline
+    (`megatron_hooks.STATE`: parallel_state has no setters for another rank layout)."""
     place = groups.topology.place(groups.rank)
     rep = groups.topology.layouts[place.replica]
     tp_ranks = list(rep.stages[place.stage].devices)
     pp_ranks, pp_group = groups.my_pipeline()
     mp_group = groups.model_parallel[place.replica]
-    mpu._TENSOR_MODEL_PARALLEL_GROUP = groups.tp[(place.replica, place.stage)]
-    mpu._TENSOR_MODEL_PARALLEL_GLOBAL_RANKS = tp_ranks
-    mpu._PIPELINE_MODEL_PARALLEL_GROUP = pp_group
-    mpu._PIPELINE_GLOBAL_RANKS = list(pp_ranks)
-    mpu._MODEL_PARALLEL_GROUP = mp_group
-    mpu._MODEL_PARALLEL_GLOBAL_RANKS = sorted(d for s in rep.stages for d in s.devices)
+    tp_group = groups.tp[(place.replica, place.stage)]
+    values = {
+        "_TENSOR_MODEL_PARALLEL_GROUP": tp_group,
+        "_TENSOR_MODEL_PARALLEL_GLOBAL_RANKS": tp_ranks,
+        "_PIPELINE_MODEL_PARALLEL_GROUP": pp_group,
+        "_PIPELINE_GLOBAL_RANKS": list(pp_ranks),
+        "_MODEL_PARALLEL_GROUP": mp_group,
+        "_MODEL_PARALLEL_GLOBAL_RANKS": sorted(d for s in rep.stages for d in s.devices),
+    }
     # Data and context parallelism of megatron-core's own modules are trivial: the
     # cross-pipeline gradient reduction is grad_sync's (TP shardings differ between holders).
     for name in (
@@ -285,20 +291,21 @@ def fill_megatron_globals(groups: HeteroGroups) -> None:
         "_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",  # one optimiser instance per rank
         "_CONTEXT_PARALLEL_GROUP",
     ):
-        setattr(mpu, name, groups.self_group)
-    mpu._DATA_PARALLEL_GLOBAL_RANKS = [groups.rank]
-    mpu._DATA_PARALLEL_GLOBAL_RANKS_WITH_CP = [groups.rank]
-    mpu._CONTEXT_PARALLEL_GLOBAL_RANKS = [groups.rank]
+        values[name] = groups.self_group
+    values["_DATA_PARALLEL_GLOBAL_RANKS"] = [groups.rank]
+    values["_DATA_PARALLEL_GLOBAL_RANKS_WITH_CP"] = [groups.rank]
+    values["_CONTEXT_PARALLEL_GLOBAL_RANKS"] = [groups.rank]
     # No experts: expert parallelism of one, expert tensor parallelism = the stage's TP.
-    mpu._EXPERT_MODEL_PARALLEL_GROUP = groups.self_group
-    mpu._EXPERT_MODEL_PARALLEL_RANKS = [groups.rank]
-    mpu._EXPERT_DATA_PARALLEL_GROUP = groups.self_group
-    mpu._EXPERT_TENSOR_PARALLEL_GROUP = mpu._TENSOR_MODEL_PARALLEL_GROUP
-    mpu._EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP = mpu._TENSOR_MODEL_PARALLEL_GROUP
-    mpu._EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP = mp_group
-    mpu._EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP = mp_group
-    mpu._TENSOR_AND_CONTEXT_PARALLEL_GROUP = mpu._TENSOR_MODEL_PARALLEL_GROUP
-    mpu._TENSOR_AND_DATA_PARALLEL_GROUP = mpu._TENSOR_MODEL_PARALLEL_GROUP
-    mpu._TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP = mpu._TENSOR_MODEL_PARALLEL_GROUP
+    values["_EXPERT_MODEL_PARALLEL_GROUP"] = groups.self_group
+    values["_EXPERT_MODEL_PARALLEL_RANKS"] = [groups.rank]
+    values["_EXPERT_DATA_PARALLEL_GROUP"] = groups.self_group
+    values["_EXPERT_TENSOR_PARALLEL_GROUP"] = tp_group
+    values["_EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP"] = tp_group
+    values["_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP"] = mp_group
+    values["_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP"] = mp_group
+    values["_TENSOR_AND_CONTEXT_PARALLEL_GROUP"] = tp_group
+    values["_TENSOR_AND_DATA_PARALLEL_GROUP"] = tp_group
+    values["_TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP"] = tp_group
+    megatron_hooks.assign(mpu.__name__, values)
     if mpu._GLOBAL_MEMORY_BUFFER is None:  # one buffer for every strategy's layers
         mpu._set_global_memory_buffer()

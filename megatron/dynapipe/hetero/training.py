@@ -6,10 +6,10 @@ fixed partition over all ranks, so a switch moves no optimiser state. HexiScale 
 §3.2) runs one fixed asymmetric layout with a batch share per pipeline. Both run here as one
 loop over the `DisaggregatedOptimizer` (a static layout is a set of one strategy):
 
-1. start-up: every candidate strategy's layouts (`candidates`, or the `--hetero-plan`
-   file), all their process groups in one order on every rank, strategy 0's stage model (the
-   others are built on first use, `strategy_models`); master weights from strategy 0's fresh
-   layers or a checkpoint;
+1. start-up: every candidate strategy's layouts (`dynapipe_planner.strategy.candidates`, from
+   what `hetero_job` derives from the flags, or the `--hetero-plan` file), all their process
+   groups in one order on every rank, strategy 0's stage model (the others are built on first
+   use, `strategy_models`); master weights from strategy 0's fresh layers or a checkpoint;
 2. per iteration: rank 0's planner (planning ahead in worker processes,
    `pipeline.plan_source`) selects and plans a strategy for the global batch; every rank reads
    the strategy from the plan's layouts, switches to it (`parallel_state.use_strategy`), pulls
@@ -50,6 +50,13 @@ from dynapipe_planner.model_spec import ModelSpec
 from dynapipe_planner.plan import ReplicaLayout
 from dynapipe_planner.planner import PlannerConfig
 from dynapipe_planner.static_hetero import StaticHeteroRecipe
+from dynapipe_planner.strategy.candidates import (
+    CandidateSet,
+    load_candidates,
+    mixed_candidates,
+    propose_candidates,
+    realisable,
+)
 from dynapipe_planner.strategy.mixed import PlacedSchemeModels
 from dynapipe_planner.strategy.schemes import AnalyticSchemeModels
 from dynapipe_planner.strategy.selection import SelectionConfig, StrategyRecipe
@@ -68,13 +75,6 @@ from ..pipeline.executor import PlanExecutor
 from ..pipeline.liveness import Liveness
 from ..pipeline.plan_source import PLANNING_RANK, open_plan_source
 from . import checkpointing, megatron_export
-from .candidates import (
-    CandidateSet,
-    load_candidates,
-    mixed_candidates,
-    propose_candidates,
-    realisable,
-)
 from .plan_file import load_hetero_plan
 from .strategy_models import StrategyModels
 from .switch import DisaggregatedOptimizer

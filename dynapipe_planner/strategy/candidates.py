@@ -3,9 +3,11 @@
 Hydraulis (seed `hydraulis.txt` §7) proposes a few heterogeneous strategies from the dataset's
 length distribution before training and selects one per iteration (§4). The runtime must build
 every candidate's process groups before the first iteration (§5.2: a switch creates nothing),
-so the candidate set is fixed at start-up: the strategies of a `dynapipe-strategy propose
---output` file, or (no file) the proposals for this job's data and model plus each scheme's
-homogeneous strategy. A strategy the job cannot run is dropped with a log line: one needing
+so the candidate set is fixed at start-up. It is chosen here, without torch, from what the
+runtime derives from its flags (`megatron.dynapipe.hetero.training.hetero_job`: the model spec,
+the data's lengths, the world size): the strategies of a `dynapipe-strategy propose --output`
+file, or (no file) the proposals for this job's data and model plus each scheme's homogeneous
+strategy. A strategy the job cannot run is dropped with a log line: one needing
 more ranks than the job has, or one leaving ranks without a stage. Each remaining strategy's
 layout is the one `StrategySelector.to_plan` gives its plans (pipelines in the strategy's
 order, devices dealt out contiguously, layers split evenly), so a plan names its strategy by
@@ -21,22 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from dynapipe_planner.input_files import check_input_file, json_loads
-from dynapipe_planner.model_spec import ModelSpec
-from dynapipe_planner.plan import ExecutionPlan, ReplicaLayout
-from dynapipe_planner.strategy.mixed import (
-    PlacedSchemeModels,
-    group_candidates,
-    typed_scheme_space,
-)
-from dynapipe_planner.strategy.proposal import (
-    Proposal,
-    RelaxedSolution,
-    Strategy,
-    interval_work,
-    propose_strategies,
-)
-from dynapipe_planner.strategy.schemes import (
+from ..errors import PlanningError
+from ..input_files import load_json_file
+from ..model_spec import ModelSpec
+from ..plan import ExecutionPlan, ReplicaLayout
+from .mixed import PlacedSchemeModels, group_candidates, typed_scheme_space
+from .proposal import Proposal, RelaxedSolution, Strategy, interval_work, propose_strategies
+from .schemes import (
     AnalyticSchemeModels,
     ParallelScheme,
     SchemeProfile,
@@ -44,12 +37,12 @@ from dynapipe_planner.strategy.schemes import (
     scheme_space,
     scheme_tables,
 )
-from dynapipe_planner.strategy.selection import contiguous_layouts
+from .selection import contiguous_layouts
 
 LayoutKey = tuple[tuple[tuple[tuple[int, ...], int, tuple[int, int]], ...], ...]
 
 
-class CandidateError(ValueError):
+class CandidateError(PlanningError):
     """A candidate file or strategy the job cannot use; names the file, scheme or strategy."""
 
 
@@ -73,13 +66,10 @@ def load_candidates(
     against this job: the file must have been made for `num_gpus` GPUs, and each scheme must be
     realisable on `spec` (errors name the file and the item)."""
     path = Path(path)
-    check_input_file(path, "strategy candidates file", CandidateError)
+    data = load_json_file(path, "strategy candidates file", CandidateError)
     try:
-        data = json_loads(path.read_text())
         schemes, raw = data["schemes"], data["proposals"]
-    except FileNotFoundError as err:
-        raise CandidateError(f"strategy candidates file {path} does not exist") from err
-    except (ValueError, KeyError, TypeError) as err:
+    except KeyError as err:
         raise CandidateError(
             f"{path} is not a `dynapipe-strategy propose --output` file ({err!r})"
         ) from err
