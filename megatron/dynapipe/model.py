@@ -25,11 +25,12 @@ import dataclasses
 import math
 
 import torch
-from megatron.core import parallel_state as mpu
 from megatron.core import tensor_parallel
 from megatron.core.models.gpt import GPTModel
 from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.enums import LayerType
+from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
 
 from dynapipe_planner.cost.table import split_layers
 
@@ -159,6 +160,35 @@ def transformer_config(
     )
 
 
+class _StageLayout(PipelineParallelLayerLayout):
+    """A pipeline layout bound to the stage it builds. megatron-core's layout methods read the
+    stage from parallel_state's global pipeline group unless given one, and its
+    TransformerBlock and TransformerLayer do not pass the rank of their `pg_collection`'s
+    pipeline group; a heterogeneous job leaves that global unset, so the rank is bound here."""
+
+    def __init__(self, layout: PipelineParallelLayerLayout, pp_rank: int) -> None:
+        self.__dict__.update(vars(layout))
+        self.pp_rank = pp_rank
+
+    def get_num_layers_to_build(
+        self,
+        layer_type: LayerType = LayerType.decoder,
+        vp_stage: int | None = None,
+        pp_rank: int | None = None,
+    ) -> int:
+        rank = self.pp_rank if pp_rank is None else pp_rank
+        return super().get_num_layers_to_build(layer_type, vp_stage, rank)
+
+    def get_layer_offset(
+        self,
+        layer_type: LayerType = LayerType.decoder,
+        vp_stage: int | None = None,
+        pp_rank: int | None = None,
+    ) -> int:
+        rank = self.pp_rank if pp_rank is None else pp_rank
+        return super().get_layer_offset(layer_type, vp_stage, rank)
+
+
 def _with_vocab(args: argparse.Namespace, vocab_size: int) -> argparse.Namespace:
     """`args` with Megatron's `padded_vocab_size` set to the vocabulary the runtime padded."""
     copy = argparse.Namespace(**vars(args))
@@ -171,26 +201,41 @@ def build_stage_model(
 ) -> tuple[TransformerConfig, GPTModel]:
     """This rank's stage of the model `args` describe (parallel state must be initialised
     first), with a vocabulary of `vocab_size` rows (already padded); in a heterogeneous job,
-    the layers its layout gives it, with its stage's TP degree."""
+    the layers its layout gives it, with its stage's TP degree. The model is built on the
+    current layout's groups (`parallel_state.pg_collection`) and keeps them."""
     return build_gpt_model(
         args,
         vocab_size,
-        pre_process=mpu.is_pipeline_first_stage(),
-        post_process=mpu.is_pipeline_last_stage(),
+        pre_process=ps.stage() == 0,
+        post_process=ps.stage() == ps.num_stages() - 1,
         recompute=recompute,
+        pg_collection=ps.pg_collection(),
     )
 
 
-def _seed_as_megatron(args: argparse.Namespace) -> None:
+def _seed_as_megatron(args: argparse.Namespace, groups: ProcessGroupCollection) -> None:
     """Seed the generators the weights are drawn from as megatron.training's initialisation
     does (its own `_set_random_seed`: `--seed` + 100 x the pipeline rank, + 10 x the DP rank
     with `--data-parallel-random-init`), so a model built here has the weights a Megatron-LM
     program's provider gets. Megatron seeds the TP RNG tracker only when it sees a GPU; here it
-    is seeded on CPU ranks too, with the same seed."""
+    is seeded on CPU ranks too, with the same seed. The ranks come from `groups`, the layout
+    the model is built on."""
     from megatron.training.initialize import _set_random_seed
 
-    _set_random_seed(args.seed, args.data_parallel_random_init)
-    tensor_parallel.model_parallel_cuda_manual_seed(torch.initial_seed())
+    ranks = {
+        "pp_group": groups.pp,
+        "dp_group": groups.dp,
+        "tp_group": groups.tp,
+        "ep_group": groups.ep,
+        "etp_group": groups.expt_tp,
+    }
+    _set_random_seed(args.seed, args.data_parallel_random_init, **ranks)
+    tensor_parallel.model_parallel_cuda_manual_seed(
+        torch.initial_seed(),
+        tp_rank=groups.tp.rank(),
+        ep_rank=groups.ep.rank(),
+        etp_rank=groups.expt_tp.rank(),
+    )
 
 
 def build_gpt_model(
@@ -200,10 +245,12 @@ def build_gpt_model(
     pre_process: bool,
     post_process: bool,
     recompute: str = "none",
+    pg_collection: ProcessGroupCollection | None = None,
 ) -> tuple[TransformerConfig, GPTModel]:
     """A GPTModel of `args` with or without the embedding (`pre_process`) and the output layer
-    with the loss (`post_process`), built by megatron-core's GPT builder; the cost profiler
-    builds its components this way."""
+    with the loss (`post_process`), built by megatron-core's GPT builder on `pg_collection`
+    (default: the groups megatron-core's initialisation built); the cost profiler builds its
+    components this way."""
     from megatron.training.argument_utils import gpt_config_from_args
     from megatron.training.models.gpt import GPTModelBuilder
 
@@ -212,14 +259,19 @@ def build_gpt_model(
             f"sequences of {args.seq_length} tokens exceed the {args.max_position_embeddings} "
             "position embeddings (--max-position-embeddings)"
         )
-    tp = mpu.get_tensor_model_parallel_world_size()
-    pp = mpu.get_pipeline_model_parallel_world_size()
+    groups = pg_collection
+    if groups is None:
+        groups = ProcessGroupCollection.use_mpu_process_groups()
     counts = ps.pipeline_layer_counts() if ps.is_initialized() else None
-    config = transformer_config(args, tp, pp, counts, recompute)
+    config = transformer_config(args, groups.tp.size(), groups.pp.size(), counts, recompute)
+    if config.pipeline_model_parallel_layout is not None:
+        config.pipeline_model_parallel_layout = _StageLayout(
+            config.pipeline_model_parallel_layout, groups.pp.rank()
+        )
     model_config = gpt_config_from_args(_with_vocab(args, vocab_size), config)
-    _seed_as_megatron(args)
+    _seed_as_megatron(args, groups)
     model = GPTModelBuilder(model_config).build_model(
-        ProcessGroupCollection.use_mpu_process_groups(),
+        groups,
         pre_process=pre_process,
         post_process=post_process,
     )

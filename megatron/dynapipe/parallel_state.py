@@ -6,12 +6,15 @@ pipeline (stage): `rank = tp_rank + tp * (replica + num_replicas * stage)`, the 
 runs it.
 
 For a homogeneous layout `initialize` lets megatron-core's own `initialize_model_parallel`
-build the groups: that fills every global of `megatron.core.parallel_state` on each rank and
+build the groups: that fills the globals of `megatron.core.parallel_state` on each rank and
 unmodified megatron-core modules (models, DDP, optimiser, schedules) find their groups. For the
 asymmetric layouts of a heterogeneous plan (pipelines of different depth, a TP degree per
-stage; seed `hexiscale.txt` §3.2) `initialize_heterogeneous` builds them with `hetero.groups`
-and fills the same globals per rank. Everything in megatron.dynapipe asks this module for
-stage, replica and peer ranks instead of computing them.
+stage; seed `hexiscale.txt` §3.2) `initialize_heterogeneous` builds them with `hetero.groups`,
+one `ProcessGroupCollection` per strategy for this rank, and leaves megatron-core's globals
+alone: they describe one layout per process, and a switching job has several. Whatever
+megatron-core builds for the current layout is handed `pg_collection()` explicitly.
+Everything in megatron.dynapipe asks this module for stage, replica and peer ranks instead of
+computing them.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as mpu
+from megatron.core.process_groups_config import ProcessGroupCollection
 
 from dynapipe_planner.plan import ReplicaLayout
 
@@ -31,7 +35,6 @@ from .hetero.groups import (
     HeteroTopology,
     LayoutMismatch,
     StagePlace,
-    fill_megatron_globals,
 )
 
 
@@ -192,8 +195,8 @@ def initialize_heterogeneous(
     backend: str | None = None,
     timeout_s: float = 600.0,
 ) -> None:
-    """Build the groups of the asymmetric job a heterogeneous plan's `layouts` describe and
-    fill megatron's globals for this rank (`hetero.groups`).
+    """Build the groups of the asymmetric job a heterogeneous plan's `layouts` describe
+    (`hetero.groups`); `pg_collection()` hands this rank's to megatron-core.
 
     The layouts are checked against the world size before any group exists: a mismatch raises
     `hetero.groups.LayoutMismatch` naming the replica, stage or rank on every rank, so nothing
@@ -236,6 +239,11 @@ def initialize_strategies(
             dist.destroy_process_group()
         raise
     rank = dist.get_rank()
+    # megatron-core's DotProductAttention and sequence-parallel all-gathers take scratch
+    # tensors from parallel_state's global buffer; only initialize_model_parallel creates it
+    # otherwise, and it holds no group, so one buffer serves every strategy.
+    if mpu._GLOBAL_MEMORY_BUFFER is None:
+        mpu._set_global_memory_buffer()
     _strategies = [
         _HeteroLayout(t, HeteroGroups(t, rank, tied_embeddings), t.place(rank), owns_world_group)
         for t in topologies
@@ -247,14 +255,23 @@ _strategies: list[_HeteroLayout] = []
 
 
 def use_strategy(index: int) -> None:
-    """Make strategy `index` (of `initialize_strategies`) this rank's layout and point
-    megatron's globals at its groups. Models built under one strategy keep its groups; call
-    this before running that strategy's plan or building its model."""
+    """Make strategy `index` (of `initialize_strategies`) this rank's layout: `pg_collection()`
+    and the stage and peer queries answer for it. Models built under one strategy keep its
+    groups; call this before running that strategy's plan or building its model."""
     global _layout
     if not 0 <= index < len(_strategies):
         raise ValueError(f"strategy {index} does not exist; the job has {len(_strategies)}")
     _layout = _strategies[index]
-    fill_megatron_globals(_layout.groups)
+
+
+def pg_collection() -> ProcessGroupCollection:
+    """This rank's process groups of the current layout, as megatron-core's models, DDP,
+    optimisers and schedules take them: a heterogeneous strategy's own collection
+    (`HeteroGroups.pg_collection`), or the groups megatron-core's initialisation built."""
+    layout = _get()
+    if isinstance(layout, _HeteroLayout):
+        return layout.groups.pg_collection
+    return ProcessGroupCollection.use_mpu_process_groups()
 
 
 def num_strategies() -> int:

@@ -132,12 +132,17 @@ def _run(
         config.finalize_model_grads_func = sync.finalize
         stage = model
         if megatron_stack:
-            stage = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
+            groups = ps.pg_collection()  # megatron-core's globals describe no hetero layout
+            stage = DistributedDataParallel(
+                config, DistributedDataParallelConfig(), model, pg_collection=groups
+            )
             optimizer = get_megatron_optimizer(
                 OptimizerConfig(
                     optimizer="sgd", lr=LR, sgd_momentum=0.0, weight_decay=0.0, clip_grad=0.0
                 ),
                 [stage],
+                pg_collection=groups,
+                use_gloo_process_groups=False,  # megatron-core takes no gloo groups with these
             )
         else:
             optimizer = torch.optim.SGD(model.parameters(), lr=LR)

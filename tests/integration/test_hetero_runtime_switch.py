@@ -226,3 +226,64 @@ def test_fresh_models_agree_in_every_strategy_after_the_pull() -> None:
             for name, (value, tp_rank, tp, dim) in per_strategy[k].items():
                 want = np.split(canonical[name], tp, axis=dim)[tp_rank]
                 np.testing.assert_array_equal(value, want, err_msg=f"{name} s{k} r{rank}")
+
+
+def _megatron_globals() -> dict[str, tuple[int, str]]:
+    """megatron.core.parallel_state's module state: each global's identity and its repr (which
+    also catches a list or dict changed in place)."""
+    import inspect
+
+    from megatron.core import parallel_state as mpu
+
+    return {
+        name: (id(value), repr(value))
+        for name, value in vars(mpu).items()
+        if name.startswith("_")
+        and not name.startswith("__")
+        and not callable(value)
+        and not inspect.ismodule(value)
+    }
+
+
+def _changed(before: dict, after: dict) -> list[str]:
+    return sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n))
+
+
+def _globals_while_switching(rank: int, world: int, plans: list[ExecutionPlan]):
+    """Which of megatron-core's globals building every strategy's groups and models changes,
+    and which switching and training through SCHEDULE changes after that; whether each model
+    kept its own strategy's groups."""
+    from megatron.dynapipe import cpu_compat
+    from megatron.dynapipe import parallel_state as ps
+    from megatron.dynapipe.data.microbatches import rank_microbatches
+
+    cpu_compat.install()
+    before = _megatron_globals()
+    try:
+        optimizer, models, executors = _build(rank)
+        built = _megatron_globals()
+        own_groups = []
+        for k, model in enumerate(models):
+            ps.use_strategy(k)
+            own_groups.append(model.pg_collection is ps.pg_collection())
+        optimizer.load_from(2)
+        for k in SCHEDULE:
+            ps.use_strategy(k)
+            optimizer.pull(k)
+            models[k].zero_grad(set_to_none=True)
+            executors[k].run(plans[k], rank_microbatches(plans[k], ps.replica(), DATA))
+            optimizer.step()
+        return _changed(before, built), _changed(built, _megatron_globals()), own_groups
+    finally:
+        ps.destroy()
+
+
+def test_switching_leaves_megatron_globals_alone() -> None:
+    """Each strategy's models are built on its own ProcessGroupCollection: megatron-core's
+    parallel_state globals are never pointed at a strategy's groups. Initialisation creates
+    only the scratch buffer megatron-core's attention takes its tensors from."""
+    plans = [strategy_plan(layouts) for layouts in STRATEGIES]
+    for built, switched, own_groups in run_ranks(_globals_while_switching, 4, plans, timeout_s=120):
+        assert built == ["_GLOBAL_MEMORY_BUFFER"]
+        assert switched == []
+        assert own_groups == [True] * len(STRATEGIES)

@@ -14,10 +14,12 @@ range, and a leader per stage that talks to the neighbouring stages' leaders. Hy
   rank (gloo and NCCL need identical `new_group` calls everywhere): each stage's TP group, the
   pipeline groups megatron-core reads stage ranks from, each pipeline's model-parallel group,
   and the groups of ranks sharing a gradient chunk (`grad_sync`).
-* `fill_megatron_globals`: megatron.core.parallel_state's globals for this rank (TP group, rank
-  and size of *its* stage; PP rank and size of *its* pipeline; a data-parallel and context-
-  parallel group of itself alone, because cross-pipeline reduction is `grad_sync`'s job), so
-  unmodified megatron-core layers use the right groups.
+* `HeteroGroups.pg_collection`: this rank's groups as megatron-core's `ProcessGroupCollection`
+  (TP group of *its* stage, *its* pipeline, a data-parallel and context-parallel group of
+  itself alone, because cross-pipeline reduction is `grad_sync`'s job), handed to the model
+  builder and anything else megatron-core builds for the layout. megatron.core.parallel_state's
+  globals are left alone: each strategy of a switching job has its own collection, and
+  switching strategy only switches which one the next build is given.
 
 Device indices of the layouts are global ranks.
 """
@@ -29,11 +31,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch.distributed as dist
-from megatron.core import parallel_state as mpu
+from megatron.core.process_groups_config import ProcessGroupCollection
 
 from dynapipe_planner.plan import ReplicaLayout
-
-from .. import megatron_hooks
 
 
 class LayoutMismatch(ValueError):
@@ -208,8 +208,9 @@ class HeteroGroups:
     """All process groups of an asymmetric job, created in one order on every rank.
 
     `tp[(replica, stage)]`, `pipeline[rank]` (this rank's pipeline group, one rank per stage,
-    ordered by stage), `model_parallel[replica]`, `self_group` (this rank alone) and
-    `shared[ranks]` for every set of ranks that shares a gradient chunk (more than one rank).
+    ordered by stage), `model_parallel[replica]`, `self_group` (this rank alone),
+    `shared[ranks]` for every set of ranks that shares a gradient chunk (more than one rank),
+    and `pg_collection`, this rank's groups as megatron-core takes them.
     """
 
     def __init__(self, topology: HeteroTopology, rank: int, tied_embeddings: bool) -> None:
@@ -244,6 +245,7 @@ class HeteroGroups:
             for ranks in [*topology.chunk_holders(holders), topology.replicated_holders(holders)]:
                 if len(ranks) > 1 and ranks not in self.shared:
                     self.shared[ranks] = dist.new_group(list(ranks))
+        self.pg_collection = self._collection()
 
     def my_pipeline(self) -> tuple[tuple[int, ...], dist.ProcessGroup]:
         """This rank's pipeline group and its ranks by stage."""
@@ -252,60 +254,40 @@ class HeteroGroups:
         ranks = tuple(s.devices[min(place.tp_rank, s.tp - 1)] for s in rep.stages)
         return ranks, self.pipeline_ranks[ranks]
 
-
-def fill_megatron_globals(groups: HeteroGroups) -> None:
-    """Point megatron.core.parallel_state at this rank's groups, so megatron-core's layers,
-    RNG seeding and stage predicates see its stage's TP group and its own pipeline
-    (`megatron_hooks.STATE`: parallel_state has no setters for another rank layout)."""
-    place = groups.topology.place(groups.rank)
-    rep = groups.topology.layouts[place.replica]
-    tp_ranks = list(rep.stages[place.stage].devices)
-    pp_ranks, pp_group = groups.my_pipeline()
-    mp_group = groups.model_parallel[place.replica]
-    tp_group = groups.tp[(place.replica, place.stage)]
-    values = {
-        "_TENSOR_MODEL_PARALLEL_GROUP": tp_group,
-        "_TENSOR_MODEL_PARALLEL_GLOBAL_RANKS": tp_ranks,
-        "_PIPELINE_MODEL_PARALLEL_GROUP": pp_group,
-        "_PIPELINE_GLOBAL_RANKS": list(pp_ranks),
-        "_MODEL_PARALLEL_GROUP": mp_group,
-        "_MODEL_PARALLEL_GLOBAL_RANKS": sorted(d for s in rep.stages for d in s.devices),
-    }
-    # Data and context parallelism of megatron-core's own modules are trivial: the
-    # cross-pipeline gradient reduction is grad_sync's (TP shardings differ between holders).
-    for name in (
-        "_DATA_PARALLEL_GROUP",
-        "_DATA_PARALLEL_GROUP_GLOO",
-        "_DATA_PARALLEL_GROUP_WITH_CP",
-        "_DATA_PARALLEL_GROUP_WITH_CP_GLOO",
-        "_DATA_PARALLEL_GROUP_WITH_GTP_REMAT",
-        "_DATA_PARALLEL_GROUP_WITH_CP_WITH_GTP_REMAT",
-        "_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP",
-        "_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO",
-        "_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_WITH_GTP_REMAT",
-        "_EXPERT_DATA_PARALLEL_GROUP_WITH_GTP_REMAT",
-        "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP",
-        "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_WITH_GTP_REMAT",
-        "_EXPERT_DATA_PARALLEL_GROUP_GLOO",
-        "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_GLOO",
-        "_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",  # one optimiser instance per rank
-        "_CONTEXT_PARALLEL_GROUP",
-    ):
-        values[name] = groups.self_group
-    values["_DATA_PARALLEL_GLOBAL_RANKS"] = [groups.rank]
-    values["_DATA_PARALLEL_GLOBAL_RANKS_WITH_CP"] = [groups.rank]
-    values["_CONTEXT_PARALLEL_GLOBAL_RANKS"] = [groups.rank]
-    # No experts: expert parallelism of one, expert tensor parallelism = the stage's TP.
-    values["_EXPERT_MODEL_PARALLEL_GROUP"] = groups.self_group
-    values["_EXPERT_MODEL_PARALLEL_RANKS"] = [groups.rank]
-    values["_EXPERT_DATA_PARALLEL_GROUP"] = groups.self_group
-    values["_EXPERT_TENSOR_PARALLEL_GROUP"] = tp_group
-    values["_EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP"] = tp_group
-    values["_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP"] = mp_group
-    values["_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP"] = mp_group
-    values["_TENSOR_AND_CONTEXT_PARALLEL_GROUP"] = tp_group
-    values["_TENSOR_AND_DATA_PARALLEL_GROUP"] = tp_group
-    values["_TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP"] = tp_group
-    megatron_hooks.assign(mpu.__name__, values)
-    if mpu._GLOBAL_MEMORY_BUFFER is None:  # one buffer for every strategy's layers
-        mpu._set_global_memory_buffer()
+    def _collection(self) -> ProcessGroupCollection:
+        """This rank's groups for megatron-core's models (and DDP, optimiser, schedules, where a
+        caller builds them): its stage's TP group, its pipeline, its pipeline's model-parallel
+        group. Data and context parallelism of megatron-core's own modules are trivial (this
+        rank alone): the cross-pipeline gradient reduction is grad_sync's, since the holders of
+        a parameter shard it differently. No experts: expert parallelism of one, expert TP the
+        stage's TP. No embedding groups: grad_sync also keeps tied and position embeddings in
+        step, so megatron-core's own embedding sync is skipped (it checks for None)."""
+        place = self.topology.place(self.rank)
+        tp = self.tp[(place.replica, place.stage)]
+        _, pp = self.my_pipeline()
+        mp = self.model_parallel[place.replica]
+        alone = self.self_group
+        return ProcessGroupCollection(
+            tp=tp,
+            pp=pp,
+            mp=mp,
+            embd=None,
+            pos_embd=None,
+            cp=alone,
+            tp_cp=tp,
+            hcp=None,
+            ep=alone,
+            expt_tp=tp,
+            tp_ep=tp,
+            tp_ep_pp=mp,
+            tp_ep_pp_with_egtp_remat=mp,
+            tp_dp_cp=tp,
+            dp=alone,
+            dp_cp=alone,
+            dp_cp_gtp_remat=alone,
+            expt_dp=alone,
+            expt_dp_gtp_remat=alone,
+            intra_dp_cp=alone,
+            intra_expt_dp=alone,
+            intra_dist_opt=alone,  # one optimiser instance per rank
+        )

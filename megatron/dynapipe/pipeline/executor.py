@@ -33,7 +33,6 @@ from functools import partial
 from typing import Any
 
 import torch
-from megatron.core import parallel_state as mpu
 from megatron.core.utils import get_attr_wrapped_model
 
 from dynapipe_planner.plan import ExecutionPlan, Instruction, ReplicaLayout
@@ -196,7 +195,7 @@ class PlanExecutor:
                 ps.peer_rank,
                 device,
                 timeout_s,
-                tp_group=mpu.get_tensor_model_parallel_group(),
+                tp_group=ps.pg_collection().tp,
                 leader=ps.peer_rank(ps.stage()),
             )
         return cls(
