@@ -33,7 +33,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from distributed import free_port, stop_children
+from distributed import free_port, import_rank_modules, stop_children
 
 TORCHRUN = "torch.distributed.run"
 # Popen's own (a fork patches `subprocess.Popen` to `ForkedPopen`, whose signature is *args).
@@ -219,37 +219,15 @@ def _torchrun(options: argparse.Namespace, kind: str, target: str, argv: list[st
 
 
 def preimport_runtime() -> bool:
-    """Import what the training program's ranks import (torch, megatron-core, megatron.training,
-    DynaPipe's runtime; not `megatron.dynapipe.enable`, which would patch this process), so
-    that every fork inherits it; False where the runtime is not installed.
-
-    megatron.training reads and parses its config classes' source files again for every
-    argument parser it builds (`ArgumentGroupFactory._get_field_docstrings`, four per rank);
-    here it keeps what it read once (the same answer: the files do not change), and reads it
-    now, so that the forks start with it."""
+    """Import what the training program's ranks import (`distributed.import_rank_modules`: not
+    `megatron.dynapipe.enable`, which would patch this process) and build Megatron's parser
+    once, so that every fork inherits both; False where the runtime is not installed."""
     try:
-        import megatron.core.models.gpt
-        import megatron.training.arguments as megatron_arguments
+        import megatron.core  # noqa: F401
         import torch  # noqa: F401
-        from megatron.training import argument_utils
-
-        import megatron.dynapipe.megatron_loop
-        import megatron.dynapipe.training  # noqa: F401
     except ImportError:
         return False
-    factory = getattr(argument_utils, "ArgumentGroupFactory", None)
-    read = getattr(factory, "_get_field_docstrings", None)
-    if read is not None and not hasattr(read, "memo"):
-        memo: dict[type, dict[str, str]] = {}
-
-        def kept(self, cls: type) -> dict[str, str]:
-            if cls not in memo:
-                memo[cls] = read(self, cls)
-            return dict(memo[cls])
-
-        kept.memo = memo
-        factory._get_field_docstrings = kept
-        megatron_arguments.add_megatron_arguments(argparse.ArgumentParser())
+    import_rank_modules()
     return True
 
 

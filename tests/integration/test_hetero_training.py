@@ -257,20 +257,19 @@ def test_a_dynamic_strategies_run_continues_under_plain_megatron(
 
 
 def test_checkpoint_to_megatron_without_a_checkpoint_is_one_line(tmp_path: Path) -> None:
-    import subprocess
-    import sys
+    """The tool as a program (forked from this process: its imports are done)."""
+    from forked_programs import preimport_runtime, run_forked
 
+    assert preimport_runtime()
     tool = ROOT / "tools" / "checkpoint_to_megatron.py"
     empty = tmp_path / "empty"
     empty.mkdir()
     argv = [*TINY, "--train-iters", "1", "--load", str(empty), "--save", str(tmp_path / "out")]
-    out = subprocess.run(
-        [sys.executable, str(tool), *argv], capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 2, out.stderr[-2000:]
-    lines = out.stderr.strip().splitlines()
+    out = run_forked([tool, *argv], cwd=tmp_path, timeout_s=120)
+    assert out.returncode == 2, out.stdout[-2000:]
+    lines = out.stdout.strip().splitlines()
     assert lines[-1].startswith("checkpoint_to_megatron.py: error: no checkpoint in "), lines
-    assert "Traceback" not in out.stderr and not (tmp_path / "out").exists()
+    assert "Traceback" not in out.stdout and not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow
