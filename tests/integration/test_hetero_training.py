@@ -31,8 +31,11 @@ TINY = [
     "--data-path", "synthetic:flan", "--hidden-dropout", "0", "--attention-dropout", "0",
     "--lr", "1e-2", "--lr-decay-style", "constant", "--weight-decay", "0", "--clip-grad", "0",
     "--log-interval", "1", "--eval-iters", "0",
-    "--dynapipe-memory-limit-gib", "0.003", "--planner-workers", "0", "--dynapipe-timeout", "60",
+    "--dynapipe-memory-limit-gib", "0.003", "--planner-workers", "0", "--dynapipe-timeout", "180",
 ]  # fmt: skip
+# The job's timeout also bounds a save's Megatron export (a fresh interpreter: about 13 CPU-s of
+# imports alone), which on a loaded 2-core machine took more than 60 s; the tests' own limit is
+# 240 s (`run_ranks`).
 DYNAMIC = [*TINY, "--dynamic-strategies"]
 HETERO_PLAN = {
     "replicas": [
