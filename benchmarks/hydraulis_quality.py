@@ -153,7 +153,7 @@ def setting(
     upstream_dp_balanced=None,
 ):
     """Every method's (mean latency, mean imbalance) on one setting; `upstream_dp_balanced`
-    (`megatron_lm_dp_balanced`) adds the row of Megatron-LM's own dp_balanced."""
+    (`MegatronLmDpBalanced`) adds the row of Megatron-LM's own dp_balanced."""
     model = MODEL_PRESETS[model_name]
     gpu = get_gpu(GPU)
     work = workload(model_name, num_gpus, context, iterations, tokens)

@@ -161,11 +161,6 @@ def positive_float(text: str) -> float:
     return _require(value, text, value > 0, "must be positive")
 
 
-def nonnegative_float(text: str) -> float:
-    value = _float(text)
-    return _require(value, text, value >= 0, "must not be negative")
-
-
 def memory_gib(text: str) -> float:
     """GiB per GPU (0: the GPU's own); a PiB or more is a typo. Refusals speak in GiB."""
     value = _float(text)
