@@ -446,7 +446,8 @@ def test_lower_bound_over_replicas_holds_for_every_split(seed, shape):
     num_mb, num_stages = shape
     costs = random_pipeline(seed, num_mb, num_stages)
     bound = makespan_lower_bound(*times_of(costs), num_replicas=2)
-    for mask in range(2**num_mb):
+    # Micro-batch 0 stays on the first replica: a split and its mirror cost the same.
+    for mask in range(1, 2**num_mb, 2):
         first = [m for m in range(num_mb) if mask >> m & 1]
         second = [m for m in range(num_mb) if not mask >> m & 1]
         best = max(optimal_makespan(costs, first), optimal_makespan(costs, second))
@@ -466,7 +467,7 @@ def test_memory_time_bound_never_exceeds_the_brute_forced_optimum(seed, shape, h
     costs = random_pipeline(seed, num_mb, num_stages)
     limit = costs["activation"].max(axis=0) * headroom
     bound = memory_time_lower_bound(*times_of(costs), costs["activation"], limit, reps)
-    splits = range(2**num_mb) if reps == 2 else [2**num_mb - 1]
+    splits = range(1, 2**num_mb, 2) if reps == 2 else [2**num_mb - 1]  # mirrors cost the same
     for mask in splits:
         first = [m for m in range(num_mb) if mask >> m & 1]
         second = [m for m in range(num_mb) if not mask >> m & 1]
