@@ -12,6 +12,7 @@ order. The cycle finder is checked on graphs with known cycles first, so the tes
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -128,19 +129,116 @@ def test_graph_sees_the_runtime_imports():
     relative imports across subpackages, and an absolute import."""
     graph = import_graph()
     assert len(graph) > 30
-    assert "megatron.dynapipe.hetero.training" in graph["megatron.dynapipe.training"]
+    assert "megatron.dynapipe.layouts.training" in graph["megatron.dynapipe.training"]
     assert {
         "megatron.dynapipe.checkpointing",
         "megatron.dynapipe.pipeline.executor",
         "megatron.dynapipe.data.datasets",
-        "megatron.dynapipe.hetero.switch",
-    } <= graph["megatron.dynapipe.hetero.training"]
+        "megatron.dynapipe.layouts.switch",
+    } <= graph["megatron.dynapipe.layouts.training"]
     assert "megatron.dynapipe.arguments" in graph["megatron.dynapipe.model"]  # lazy, relative
 
 
 def test_runtime_has_no_import_cycle():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle in megatron/dynapipe: " + " -> ".join(cycle)
+
+
+# The runtime's layers, top to bottom (#36): a module imports only from its own layer or a lower
+# one. Every module is placed; a new one fails `test_every_runtime_module_has_a_layer` until it is.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("entry", ("enable",)),
+    ("Megatron integration", ("megatron_startup", "megatron_loop", "core_schedule")),
+    (
+        "DynaPipe's own loop",  # the jobs megatron.training's loop cannot run
+        (
+            "training",
+            "layouts.training",
+            "iterations",
+            "evaluation",
+            "exits",
+            "log",
+            "parallel_plan",
+        ),
+    ),
+    (
+        "pipeline execution",
+        (
+            "pipeline.*",
+            "stage",
+            "cost_profiler",
+            "local_costs",
+            "layouts.switch",
+            "layouts.strategy_models",
+            "layouts.grad_sync",
+            "layouts.plan_file",
+            "layouts.checkpointing",
+            "layouts.megatron_export",
+        ),
+    ),
+    (
+        "model, data, groups",
+        ("model", "data.*", "parallel_state", "layout_groups", "sharded_layers", "checkpointing"),
+    ),
+    (
+        # What every layer uses and that imports nothing above it: the flags, the table of
+        # Megatron hooks (it names each replacement as a string and imports it only when the
+        # entry installs it), CPU compatibility, and small leaves; package `__init__`s.
+        "foundation",
+        (
+            "megatron_hooks",
+            "arguments",
+            "cpu_compat",
+            "checkpoint_metadata",
+            "device_speed",
+            "memory",
+            "model_flags",
+            "packed_attention",
+            "profile_grid",
+        ),
+    ),
+)
+
+
+def layer_of(module: str, package: str = PACKAGE) -> int | None:
+    """The layer index of a runtime module (0 = entry), or None if `LAYERS` does not place it.
+    Packages (docstring-only `__init__`s) sit in the lowest layer."""
+    name = module.removeprefix(package).removeprefix(".")
+    if not name or (ROOT / name.replace(".", "/") / "__init__.py").exists():
+        return len(LAYERS) - 1
+    for index, (_, patterns) in enumerate(LAYERS):
+        for pattern in patterns:
+            if name == pattern or (pattern.endswith(".*") and name.startswith(pattern[:-1])):
+                return index
+    return None
+
+
+def upward_imports(graph: dict[str, set[str]], layer: Callable[[str], int | None]) -> list[str]:
+    """Each import from a higher layer than the importer's, as one readable line."""
+    found = []
+    for module in sorted(graph):
+        for target in sorted(graph[module]):
+            if layer(target) < layer(module):
+                found.append(f"{module} ({layer(module)}) imports {target} ({layer(target)})")
+    return found
+
+
+def test_upward_imports_are_reported():
+    graph = {"loop": {"model"}, "model": {"loop", "data"}, "data": set()}
+    layers = {"loop": 0, "model": 1, "data": 1}
+    assert upward_imports(graph, layers.get) == ["model (1) imports loop (0)"]
+
+
+def test_every_runtime_module_has_a_layer():
+    unplaced = sorted(m for m in import_graph() if layer_of(m) is None)
+    assert not unplaced, f"place these modules in LAYERS: {unplaced}"
+
+
+def test_the_runtime_imports_only_downward():
+    """entry -> Megatron integration -> DynaPipe's own loop -> pipeline execution -> model,
+    data, groups -> foundation: no module imports from a layer above its own."""
+    upward = upward_imports(import_graph(), layer_of)
+    assert not upward, "imports against the layer order:\n" + "\n".join(upward)
 
 
 @pytest.mark.parametrize(
