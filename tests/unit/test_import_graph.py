@@ -12,6 +12,7 @@ order. The cycle finder is checked on graphs with known cycles first, so the tes
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +21,12 @@ from paths import ROOT as REPOSITORY
 
 PACKAGE = "megatron.dynapipe"
 ROOT = REPOSITORY / "megatron" / "dynapipe"
+
+
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """The syntax tree of a source file, parsed once per run (the tests walk the same files)."""
+    return ast.parse(path.read_text(), filename=str(path))
 
 
 def module_names(root: Path, package: str) -> dict[str, Path]:
@@ -62,13 +69,15 @@ def _imported(node: ast.AST, module: str, is_package: bool, package: str) -> lis
     return [n for n in names if n == package or n.startswith(package + ".")]
 
 
+@functools.cache
 def import_graph(root: Path = ROOT, package: str = PACKAGE) -> dict[str, set[str]]:
-    """module -> the package's modules it imports (directly, anywhere in its source)."""
+    """module -> the package's modules it imports (directly, anywhere in its source); built once
+    per run for each package (callers only read it)."""
     modules = module_names(root, package)
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         is_package = path.name == "__init__.py"
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in ast.walk(parsed(path)):
             for wanted in _imported(node, name, is_package, package):
                 target = _resolve(wanted, modules)
                 while target:  # the module and every package above it run
@@ -246,7 +255,7 @@ def test_the_runtime_imports_only_downward():
 )
 def test_package_init_holds_only_a_docstring(init: Path):
     """Importing a subpackage adds no edges: its `__init__` is a docstring and nothing else."""
-    body = ast.parse(init.read_text()).body
+    body = parsed(init).body
     assert len(body) == 1 and isinstance(body[0], ast.Expr), f"{init}: more than a docstring"
     assert isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)
 
@@ -263,7 +272,7 @@ def test_only_tests_and_benchmarks_import_the_python_twins():
     for path in sorted(ROOT.rglob("*.py")):
         assert "_reference" not in {
             part
-            for node in ast.walk(ast.parse(path.read_text()))
+            for node in ast.walk(parsed(path))
             if isinstance(node, ast.ImportFrom) and node.module
             for part in node.module.split(".")
         }, f"{path} imports {twins}"
@@ -275,7 +284,7 @@ RUNTIME_ONLY = ("torch", "megatron")
 def runtime_imports(path: Path) -> list[str]:
     """The modules of torch or megatron that `path` imports, anywhere in its source."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and not node.level:
@@ -301,5 +310,5 @@ def test_the_planner_imports_neither_torch_nor_megatron():
     runtime adapts its flags into the planner's inputs, never the other way round."""
     modules = sorted((REPOSITORY / "dynapipe_planner").rglob("*.py"))
     assert len(modules) > 50
-    found = {str(path): runtime_imports(path) for path in modules if runtime_imports(path)}
+    found = {str(path): imports for path in modules if (imports := runtime_imports(path))}
     assert not found, found
