@@ -35,7 +35,7 @@ def free_port() -> int:
 RANK_MODULES = (
     "megatron.training.training",
     "megatron.dynapipe.training",
-    "megatron.dynapipe.hetero.training",
+    "megatron.dynapipe.layouts.training",
     "megatron.dynapipe.megatron_loop",
     # Megatron's tokenizer builder imports its text tokenizers' package, and with it
     # `transformers`, in every rank: over half of a small run's CPU time when each fork did it.

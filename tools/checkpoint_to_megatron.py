@@ -7,7 +7,7 @@
 parameter whole with its AdamW moments) and, beside it, the same state as a Megatron checkpoint.
 This tool writes the Megatron checkpoint for a `full_state.pt` saved without it (given the
 same Megatron flags as the run; `--load` the heterogeneous checkpoint, `--save` where to
-write), with `megatron.dynapipe.hetero.megatron_export`, the code the job's own save runs.
+write), with `megatron.dynapipe.layouts.megatron_export`, the code the job's own save runs.
 One process, on the CPU, holding the whole model. Bad input ends with exit status 2 and one
 line (`--debug` adds the traceback).
 """
@@ -23,8 +23,8 @@ def convert(args: argparse.Namespace) -> str:
     """Convert as the parsed flags say; returns the line to print."""
     from megatron.dynapipe.arguments import ArgumentError
     from megatron.dynapipe.data.datasets import datasets
-    from megatron.dynapipe.hetero import checkpointing as hetero_checkpointing
-    from megatron.dynapipe.hetero.megatron_export import cannot_export, export
+    from megatron.dynapipe.layouts import checkpointing as hetero_checkpointing
+    from megatron.dynapipe.layouts.megatron_export import cannot_export, export
     from megatron.dynapipe.model import padded_vocab_size
 
     if not args.load or not args.save:
@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from megatron.dynapipe.arguments import parse_args
     from megatron.dynapipe.checkpointing import CheckpointError
     from megatron.dynapipe.data.base import DataError
-    from megatron.dynapipe.hetero.megatron_export import one_process_group
+    from megatron.dynapipe.layouts.megatron_export import one_process_group
 
     args = parse_args(list(sys.argv[1:] if argv is None else argv))  # bad flags: exit 2 here
     one_process_group()

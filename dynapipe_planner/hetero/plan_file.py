@@ -30,7 +30,7 @@ and each pipeline's share of the global batch (`static_hetero`). It reads two do
 Each error names the item (`replicas[1].stages[0].tp`, `replica 1 stage 0`), so a wrong file
 fails on every rank with the same message. Whether the layouts fit the job's ranks (each rank in
 one stage, a pipeline's stages on increasing ranks) is the runtime's check
-(`megatron.dynapipe.hetero.plan_file`), which owns the rank bookkeeping.
+(`megatron.dynapipe.layouts.plan_file`), which owns the rank bookkeeping.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ pipeline's later stage on a lower device than an earlier one (its stage order, Â
 speed and bandwidth, not device ids). The runtime cannot run such a plan as it is: torch numbers
 a process group's members in rank order and megatron-core reads a stage's index from that
 order, so each pipeline's stages must run on increasing ranks
-(`megatron.dynapipe.hetero.groups.HeteroTopology`). `bind_ranks` renumbers instead of
+(`megatron.dynapipe.layout_groups.HeteroTopology`). `bind_ranks` renumbers instead of
 reordering: ranks are handed out pipeline by pipeline, stage by stage, in each stage's device
 order, so every stage's ranks lie above the previous stage's and the plan itself (stages, TP
 groups, layers, micro-batches) is unchanged. `device_of_rank[r]` is the cluster device rank r

@@ -4,7 +4,7 @@ Hydraulis (seed `hydraulis.txt` §7) proposes a few heterogeneous strategies fro
 length distribution before training and selects one per iteration (§4). The runtime must build
 every candidate's process groups before the first iteration (§5.2: a switch creates nothing),
 so the candidate set is fixed at start-up. It is chosen here, without torch, from what the
-runtime derives from its flags (`megatron.dynapipe.hetero.training.hetero_job`: the model spec,
+runtime derives from its flags (`megatron.dynapipe.layouts.training.hetero_job`: the model spec,
 the data's lengths, the world size): the strategies of a `dynapipe-strategy propose --output`
 file, or (no file) the proposals for this job's data and model plus each scheme's homogeneous
 strategy. A strategy the job cannot run is dropped with a log line: one needing

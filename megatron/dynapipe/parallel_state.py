@@ -9,7 +9,7 @@ For a homogeneous layout `initialize` lets megatron-core's own `initialize_model
 build the groups: that fills the globals of `megatron.core.parallel_state` on each rank and
 unmodified megatron-core modules (models, DDP, optimiser, schedules) find their groups. For the
 asymmetric layouts of a heterogeneous plan (pipelines of different depth, a TP degree per
-stage; seed `hexiscale.txt` §3.2) `initialize_heterogeneous` builds them with `hetero.groups`,
+stage; seed `hexiscale.txt` §3.2) `initialize_heterogeneous` builds them with `layout_groups`,
 one `ProcessGroupCollection` per strategy for this rank, and leaves megatron-core's globals
 alone: they describe one layout per process, and a switching job has several. Whatever
 megatron-core builds for the current layout is handed `pg_collection()` explicitly.
@@ -30,7 +30,7 @@ from megatron.core.process_groups_config import ProcessGroupCollection
 
 from dynapipe_planner.plan import ReplicaLayout
 
-from .hetero.groups import (
+from .layout_groups import (
     HeteroGroups,
     HeteroTopology,
     LayoutMismatch,
@@ -196,10 +196,10 @@ def initialize_heterogeneous(
     timeout_s: float = 600.0,
 ) -> None:
     """Build the groups of the asymmetric job a heterogeneous plan's `layouts` describe
-    (`hetero.groups`); `pg_collection()` hands this rank's to megatron-core.
+    (`layout_groups`); `pg_collection()` hands this rank's to megatron-core.
 
     The layouts are checked against the world size before any group exists: a mismatch raises
-    `hetero.groups.LayoutMismatch` naming the replica, stage or rank on every rank, so nothing
+    `layout_groups.LayoutMismatch` naming the replica, stage or rank on every rank, so nothing
     hangs. `tied_embeddings` decides which stages share the word embeddings (gradient groups).
     torch.distributed is initialised as `initialize` does.
     """

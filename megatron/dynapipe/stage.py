@@ -2,7 +2,7 @@
 Megatron's optimiser and LR/weight-decay schedule, all built from the flags by Megatron's own
 helpers. A searched plan's SDP layers are sharded by FSDP2 inside that DDP
 (`sharded_layers`). The homogeneous training loop runs it; the Megatron checkpoint export of a
-heterogeneous job (`hetero.megatron_export`) builds it unpipelined to write its state.
+heterogeneous job (`layouts.megatron_export`) builds it unpipelined to write its state.
 """
 
 from __future__ import annotations

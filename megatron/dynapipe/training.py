@@ -1,7 +1,7 @@
 """DynaPipe's own training loop: one plan per iteration, run by every rank's executor, for the
 jobs megatron.training's loop cannot express (`arguments.runs_in_own_loop`: a searched
 `--parallel-plan` with per-layer SDP here; `--dynamic-strategies` and `--hetero-plan` in
-`hetero.training`). `pretrain_gpt.py` reaches it through `megatron.training.pretrain`, whose
+`layouts.training`). `pretrain_gpt.py` reaches it through `megatron.training.pretrain`, whose
 `enable` wrapper hands such jobs here with the parsed flags.
 
 Each iteration takes the next global batch (a token budget or a sample count), gets its plan
@@ -71,7 +71,7 @@ def pretrain(args: argparse.Namespace, probe: IterationProbe | None = None) -> l
     if args.baseline == "megatron-1f1b":
         raise ArgumentError("--baseline megatron-1f1b is Megatron's own loop (pretrain_gpt.py)")
     if getattr(args, "dynamic_strategies", False) or getattr(args, "hetero_plan", None):
-        from .hetero.training import pretrain_hetero
+        from .layouts.training import pretrain_hetero
 
         return pretrain_hetero(args)
     # A searched plan sets TP, PP, the layer split and the batch; it stops a job it does not

@@ -20,7 +20,7 @@ from dynapipe_planner.strategy.cli import strategy_main
 from dynapipe_planner.strategy.proposal import Strategy
 from dynapipe_planner.strategy.schemes import ParallelScheme
 from megatron.dynapipe.device_speed import DeviceSpeedError, parse_device_speed
-from megatron.dynapipe.hetero.plan_file import HeteroPlanError, load_hetero_plan, parse_hetero_plan
+from megatron.dynapipe.layouts.plan_file import HeteroPlanError, load_hetero_plan, parse_hetero_plan
 
 SPEC = ModelSpec("tiny", "gpt", 4, 32, 4, 128, 256, max_position_embeddings=128)
 
@@ -203,7 +203,7 @@ def test_vocabulary_padding_rows_follow_the_resuming_job() -> None:
     weights and both Adam moments; other parameters are left for `load_full` to check."""
     import torch
 
-    from megatron.dynapipe.hetero.switch import fit_vocab_rows
+    from megatron.dynapipe.layouts.switch import fit_vocab_rows
 
     def entry(rows: int) -> dict:
         base = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2)

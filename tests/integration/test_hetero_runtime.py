@@ -104,7 +104,7 @@ def _run(
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
     from megatron.dynapipe.data.microbatches import rank_microbatches
-    from megatron.dynapipe.hetero.grad_sync import AsymmetricGradSync
+    from megatron.dynapipe.layouts.grad_sync import AsymmetricGradSync
     from megatron.dynapipe.pipeline.executor import PlanExecutor
 
     cpu_compat.install()
@@ -237,7 +237,7 @@ def test_asymmetric_pipelines_equal_the_reference(
 
 
 def test_layouts_that_do_not_fit_the_job_fail_before_any_collective() -> None:
-    from megatron.dynapipe.hetero.groups import HeteroTopology, LayoutMismatch
+    from megatron.dynapipe.layout_groups import HeteroTopology, LayoutMismatch
 
     with pytest.raises(LayoutMismatch, match=r"replica 1 stage 0 runs on rank 4, but the job"):
         HeteroTopology.from_layouts(LAYOUTS, 4)
@@ -269,7 +269,7 @@ def test_layouts_that_do_not_fit_the_job_fail_before_any_collective() -> None:
 
 
 def test_topology_names_leaders_and_chunk_holders() -> None:
-    from megatron.dynapipe.hetero.groups import EMBEDDING, HeteroTopology
+    from megatron.dynapipe.layout_groups import EMBEDDING, HeteroTopology
 
     topology = HeteroTopology.from_layouts(LAYOUTS, 5)
     places = [topology.place(r) for r in range(5)]

@@ -92,7 +92,7 @@ def _build(rank: int, overlap: bool = False, flags: tuple[str, ...] = GPT):
     from gpt_reference import build_stage
 
     from megatron.dynapipe import parallel_state as ps
-    from megatron.dynapipe.hetero.switch import DisaggregatedOptimizer
+    from megatron.dynapipe.layouts.switch import DisaggregatedOptimizer
     from megatron.dynapipe.pipeline.executor import PlanExecutor
 
     tied = "--untie-embeddings-and-output-weights" not in flags
@@ -132,7 +132,7 @@ def _switching(
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
     from megatron.dynapipe.data.microbatches import rank_microbatches
-    from megatron.dynapipe.hetero.switch import owner_ranges
+    from megatron.dynapipe.layouts.switch import owner_ranges
 
     cpu_compat.install()
     try:
@@ -189,7 +189,7 @@ def _fresh(rank: int, world: int):
     """Start from strategy 2's random initialisation; pull into every strategy."""
     from megatron.dynapipe import cpu_compat
     from megatron.dynapipe import parallel_state as ps
-    from megatron.dynapipe.hetero.grad_sync import logical_name
+    from megatron.dynapipe.layouts.grad_sync import logical_name
 
     cpu_compat.install()
     try:

@@ -58,8 +58,8 @@ def _reference(rank: int, world: int, argv: list[str], iterations: int):
     from megatron.dynapipe import parallel_state as ps
     from megatron.dynapipe.arguments import parse_args
     from megatron.dynapipe.data.datasets import datasets
-    from megatron.dynapipe.hetero.training import hetero_job
     from megatron.dynapipe.iterations import global_batch_sampler
+    from megatron.dynapipe.layouts.training import hetero_job
     from megatron.dynapipe.model import build_stage_model
 
     args = parse_args(argv)
@@ -103,7 +103,7 @@ def _reference(rank: int, world: int, argv: list[str], iterations: int):
 
 def _train(rank: int, world: int, argv: list[str], weights: dict):
     from megatron.dynapipe.arguments import parse_args
-    from megatron.dynapipe.hetero.training import pretrain_hetero
+    from megatron.dynapipe.layouts.training import pretrain_hetero
 
     names: list[str] = []
     losses = pretrain_hetero(parse_args(argv), initial_weights=weights, strategies_out=names)
@@ -334,7 +334,7 @@ class _Payload:
 
 def test_a_crafted_checkpoint_is_refused_not_run(tmp_path: Path) -> None:
     from megatron.dynapipe.checkpointing import CheckpointError
-    from megatron.dynapipe.hetero import checkpointing
+    from megatron.dynapipe.layouts import checkpointing
 
     marker = tmp_path / "ran"
     shard = tmp_path / "ckpt" / "iter_0000001" / "full_state.pt"
@@ -349,7 +349,7 @@ def test_a_crafted_checkpoint_is_refused_not_run(tmp_path: Path) -> None:
 
 def test_a_flipped_byte_in_a_full_state_checkpoint_is_named(tmp_path: Path) -> None:
     from megatron.dynapipe.checkpointing import CheckpointError
-    from megatron.dynapipe.hetero import checkpointing
+    from megatron.dynapipe.layouts import checkpointing
 
     shard = tmp_path / "ckpt" / "iter_0000001" / "full_state.pt"
     shard.parent.mkdir(parents=True)
@@ -372,7 +372,7 @@ def _saves_then_dies_exporting(rank: int, world: int, directory: Path) -> None:
     """Saves iteration 1 whole, then iteration 2 until its Megatron export has written part of
     `iter_0000002/` and the process dies (one rank: the gather and barrier are its own)."""
     from megatron.dynapipe.checkpointing import TrainState
-    from megatron.dynapipe.hetero import checkpointing
+    from megatron.dynapipe.layouts import checkpointing
 
     class Optimizer:
         def full_state_dict(self, dst: int) -> dict:
@@ -398,7 +398,7 @@ def test_the_next_run_removes_what_a_killed_full_state_save_left(
     checksum beside a partial `iter_0000002/`; one killed before the marker's rename leaves
     `latest_iteration.tmp`. The next run's clean-up removes them, a warning line each, and the
     checkpoint in force still reads."""
-    from megatron.dynapipe.hetero import checkpointing
+    from megatron.dynapipe.layouts import checkpointing
 
     ckpt = tmp_path / "ckpt"
     run_ranks(_saves_then_dies_exporting, 1, ckpt, timeout_s=60, may_die={0})

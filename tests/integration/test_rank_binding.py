@@ -18,7 +18,7 @@ from dynapipe_planner.hetero.layout import HeteroPipeline, HeteroPlan, HeteroSta
 from dynapipe_planner.hetero.plan_file import load_plan, plan_to_dict
 from dynapipe_planner.hetero.rank_binding import bind_ranks
 from dynapipe_planner.model_spec import MODEL_PRESETS, ModelSpec
-from megatron.dynapipe.hetero.plan_file import HeteroPlanError, parse_hetero_plan
+from megatron.dynapipe.layouts.plan_file import HeteroPlanError, parse_hetero_plan
 
 LAYERS = 4
 SPEC = ModelSpec("t", "gpt", LAYERS, 64, 4, 256, 512)

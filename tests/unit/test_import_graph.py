@@ -12,6 +12,8 @@ order. The cycle finder is checked on graphs with known cycles first, so the tes
 from __future__ import annotations
 
 import ast
+import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,12 @@ from paths import ROOT as REPOSITORY
 
 PACKAGE = "megatron.dynapipe"
 ROOT = REPOSITORY / "megatron" / "dynapipe"
+
+
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """The syntax tree of a source file, parsed once per run (the tests walk the same files)."""
+    return ast.parse(path.read_text(), filename=str(path))
 
 
 def module_names(root: Path, package: str) -> dict[str, Path]:
@@ -61,13 +69,15 @@ def _imported(node: ast.AST, module: str, is_package: bool, package: str) -> lis
     return [n for n in names if n == package or n.startswith(package + ".")]
 
 
+@functools.cache
 def import_graph(root: Path = ROOT, package: str = PACKAGE) -> dict[str, set[str]]:
-    """module -> the package's modules it imports (directly, anywhere in its source)."""
+    """module -> the package's modules it imports (directly, anywhere in its source); built once
+    per run for each package (callers only read it)."""
     modules = module_names(root, package)
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         is_package = path.name == "__init__.py"
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in ast.walk(parsed(path)):
             for wanted in _imported(node, name, is_package, package):
                 target = _resolve(wanted, modules)
                 while target:  # the module and every package above it run
@@ -128,13 +138,13 @@ def test_graph_sees_the_runtime_imports():
     relative imports across subpackages, and an absolute import."""
     graph = import_graph()
     assert len(graph) > 30
-    assert "megatron.dynapipe.hetero.training" in graph["megatron.dynapipe.training"]
+    assert "megatron.dynapipe.layouts.training" in graph["megatron.dynapipe.training"]
     assert {
         "megatron.dynapipe.checkpointing",
         "megatron.dynapipe.pipeline.executor",
         "megatron.dynapipe.data.datasets",
-        "megatron.dynapipe.hetero.switch",
-    } <= graph["megatron.dynapipe.hetero.training"]
+        "megatron.dynapipe.layouts.switch",
+    } <= graph["megatron.dynapipe.layouts.training"]
     assert "megatron.dynapipe.arguments" in graph["megatron.dynapipe.model"]  # lazy, relative
 
 
@@ -143,12 +153,109 @@ def test_runtime_has_no_import_cycle():
     assert cycle is None, "import cycle in megatron/dynapipe: " + " -> ".join(cycle)
 
 
+# The runtime's layers, top to bottom (#36): a module imports only from its own layer or a lower
+# one. Every module is placed; a new one fails `test_every_runtime_module_has_a_layer` until it is.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("entry", ("enable",)),
+    ("Megatron integration", ("megatron_startup", "megatron_loop", "core_schedule")),
+    (
+        "DynaPipe's own loop",  # the jobs megatron.training's loop cannot run
+        (
+            "training",
+            "layouts.training",
+            "iterations",
+            "evaluation",
+            "exits",
+            "log",
+            "parallel_plan",
+        ),
+    ),
+    (
+        "pipeline execution",
+        (
+            "pipeline.*",
+            "stage",
+            "cost_profiler",
+            "local_costs",
+            "layouts.switch",
+            "layouts.strategy_models",
+            "layouts.grad_sync",
+            "layouts.plan_file",
+            "layouts.checkpointing",
+            "layouts.megatron_export",
+        ),
+    ),
+    (
+        "model, data, groups",
+        ("model", "data.*", "parallel_state", "layout_groups", "sharded_layers", "checkpointing"),
+    ),
+    (
+        # What every layer uses and that imports nothing above it: the flags, the table of
+        # Megatron hooks (it names each replacement as a string and imports it only when the
+        # entry installs it), CPU compatibility, and small leaves; package `__init__`s.
+        "foundation",
+        (
+            "megatron_hooks",
+            "arguments",
+            "cpu_compat",
+            "checkpoint_metadata",
+            "device_speed",
+            "memory",
+            "model_flags",
+            "packed_attention",
+            "profile_grid",
+        ),
+    ),
+)
+
+
+def layer_of(module: str, package: str = PACKAGE) -> int | None:
+    """The layer index of a runtime module (0 = entry), or None if `LAYERS` does not place it.
+    Packages (docstring-only `__init__`s) sit in the lowest layer."""
+    name = module.removeprefix(package).removeprefix(".")
+    if not name or (ROOT / name.replace(".", "/") / "__init__.py").exists():
+        return len(LAYERS) - 1
+    for index, (_, patterns) in enumerate(LAYERS):
+        for pattern in patterns:
+            if name == pattern or (pattern.endswith(".*") and name.startswith(pattern[:-1])):
+                return index
+    return None
+
+
+def upward_imports(graph: dict[str, set[str]], layer: Callable[[str], int | None]) -> list[str]:
+    """Each import from a higher layer than the importer's, as one readable line."""
+    found = []
+    for module in sorted(graph):
+        for target in sorted(graph[module]):
+            if layer(target) < layer(module):
+                found.append(f"{module} ({layer(module)}) imports {target} ({layer(target)})")
+    return found
+
+
+def test_upward_imports_are_reported():
+    graph = {"loop": {"model"}, "model": {"loop", "data"}, "data": set()}
+    layers = {"loop": 0, "model": 1, "data": 1}
+    assert upward_imports(graph, layers.get) == ["model (1) imports loop (0)"]
+
+
+def test_every_runtime_module_has_a_layer():
+    unplaced = sorted(m for m in import_graph() if layer_of(m) is None)
+    assert not unplaced, f"place these modules in LAYERS: {unplaced}"
+
+
+def test_the_runtime_imports_only_downward():
+    """entry -> Megatron integration -> DynaPipe's own loop -> pipeline execution -> model,
+    data, groups -> foundation: no module imports from a layer above its own."""
+    upward = upward_imports(import_graph(), layer_of)
+    assert not upward, "imports against the layer order:\n" + "\n".join(upward)
+
+
 @pytest.mark.parametrize(
     "init", sorted(ROOT.rglob("__init__.py")), ids=lambda p: str(p.relative_to(ROOT))
 )
 def test_package_init_holds_only_a_docstring(init: Path):
     """Importing a subpackage adds no edges: its `__init__` is a docstring and nothing else."""
-    body = ast.parse(init.read_text()).body
+    body = parsed(init).body
     assert len(body) == 1 and isinstance(body[0], ast.Expr), f"{init}: more than a docstring"
     assert isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)
 
@@ -165,7 +272,7 @@ def test_only_tests_and_benchmarks_import_the_python_twins():
     for path in sorted(ROOT.rglob("*.py")):
         assert "_reference" not in {
             part
-            for node in ast.walk(ast.parse(path.read_text()))
+            for node in ast.walk(parsed(path))
             if isinstance(node, ast.ImportFrom) and node.module
             for part in node.module.split(".")
         }, f"{path} imports {twins}"
@@ -177,7 +284,7 @@ RUNTIME_ONLY = ("torch", "megatron")
 def runtime_imports(path: Path) -> list[str]:
     """The modules of torch or megatron that `path` imports, anywhere in its source."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and not node.level:
@@ -203,5 +310,5 @@ def test_the_planner_imports_neither_torch_nor_megatron():
     runtime adapts its flags into the planner's inputs, never the other way round."""
     modules = sorted((REPOSITORY / "dynapipe_planner").rglob("*.py"))
     assert len(modules) > 50
-    found = {str(path): runtime_imports(path) for path in modules if runtime_imports(path)}
+    found = {str(path): imports for path in modules if (imports := runtime_imports(path))}
     assert not found, found

@@ -21,7 +21,7 @@ Heterogeneous plans (pipelines of different depth and TP per stage; seed `hexisc
 run on a job whose groups were built from the same layouts
 (`parallel_state.initialize_heterogeneous`): each rank runs its (replica, stage)'s list, its
 stage boundaries go leader to leader with a TP broadcast (`p2p.LeaderPeerToPeer`) and the
-config's finalize function is the asymmetric gradient sync (`hetero.grad_sync.AsymmetricGradSync`).
+config's finalize function is the asymmetric gradient sync (`layouts.grad_sync.AsymmetricGradSync`).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from dynapipe_planner.hetero.plan_file import HeteroPlanError, HeteroPlanFile, p
 from dynapipe_planner.input_files import load_json_file
 from dynapipe_planner.model_spec import ModelSpec
 
-from .groups import HeteroTopology, LayoutMismatch
+from ..layout_groups import HeteroTopology, LayoutMismatch
 
 
 def parse_hetero_plan(

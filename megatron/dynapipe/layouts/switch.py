@@ -47,8 +47,8 @@ import torch
 import torch.distributed as dist
 
 from .. import parallel_state as ps
+from ..layout_groups import HeteroTopology
 from .grad_sync import logical_name, model_part, unwrap
-from .groups import HeteroTopology
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ position in the saved arguments; `pretrain_gpt.py` or a Megatron-LM program resu
 under any homogeneous TP/PP layout.
 
 Megatron's checkpoint writer works on megatron-core's global process groups, which a
-heterogeneous job leaves unset (its groups are per-strategy collections, `hetero.groups`), so a
+heterogeneous job leaves unset (its groups are per-strategy collections, `layout_groups`), so a
 running job exports in a child process of one rank with groups of its own (`export_in_child`);
 `tools/checkpoint_to_megatron.py` runs `export` for a saved checkpoint. Either holds the whole
 model in one process, on the CPU, as the heterogeneous save's rank 0 already does.

@@ -20,7 +20,7 @@ Why the disaggregated optimiser also for a static layout (instead of Megatron's 
 `grad_sync.AsymmetricGradSync`): one code path, the push is the asymmetric sync (pieces summed
 at the owners, weighted by real tokens), the optimiser state is sharded over every rank rather
 than replicated on every holder, and checkpoints are the same layout-independent full state
-(`hetero.checkpointing`) whichever mode saved them.
+(`layouts.checkpointing`) whichever mode saved them.
 
 Each iteration's line names the strategy and splits the time into pull, propagation, push and
 optimiser step (slowest rank of each), Hydraulis Table 1's decomposition. Gradients are clipped

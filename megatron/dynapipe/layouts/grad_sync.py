@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from .. import parallel_state as ps
-from .groups import EMBEDDING, FINAL_NORM, OUTPUT, POSITION, HeteroGroups, StagePlace
+from ..layout_groups import EMBEDDING, FINAL_NORM, OUTPUT, POSITION, HeteroGroups, StagePlace
 
 
 class GradSyncError(ValueError):
