@@ -126,6 +126,7 @@ class Evaluator:
         self.grids = [costs.b_grid.tolist(), costs.s_grid.tolist(), costs.t_grid.tolist()]
         self.bubble = costs.num_stages - 1
         self.replicas = replicas
+        self._priced: dict[tuple[int, ...], float] = {}  # the brute forces meet each set often
 
     def shape(self, idx):
         sub = self.lengths[list(idx)]
@@ -134,6 +135,12 @@ class Evaluator:
         return len(idx), int(sub[:, 0].max()), int(sub[:, 1].max())
 
     def cost(self, idx):
+        key = tuple(sorted(int(i) for i in idx))
+        if key not in self._priced:
+            self._priced[key] = self._price(idx)
+        return self._priced[key]
+
+    def _price(self, idx):
         cells = [locate(g, float(x)) for g, x in zip(self.grids, self.shape(idx), strict=True)]
         if any(c is None for c in cells) or interp3(self.mem, *cells) > 1.0:
             return math.inf
