@@ -409,8 +409,8 @@ def train_step(*args: Any, **kwargs: Any) -> Any:
     megatron_train_step = megatron_hooks.original("megatron.training.training.train_step")
     job = get_args()
     dynapipe = _SCHEDULE.get("dynapipe")
-    config = JobConfig.of(job)
-    traced = config.log_peak_memory and job.curr_iteration == job.train_iters - 1
+    job_config = JobConfig.of(job)
+    traced = job_config.log_peak_memory and job.curr_iteration == job.train_iters - 1
     started = time.perf_counter()
     with (
         dynapipe.guarded(job.curr_iteration) if dynapipe else contextlib.nullcontext(),
@@ -424,6 +424,6 @@ def train_step(*args: Any, **kwargs: Any) -> Any:
         dynapipe.iterations.measured(dynapipe.last, measured_s)
         _log_step(job, dynapipe.last, result[0], measured_s, peaks, dynapipe.iterations.fit)
         dynapipe.count_samples(job)
-    elif config.baseline == "megatron-1f1b":
+    elif job_config.baseline == "megatron-1f1b":
         _log_step(job, _megatron_step(job), result[0], measured_s, peaks)
     return result
