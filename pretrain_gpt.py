@@ -50,6 +50,7 @@ from megatron.training.models.gpt import GPTModelBuilder
 from megatron.dynapipe.data.datasets import job_datasets
 from megatron.dynapipe.data.megatron_samples import DocumentSamples, fixed_length_samples
 from megatron.dynapipe.exits import run_or_exit
+from megatron.dynapipe.job_config import JobConfig
 
 
 def model_provider(
@@ -138,15 +139,16 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
     `--dynamic-micro-batching`, and evaluation), and the variable-length samples themselves
     for DynaPipe to plan over (`DocumentSamples`)."""
     args = get_args()
+    planned = JobConfig.of(args).plans
     splits = job_datasets(args)
     windows = [
         None if data is None or not count else fixed_length_samples(data, args, count, split)
         for data, count, split in zip(
             splits, train_val_test_num_samples, ("train", "valid", "test"), strict=True
         )
-        if split != "train" or not args.dynapipe_plans
+        if split != "train" or not planned
     ]
-    if args.dynapipe_plans:
+    if planned:
         return DocumentSamples(splits.train), *windows
     return tuple(windows)
 

@@ -13,7 +13,11 @@ Megatron's meaning and defaults. What this runtime adds on top:
   explicitly stops instead (`cpu_defaults`);
 - the batch: `--global-batch-size` keeps Megatron's meaning (samples per iteration), and
   `--tokens-per-global-batch` makes every global batch a token budget instead (DynaPipe's
-  global batches, seed `dynapipe.txt` §3).
+  global batches, seed `dynapipe.txt` §3);
+- what DynaPipe derives from its flags is not written back into the args: validation builds
+  the job's `job_config.JobConfig` once, and the only writes into Megatron's args are the
+  values Megatron's own code reads (`megatron_settings`, and the batch and iteration counts
+  `_check_batch` completes).
 
 Errors (Megatron's own checks included) end the program with exit status 2 and one line.
 """
@@ -36,6 +40,8 @@ import torch
 from dynapipe_planner.cli_args import DEBUG_HELP, MAX_GIB, MAX_SEQUENCE, add_renamed
 from dynapipe_planner.cluster import DEFAULT_GPU, GPU_PRESETS
 from dynapipe_planner.planner import BATCHING, RECOMPUTE, SCHEDULES
+
+from .job_config import PLANNING_FLAGS, JobConfig, PerArgs, plans, runs_in_own_loop
 
 BASELINES = ("megatron-1f1b", "packing-1f1b")
 
@@ -217,7 +223,8 @@ def add_dynapipe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse and check `pretrain_gpt.py`'s flags (the command line when `argv` is None)."""
+    """Parse and check `pretrain_gpt.py`'s flags (the command line when `argv` is None); the
+    job's `JobConfig` is built with them (`JobConfig.of(args)`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_megatron_args(argv, add_dynapipe_args)
     _check_dynapipe(args, given_flags(argv, add_dynapipe_args))
@@ -248,15 +255,21 @@ def parse_megatron_args(
     return args
 
 
+# The notes `cpu_defaults` made for each args object, until `_check_dynapipe` puts them first
+# in its `JobConfig` (a Megatron-LM program parses and validates in two calls of Megatron's).
+_CPU_NOTES: PerArgs[tuple[str, ...]] = PerArgs()
+
+
 def _before_validation(
     args: argparse.Namespace, given: dict[str, str], extra_args_provider: ExtraArgs
 ) -> None:
     if torch.distributed.is_initialized():  # forked test ranks have no RANK/WORLD_SIZE
+        # Megatron's parser took them from RANK/WORLD_SIZE; its validation and groups read them.
         args.rank = torch.distributed.get_rank()
         args.world_size = torch.distributed.get_world_size()
     unsupported(args, given, extra_args_provider)
     check_numbers(args, given, extra_args_provider)
-    cpu_defaults(args, given)
+    _CPU_NOTES.set(args, tuple(cpu_defaults(args, given)))
     gpt2_tokenizer_default(args)
 
 
@@ -461,7 +474,7 @@ def unsupported(
     without DynaPipe, and takes its flags as it would."""
     where, refused = "", {**_UNSUPPORTED, **_NOT_IN_OWN_LOOP}
     if hasattr(args, "dynamic_micro_batching"):  # a training program, not a tool
-        planning = [given[dest] for dest in _PLANNING_FLAGS if dest in given]
+        planning = [given[dest] for dest in PLANNING_FLAGS if dest in given]
         if not planning or not plans(args):
             return
         where = f" with {planning[0]}"
@@ -471,23 +484,6 @@ def unsupported(
     for dest, why in refused.items():
         if dest in given and getattr(args, dest) not in (defaults[dest], *_HONOURED.get(dest, ())):
             raise ArgumentError(f"{given[dest]}{where}: {why}")
-
-
-# DynaPipe's flags that make it plan a job's iterations (`plans`), by destination.
-_PLANNING_FLAGS = (
-    "dynamic_micro_batching", "batching", "baseline", "dynamic_strategies", "hetero_plan",
-    "parallel_plan",
-)  # fmt: skip
-
-
-def plans(args: argparse.Namespace) -> bool:
-    """Whether DynaPipe plans the job's iterations: a batching flag (`--baseline packing-1f1b`
-    batches by packing), or a job only DynaPipe's loop runs. Otherwise Megatron trains as it
-    would without DynaPipe (`--baseline megatron-1f1b` names that)."""
-    packing = args.baseline == "packing-1f1b"
-    return bool(
-        args.dynamic_micro_batching or args.batching is not None or packing
-    ) or runs_in_own_loop(args)
 
 
 # What the numbers a run is made of must be, by destination, besides an int fitting int64 and a
@@ -603,13 +599,15 @@ def transformer_engine_installed() -> bool:
     return True
 
 
-def cpu_defaults(args: argparse.Namespace, given: dict[str, str]) -> None:
-    """Megatron's GPU-only defaults switched off where they cannot run, each noted once.
+def cpu_defaults(args: argparse.Namespace, given: dict[str, str]) -> list[str]:
+    """Megatron's GPU-only defaults switched off where they cannot run; returns the notes that
+    say so (once each, at start-up).
 
     Without TransformerEngine the model is built from megatron-core's local layer spec; a user
     who asked for TransformerEngine or one of its attention backends explicitly is stopped.
     Without CUDA the fused kernels (all default on) are switched off and weights are
-    initialised on the CPU.
+    initialised on the CPU. These are Megatron's own flags, written for Megatron's model
+    builder to read.
     """
     notes = []
     if not transformer_engine_installed():
@@ -627,7 +625,7 @@ def cpu_defaults(args: argparse.Namespace, given: dict[str, str]) -> None:
     if not torch.cuda.is_available():
         notes += _switch_off(args, _CUDA_FUSIONS, "no CUDA")
         args.use_cpu_initialization = True
-    args.dynapipe_notes = notes
+    return notes
 
 
 def gpt2_tokenizer_default(args: argparse.Namespace) -> None:
@@ -646,15 +644,6 @@ def _switch_off(args: argparse.Namespace, fusions: tuple[str, ...], why: str) ->
     return [f"{why}: fused kernels off ({', '.join(on)})"] if on else []
 
 
-def runs_in_own_loop(args: argparse.Namespace) -> bool:
-    """Whether the job needs DynaPipe's own loop (`training.pretrain`) rather than
-    megatron.training's. Megatron's loop trains one model layout with one optimiser over one
-    set of parallel groups; these jobs change the layout per iteration (`--dynamic-strategies`),
-    run pipelines of different shapes side by side (`--hetero-plan`), or shard some layers and
-    not others (`--parallel-plan`)."""
-    return bool(args.dynamic_strategies or args.hetero_plan or args.parallel_plan)
-
-
 def check_training_flags(args: argparse.Namespace) -> None:
     """What training needs beyond what parsing checks (tools that only build a model parse the
     same flags): a learning rate, which Megatron has no default for either; without one its
@@ -663,8 +652,9 @@ def check_training_flags(args: argparse.Namespace) -> None:
         raise ArgumentError("--lr: give the learning rate (it has no default)")
 
 
-def _check_dynapipe(args: argparse.Namespace, given: dict[str, str]) -> None:
-    """DynaPipe's own flags against each other and against Megatron's."""
+def _check_dynapipe(args: argparse.Namespace, given: dict[str, str]) -> JobConfig:
+    """DynaPipe's own flags against each other and against Megatron's; then the job's
+    `JobConfig`, built once, and the Megatron settings it implies (`megatron_settings`)."""
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     if torch.cuda.is_available() and per_node > torch.cuda.device_count():
         raise ArgumentError(
@@ -681,8 +671,6 @@ def _check_dynapipe(args: argparse.Namespace, given: dict[str, str]) -> None:
             raise ArgumentError(
                 f"--baseline {args.baseline} batches as Megatron does; drop the other batching"
             )
-        if args.baseline == "packing-1f1b":
-            args.batching = "packing"
     if args.dynamic_strategies or args.hetero_plan:
         if args.dynamic_strategies and args.hetero_plan:
             raise ArgumentError("--dynamic-strategies and --hetero-plan exclude each other")
@@ -708,46 +696,38 @@ def _check_dynapipe(args: argparse.Namespace, given: dict[str, str]) -> None:
     elif args.overlap_pull_push:
         raise ArgumentError("--overlap-pull-push needs --dynamic-strategies or --hetero-plan")
     _check_checkpoint_dirs(args)
-    args.dynapipe_plans = plans(args)
-    if args.dynapipe_plans:
-        per_sample_attention(args)
-    if args.batching is None:
-        args.batching = "dynamic" if args.dynamic_micro_batching else "padding"
     if args.seq_length is None:
         raise ArgumentError("--seq-length is required (the longest training sequence)")
     if args.baseline == "megatron-1f1b":
         _megatron_global_batch(args)
-    _one_timeout(args, given)
     _check_batch(args, given)
-    _check_recompute(args, given)
+    _check_recompute(args)
+    job = JobConfig.from_args(args, given, _CPU_NOTES.pop(args, ()))
+    megatron_settings(args, job)
+    return job
 
 
-def _one_timeout(args: argparse.Namespace, given: dict[str, str]) -> None:
-    """One timeout bounds every wait of a job: `--dynapipe-timeout` (seconds) and Megatron's
-    `--distributed-timeout-minutes` agree, the smaller given one wins (both default to 10
-    minutes). When DynaPipe plans, Megatron's process groups take it too, so a collective
-    with a frozen rank fails within it and DynaPipe's heartbeats name the rank; without a
-    DynaPipe flag Megatron's groups keep Megatron's timeout."""
-    given_s = [60.0 * args.distributed_timeout_minutes] * ("distributed_timeout_minutes" in given)
-    given_s += [args.dynapipe_timeout] * ("dynapipe_timeout" in given)
-    if not given_s:
-        return
-    args.dynapipe_timeout = min(given_s)
-    if args.dynapipe_plans:
-        args.distributed_timeout_minutes = args.dynapipe_timeout / 60  # a timedelta's minutes
-
-
-def per_sample_attention(args: argparse.Namespace) -> None:
-    """DynaPipe's micro-batches are THD sequences whose samples attend only within themselves
-    (`data.microbatches`): Megatron's `--dataloader-inter-document-masking` form, which a
-    Megatron-LM program's `get_batch` turns into `PackedSeqParams`. Turned on (noted once) so
-    the program reads them so, and, as Megatron's own check does for that flag, no attention
-    mask is made in the data loader (there is none to broadcast)."""
-    args.create_attention_mask_in_dataloader = False
-    if not args.dataloader_inter_document_masking:
+def megatron_settings(args: argparse.Namespace, job: JobConfig) -> None:
+    """Megatron's own flags, set as the job DynaPipe decided needs Megatron's code to read
+    them: when DynaPipe plans, per-sample attention and the job's one timeout; and the model
+    built without recomputation. What DynaPipe decides for itself stays in `job`."""
+    if job.plans:
+        # DynaPipe's micro-batches are THD sequences whose samples attend only within
+        # themselves (`data.microbatches`): Megatron's --dataloader-inter-document-masking
+        # form, which a Megatron-LM program's `get_batch` turns into `PackedSeqParams`; and,
+        # as Megatron's own check does for that flag, no attention mask in the data loader
+        # (there is none to broadcast). `JobConfig.notes` says so once.
+        args.create_attention_mask_in_dataloader = False
         args.dataloader_inter_document_masking = True
-        note = "per-sample attention: --dataloader-inter-document-masking on (THD micro-batches)"
-        args.dynapipe_notes.append(note)
+        # Megatron's process groups take the job's one timeout, so a collective with a frozen
+        # rank fails within it and DynaPipe's heartbeats name the rank; without a DynaPipe flag
+        # Megatron's groups keep Megatron's timeout.
+        if job.timeout_s != 60.0 * args.distributed_timeout_minutes:
+            args.distributed_timeout_minutes = job.timeout_s / 60  # a timedelta's minutes
+    if job.plans or args.dynapipe_recompute is not None:
+        # Megatron builds the model without recomputation; the executor switches each plan's
+        # mode (`job.recompute`) on.
+        args.recompute_granularity = args.recompute_method = args.recompute_num_layers = None
 
 
 # What a --parallel-plan file decides, by destination: flags that would set it too are refused.
@@ -805,7 +785,7 @@ def _check_checkpoint_dirs(args: argparse.Namespace) -> None:
 def _megatron_global_batch(args: argparse.Namespace) -> None:
     """--baseline megatron-1f1b trains --global-batch-size fixed-length samples; a token budget
     becomes that many whole samples. Either way it splits into micro-batches evenly."""
-    if args.tokens_per_global_batch is not None:
+    if args.tokens_per_global_batch is not None:  # Megatron's loop trains this many samples
         args.global_batch_size = args.tokens_per_global_batch // args.seq_length
     per_step = args.micro_batch_size * args.data_parallel_size
     if args.global_batch_size < per_step or args.global_batch_size % per_step:
@@ -841,22 +821,17 @@ def _check_batch(args: argparse.Namespace, given: dict[str, str]) -> None:
     if args.train_iters is None:
         if args.train_samples is None:
             raise ArgumentError("give --train-iters or --train-samples")
+        # Megatron's loop and LR schedule count iterations, not samples
         args.train_iters = args.train_samples // args.global_batch_size
-    if args.batching == "dynamic" and "micro_batch_size" in given:
-        args.dynapipe_notes.append(
-            f"--micro-batch-size {args.micro_batch_size} is not used: dynamic micro-batching "
-            "plans every micro-batch"
-        )
 
 
-def _check_recompute(args: argparse.Namespace, given: dict[str, str]) -> None:
-    """One recomputation mode: Megatron's --recompute-granularity fixes it (full recomputation
-    of every layer, or selective), --dynapipe-recompute also offers auto (the default).
-    Where DynaPipe does not plan (Megatron's loop without a batching flag), Megatron recomputes
-    as its flags say."""
+def _check_recompute(args: argparse.Namespace) -> None:
+    """One recomputation mode (`JobConfig.recompute`): Megatron's --recompute-granularity fixes
+    it (full recomputation of every layer, or selective), --dynapipe-recompute also offers auto
+    (the default); the two must agree. Where DynaPipe does not plan (Megatron's loop without a
+    batching flag), Megatron recomputes as its flags say."""
     megatron_mode = args.recompute_granularity
-    if not args.dynapipe_plans and args.dynapipe_recompute is None:
-        args.dynapipe_recompute = megatron_mode or "auto"
+    if not plans(args) and args.dynapipe_recompute is None:
         return
     if megatron_mode is not None:
         if args.dynapipe_recompute not in (None, megatron_mode):
@@ -871,8 +846,3 @@ def _check_recompute(args: argparse.Namespace, given: dict[str, str]) -> None:
                 "--recompute-granularity full: DynaPipe recomputes every layer (--recompute-method "
                 "uniform --recompute-num-layers 1); other methods are not supported"
             )
-        args.dynapipe_recompute = megatron_mode
-    elif args.dynapipe_recompute is None:
-        args.dynapipe_recompute = "auto"
-    # The model is built without recomputation; the executor switches each plan's mode on.
-    args.recompute_granularity = args.recompute_method = args.recompute_num_layers = None

@@ -15,9 +15,10 @@ the next run starts (`remove_interrupted_saves`).
 The data position lives where Megatron keeps it, in the saved arguments: `consumed_train_samples`
 (Megatron's), plus DynaPipe's sampler place (`dynapipe_data_position`: global batches of a
 token budget vary in size, so a sample count alone does not locate them) and the real tokens
-consumed. `resume_point` reads them before the model exists, so planning starts while the
-model is built. A checkpoint without DynaPipe's position (written by Megatron-LM) resumes the
-sampler at the checkpoint's iteration.
+consumed (`dynapipe_consumed_tokens`). They are written into the copy of the job's arguments
+that the checkpoint keeps (`_checkpoint_args`), never into the job's own. `resume_point` reads
+them before the model exists, so planning starts while the model is built. A checkpoint without
+DynaPipe's position (written by Megatron-LM) resumes the sampler at the checkpoint's iteration.
 """
 
 from __future__ import annotations
@@ -348,14 +349,35 @@ def save(
     scheduler,
     data_position: dict | None,
 ) -> None:
-    """Megatron's save_checkpoint of iteration `state.iteration` (a collective)."""
-    args.consumed_train_samples = state.consumed_samples
-    args.dynapipe_consumed_tokens = state.consumed_tokens
-    args.dynapipe_data_position = data_position
-    with written(args.save, state.iteration):
+    """Megatron's save_checkpoint of iteration `state.iteration` (a collective), its saved
+    arguments holding where training stands (`_checkpoint_args`)."""
+    with written(args.save, state.iteration), _checkpoint_args(args, state, data_position):
         _megatron().save_checkpoint(
             state.iteration, [model], optimizer, scheduler, state.floating_point_operations
         )
+
+
+@contextlib.contextmanager
+def _checkpoint_args(
+    args: argparse.Namespace, state: TrainState, data_position: dict | None
+) -> Iterator[None]:
+    """Megatron's save_checkpoint keeps the arguments Megatron's global holds (`get_args()`):
+    inside the block that global is a copy of `args` with where training stands
+    (`consumed_train_samples`, DynaPipe's `dynapipe_consumed_tokens` and
+    `dynapipe_data_position`), which `resume_point` reads back; the job's own `args` are left
+    as they were."""
+    from megatron.training import global_vars
+
+    saved = argparse.Namespace(**vars(args))
+    saved.consumed_train_samples = state.consumed_samples
+    saved.dynapipe_consumed_tokens = state.consumed_tokens
+    saved.dynapipe_data_position = data_position
+    megatron_args = global_vars.get_args()
+    global_vars.set_args(saved)
+    try:
+        yield
+    finally:
+        global_vars.set_args(megatron_args)
 
 
 def load(

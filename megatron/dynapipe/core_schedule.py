@@ -41,6 +41,7 @@ from . import parallel_state as ps
 from .data.datasets import DataSplits
 from .data.program_samples import program_samples
 from .iterations import PlannedIterations
+from .job_config import JobConfig
 from .megatron_loop import check_layer_split
 from .packed_attention import use_packed_attention
 
@@ -98,7 +99,8 @@ def planned_forward_backward_func(
     reads = mpu.get_tensor_model_parallel_rank() == 0
     samples = program_samples(train_dataset, args, ps.device(), reads)
     spec = spec_from_args(args, get_attr_wrapped_model(model, "vocab_size"), name="core_loop")
-    iterations = PlannedIterations(args, DataSplits(samples, None, None), spec, shuffle=False)
+    splits = DataSplits(samples, None, None)
+    iterations = PlannedIterations(args, JobConfig.of(args), splits, spec, shuffle=False)
     iterations.__enter__()
     atexit.register(iterations.__exit__, None, None, None)
     return PlannedForwardBackward(model, iterations)

@@ -32,8 +32,8 @@ from .checkpointing import ResumePoint
 from .data.datasets import DataSplits
 from .data.microbatches import MicroBatchTensors, rank_microbatches
 from .data.sampler import GlobalBatchSampler
-from .device_speed import parse_device_speed
 from .evaluation import Evaluator
+from .job_config import JobConfig
 from .pipeline.executor import (
     ForwardStepFunc,
     IterationResult,
@@ -86,12 +86,13 @@ class PlannedIterations:
     def __init__(
         self,
         args: argparse.Namespace,
+        job: JobConfig,
         splits: DataSplits,
         spec: ModelSpec,
         resume: ResumePoint | None = None,
         shuffle: bool = True,
     ) -> None:
-        self.args, self.splits, self.spec = args, splits, spec
+        self.args, self.job, self.splits, self.spec = args, job, splits, spec
         self.dataset = splits.train
         self.sampler = global_batch_sampler(args, self.dataset.lengths(), shuffle=shuffle)
         if resume is not None and resume.data_position is not None:
@@ -106,8 +107,8 @@ class PlannedIterations:
             self.sampler,
             self.dataset.lengths(),
             stop_iteration=args.train_iters,
-            num_workers=args.planner_workers,
-            timeout_s=args.dynapipe_timeout,
+            num_workers=job.planner_workers,
+            timeout_s=job.timeout_s,
         )
         self.store = self.plans.store
         self.runner: PlanExecutor | MegatronPackingBaseline | None = None
@@ -145,7 +146,7 @@ class PlannedIterations:
             name = self.dataset.name
             probe = threading.Thread(target=try_longest, name="dynapipe-preflight", daemon=True)
             probe.start()
-            probe.join(args.dynapipe_timeout / 2)
+            probe.join(self.job.timeout_s / 2)
             refusal[0] = found[0] if found else None
         if dist.get_world_size() > 1:
             dist.broadcast_object_list(refusal, src=PLANNING_RANK)
@@ -170,8 +171,8 @@ class PlannedIterations:
         reaches it as the dict Megatron's `get_batch` returns (Megatron-LM's loop), or with
         `core_batches` as one THD sequence and its `PackedSeqParams` (a megatron-core-only
         loop, `MicroBatchTensors.core_batch`)."""
-        args = self.args
-        if args.baseline == "packing-1f1b":  # the plans' packed rows, megatron-core's schedule
+        args, job = self.args, self.job
+        if job.baseline == "packing-1f1b":  # the plans' packed rows, megatron-core's schedule
             self.runner = MegatronPackingBaseline(
                 model,
                 config,
@@ -184,16 +185,15 @@ class PlannedIterations:
             model,
             config,
             device=device,
-            timeout_s=args.dynapipe_timeout,
+            timeout_s=job.timeout_s,
             forward_step_func=forward_step_func or gpt_forward_step,
+            slowdown=job.slowdowns(dist.get_world_size())[dist.get_rank()],
         )
         if forward_step_func is not None:
             form = (
                 MicroBatchTensors.core_batch if core_batches else MicroBatchTensors.megatron_batch
             )
             self._batch_form = lambda batch: form(batch, device)
-        speeds = parse_device_speed(getattr(args, "device_speed", None), dist.get_world_size())
-        executor.slowdown = speeds[dist.get_rank()]
         self._row_multiple = executor.sequence_shards
         self.runner = executor
 
@@ -238,7 +238,7 @@ class PlannedIterations:
                 self.plans.channel,
                 self.runner,
                 iterations=args.eval_iters,
-                timeout_s=args.dynapipe_timeout,
+                timeout_s=self.job.timeout_s,
             )
             for name, data in held_out.items()
             if data is not None and args.eval_iters > 0

@@ -35,6 +35,7 @@ import torch
 from dynapipe_planner.megatron_model import spec_from_args
 from dynapipe_planner.plan import atomic_write
 
+from .job_config import JobConfig
 from .profile_grid import local_grid
 
 CACHE_ENV = "DYNAPIPE_CACHE_DIR"
@@ -58,7 +59,8 @@ def profile_description(args: argparse.Namespace, vocab_size: int) -> dict[str, 
         else args.global_batch_size * args.seq_length
     )
     sizes, seqlens, cap = local_grid(args.seq_length, min(per_microbatch, 16 * args.seq_length))
-    mode = args.dynapipe_recompute if args.dynapipe_recompute not in (None, "auto") else "none"
+    recompute = JobConfig.of(args).recompute
+    mode = recompute if recompute != "auto" else "none"
     return {
         "device": _device_name(),
         "threads": torch.get_num_threads(),

@@ -7,7 +7,7 @@ error endings, pre-checks, DynaPipe's own loop for the jobs Megatron's cannot ru
 functions of its loop with this module's (group DYNAPIPE):
 
 - the schedule `train()` takes from `get_forward_backward_func()`: when DynaPipe plans (a
-  batching flag, `arguments.dynapipe_plans`), `DynaPipeSchedule`. Each call takes the next
+  batching flag, `JobConfig.plans`), `DynaPipeSchedule`. Each call takes the next
   global batch of the training dataset the program's provider returned (`data.program_samples`:
   its samples in their order, each as long as the dataset says; `pretrain_gpt.py`'s own datasets
   in DynaPipe's seeded order), gets its plan (planned ahead by rank 0's workers, seed
@@ -15,7 +15,7 @@ functions of its loop with this module's (group DYNAPIPE):
   `forward_step` (`PlanExecutor`); each planned micro-batch (padded or packed rows) reaches
   `forward_step` as the dict Megatron's data iterator yields under
   `--dataloader-inter-document-masking`, which DynaPipe turns on
-  (`arguments.per_sample_attention`): its `get_batch` turns `cu_seqlens`/`max_seqlen` into
+  (`arguments.megatron_settings`): its `get_batch` turns `cu_seqlens`/`max_seqlen` into
   `PackedSeqParams`, so every sample attends only within itself. The reports `forward_step`'s
   loss function returns go back to Megatron's `train_step`, which reduces, logs and checkpoints
   as always. Parallel state is Megatron's (`adopt_megatron_groups`). Evaluation (`forward_only`)
@@ -71,6 +71,7 @@ from .data.datasets import DataSplits
 from .data.megatron_samples import DocumentSamples
 from .data.program_samples import program_samples
 from .iterations import Iteration, PlannedIterations
+from .job_config import JobConfig
 from .log import iteration_line, iteration_scalars, peak_memory_field
 from .megatron_startup import provided_training_dataset
 from .memory import every_rank, traced_peak
@@ -165,7 +166,8 @@ class DynaPipeSchedule:
         resume = None
         if args.iteration > 0:  # Megatron loaded a checkpoint: continue its data order
             resume = ResumePoint(Path(args.load or "."), TrainState(args.iteration), None)
-        iterations = PlannedIterations(args, DataSplits(train, None, None), spec, resume, shuffle)
+        splits = DataSplits(train, None, None)
+        iterations = PlannedIterations(args, JobConfig.of(args), splits, spec, resume, shuffle)
         iterations.__enter__()
         atexit.register(iterations.__exit__, None, None, None)
         self.liveness = Liveness(
@@ -320,7 +322,7 @@ def get_batch_on_this_tp_rank(*args: Any, **kwargs: Any) -> Any:
     from megatron.training import get_args
 
     broadcast_batch = megatron_hooks.original("megatron.core.utils.get_batch_on_this_tp_rank")
-    if not get_args().dynapipe_plans:
+    if not JobConfig.of(get_args()).plans:
         return broadcast_batch(*args, **kwargs)
     call = inspect.signature(broadcast_batch).bind(*args, **kwargs)
     given = call.arguments
@@ -347,7 +349,7 @@ def get_forward_backward_func(*args: Any, **kwargs: Any) -> Any:
         "megatron.training.training.get_forward_backward_func"
     )
     megatron_schedule = megatron_schedule_for(*args, **kwargs)
-    if not get_args().dynapipe_plans:
+    if not JobConfig.of(get_args()).plans:
         return megatron_schedule
     if "dynapipe" not in _SCHEDULE:
         _SCHEDULE["dynapipe"] = DynaPipeSchedule(megatron_schedule)
@@ -407,7 +409,8 @@ def train_step(*args: Any, **kwargs: Any) -> Any:
     megatron_train_step = megatron_hooks.original("megatron.training.training.train_step")
     job = get_args()
     dynapipe = _SCHEDULE.get("dynapipe")
-    traced = job.log_peak_memory and job.curr_iteration == job.train_iters - 1
+    job_config = JobConfig.of(job)
+    traced = job_config.log_peak_memory and job.curr_iteration == job.train_iters - 1
     started = time.perf_counter()
     with (
         dynapipe.guarded(job.curr_iteration) if dynapipe else contextlib.nullcontext(),
@@ -421,6 +424,6 @@ def train_step(*args: Any, **kwargs: Any) -> Any:
         dynapipe.iterations.measured(dynapipe.last, measured_s)
         _log_step(job, dynapipe.last, result[0], measured_s, peaks, dynapipe.iterations.fit)
         dynapipe.count_samples(job)
-    elif job.baseline == "megatron-1f1b":
+    elif job_config.baseline == "megatron-1f1b":
         _log_step(job, _megatron_step(job), result[0], measured_s, peaks)
     return result

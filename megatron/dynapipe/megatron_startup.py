@@ -10,7 +10,7 @@ them (groups STARTUP and DYNAPIPE) and says why each is a replacement; the parse
 - its `pretrain` (`pretrain`): the flags and `--load` are checked before anything is built,
   the saves an earlier run left incomplete in `--save` are removed (with a line), errors end
   the job as DynaPipe's do (`exits`), and the jobs only DynaPipe's own loop runs
-  (`arguments.runs_in_own_loop`) go there. The program's dataset provider, a `pretrain`
+  (`job_config.runs_in_own_loop`) go there. The program's dataset provider, a `pretrain`
   argument, is wrapped rather than megatron.training's dataset build
   (`_remembering_training_data`): the training dataset it returns is kept for DynaPipe to
   plan over (`provided_training_dataset`, `data.program_samples`), and under a token budget
@@ -42,6 +42,7 @@ import torch.distributed as dist
 from . import arguments, checkpointing, cpu_compat, megatron_hooks
 from . import parallel_state as ps
 from .exits import megatron_args, name_bus_errors_in_workers, run_or_exit
+from .job_config import JobConfig, runs_in_own_loop
 
 # The training dataset the program's provider returned on this rank (`provided_training_dataset`).
 _PROVIDED: dict[str, Any] = {}
@@ -112,7 +113,7 @@ def _remembering_training_data(provider: Callable[..., Any]) -> Callable[..., An
         from megatron.training import get_args
 
         job = get_args()
-        if job.dynapipe_plans and job.tokens_per_global_batch is not None:
+        if JobConfig.of(job).plans and job.tokens_per_global_batch is not None:
             counts = list(num_samples)
             windows = max(1, job.tokens_per_global_batch // job.seq_length)
             counts[0] = max(counts[0], job.train_iters * windows)
@@ -146,7 +147,7 @@ def build_pretraining_data_loader(dataset: Any, consumed_samples: int) -> Any:
         "megatron.training.training.build_pretraining_data_loader"
     )
     planned = dataset is not None and dataset is _PROVIDED.get("train")
-    if planned and get_args().dynapipe_plans:
+    if planned and JobConfig.of(get_args()).plans:
         return _ReadThroughPlans()
     return name_bus_errors_in_workers(build_loader(dataset, consumed_samples))
 
@@ -181,13 +182,13 @@ def compile_helpers() -> None:
 def pretrain(*args: Any, **kwargs: Any) -> None:
     """megatron.training's `pretrain`, ending as DynaPipe jobs end on errors (`exits`): the
     input's fault in one line on rank 0 and exit status 2, a fault of the running job in one
-    line per rank and exit status 1. A job `arguments.runs_in_own_loop` names runs in DynaPipe's
+    line per rank and exit status 1. A job `job_config.runs_in_own_loop` names runs in DynaPipe's
     loop with the program's flags instead (its model and data come from those flags). The
     program's dataset provider is given to Megatron's `pretrain` keeping its training dataset
     (`_remembering_training_data`)."""
     megatron_pretrain = megatron_hooks.original("megatron.training.training.pretrain")
     parsed = megatron_args()  # a 0.19 program parses before it calls pretrain
-    if parsed is not None and arguments.runs_in_own_loop(parsed):
+    if parsed is not None and runs_in_own_loop(parsed):
         from .training import pretrain as dynapipe_pretrain
 
         run_or_exit(lambda: dynapipe_pretrain(parsed))
@@ -213,7 +214,7 @@ def _before_megatron(args: Any) -> None:
     read when megatron.training asks for it."""
     arguments.check_training_flags(args)
     if args.rank == 0:
-        for note in args.dynapipe_notes:
+        for note in JobConfig.of(args).notes:
             print(note, file=sys.stdout, flush=True)
         if args.save:
             checkpointing.remove_interrupted_saves(args.save)

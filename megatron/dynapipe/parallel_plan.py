@@ -39,7 +39,9 @@ from dynapipe_planner.search.plan_file import PlanFileError, SearchedPlan, check
 
 def apply_parallel_plan(args: argparse.Namespace, world_size: int) -> SearchedPlan:
     """Load `args.parallel_plan`, check it against this job of `world_size` ranks and set the
-    parallel sizes and the batch it names on `args` (a `PlanFileError` if it does not fit)."""
+    parallel sizes and the batch it names on `args`, which Megatron's model builder, optimiser
+    and micro-batch calculator read (a `PlanFileError` if it does not fit). Its batching and
+    recomputation are the job's already (`JobConfig`: padding, the plan's layers only)."""
     plan = load_plan(args.parallel_plan)
     check_job(plan, spec_from_args(args, plan.model.vocab_size), world_size, args.seq_length)
     if plan.sharded_layers:
@@ -51,16 +53,18 @@ def apply_parallel_plan(args: argparse.Namespace, world_size: int) -> SearchedPl
     args.data_parallel_size = plan.data_degree
     args.global_batch_size = plan.global_batch_size
     args.micro_batch_size = plan.microbatch_size // plan.data_degree
-    args.batching = "padding"
-    args.dynapipe_recompute = "none"  # the plan's CKPT layers only, not a mode per iteration
-    args.dynapipe_notes.append(
+    return plan
+
+
+def describe(plan: SearchedPlan) -> str:
+    """The start-up note naming what `plan` sets."""
+    return (
         f"--parallel-plan {plan.path}: TP {plan.tp}, PP {plan.pp} with layers "
         f"{list(plan.partition)}, DP {plan.data_degree}; global batch {plan.global_batch_size} "
-        f"in micro-batches of {args.micro_batch_size} per data-parallel rank; recomputing "
-        f"layers {list(plan.checkpointed_layers)}; sharding (SDP) layers "
+        f"in micro-batches of {plan.microbatch_size // plan.data_degree} per data-parallel "
+        f"rank; recomputing layers {list(plan.checkpointed_layers)}; sharding (SDP) layers "
         f"{list(plan.sharded_layers)}"
     )
-    return plan
 
 
 def _check_sharded_job(args: argparse.Namespace, plan: SearchedPlan) -> None:

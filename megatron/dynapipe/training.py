@@ -1,5 +1,5 @@
 """DynaPipe's own training loop: one plan per iteration, run by every rank's executor, for the
-jobs megatron.training's loop cannot express (`arguments.runs_in_own_loop`: a searched
+jobs megatron.training's loop cannot express (`job_config.runs_in_own_loop`: a searched
 `--parallel-plan` with per-layer SDP here; `--dynamic-strategies` and `--hetero-plan` in
 `layouts.training`). `pretrain_gpt.py` reaches it through `megatron.training.pretrain`, whose
 `enable` wrapper hands such jobs here with the parsed flags.
@@ -38,10 +38,11 @@ from .checkpointing import TrainState
 from .data.datasets import DataSplits, datasets
 from .evaluation import validation_line
 from .iterations import PlannedIterations
+from .job_config import JobConfig
 from .log import iteration_line, log_rank0, peak_memory_field
 from .memory import every_rank, traced_peak
 from .model import padded_vocab_size
-from .parallel_plan import apply_parallel_plan
+from .parallel_plan import apply_parallel_plan, describe
 from .pipeline.liveness import Liveness
 from .pipeline.plan_source import PLANNING_RANK
 from .stage import stage_in_ddp
@@ -65,18 +66,20 @@ def pretrain(args: argparse.Namespace, probe: IterationProbe | None = None) -> l
 
     `probe(iteration, plan)`, if given, is a context manager wrapped around each iteration's
     pipeline run (the plan's instructions, up to finalised gradients; not the optimiser step),
-    the part the plan predicts: the cost-model accuracy benchmark measures it there.
+    the part the plan predicts: the cost-model accuracy benchmark measures it there. `args`
+    are validated by `arguments` (which built their `JobConfig`).
     """
+    job = JobConfig.of(args)
     check_training_flags(args)
-    if args.baseline == "megatron-1f1b":
+    if job.baseline == "megatron-1f1b":
         raise ArgumentError("--baseline megatron-1f1b is Megatron's own loop (pretrain_gpt.py)")
-    if getattr(args, "dynamic_strategies", False) or getattr(args, "hetero_plan", None):
+    if job.hetero.enabled:
         from .layouts.training import pretrain_hetero
 
         return pretrain_hetero(args)
     # A searched plan sets TP, PP, the layer split and the batch; it stops a job it does not
     # fit before any group exists.
-    plan = apply_parallel_plan(args, _world_size()) if args.parallel_plan else None
+    plan = apply_parallel_plan(args, _world_size()) if job.parallel_plan else None
     cpu_compat.install()
     # Bad data, tokenizer files or checkpoints stop the job before any group exists.
     splits = datasets(args)
@@ -86,11 +89,11 @@ def pretrain(args: argparse.Namespace, probe: IterationProbe | None = None) -> l
         tp,
         pp,
         max(1, _world_size() // (tp * pp)),
-        timeout_s=args.dynapipe_timeout,
+        timeout_s=job.timeout_s,
         layer_counts=list(plan.partition) if plan else None,
     )
     try:
-        return _train(args, splits, resume, tp, probe, plan)
+        return _train(args, job, splits, resume, tp, probe, plan)
     finally:
         checkpointing.release_writer_processes()
         ps.destroy()
@@ -102,6 +105,7 @@ def _world_size() -> int:
 
 def _train(
     args: argparse.Namespace,
+    job: JobConfig,
     splits: DataSplits,
     resume: checkpointing.ResumePoint | None,
     tp: int,
@@ -113,7 +117,7 @@ def _train(
     searched = None  # the plan file's own prediction, in place of the per-iteration planner's
     if plan is not None and plan.predicted_iteration_s is not None:
         searched = (plan.predicted_iteration_s, plan.priced_on)
-    for note in args.dynapipe_notes:
+    for note in (*job.notes, *([describe(plan)] if plan else [])):
         log_rank0(rank, note)
     if rank == 0 and args.save:
         checkpointing.remove_interrupted_saves(args.save)
@@ -121,7 +125,7 @@ def _train(
     spec = spec_from_args(args, padded_vocab_size(args, dataset.vocab_size, tp))
     if args.load and resume is None:
         log_rank0(rank, f"no checkpoint in {args.load}: starting from scratch")
-    iterations = PlannedIterations(args, splits, spec, resume)
+    iterations = PlannedIterations(args, job, splits, spec, resume)
     liveness = Liveness(iterations.store, rank, dist.get_world_size(), server_rank=PLANNING_RANK)
     with iterations, liveness:
         config, model, optimizer, scheduler = stage_in_ddp(
@@ -150,7 +154,7 @@ def _train(
             work = iterations.next(iteration)
             model.zero_grad_buffer()
             optimizer.zero_grad()
-            traced = args.log_peak_memory and state.iteration == args.train_iters - 1
+            traced = job.log_peak_memory and state.iteration == args.train_iters - 1
             started = time.perf_counter()
             with liveness.step(iteration):
                 with traced_peak(ps.device()) if traced else contextlib.nullcontext() as peak:

@@ -116,7 +116,10 @@ def _parse(*flags: str):
 
 
 def test_baseline_flags() -> None:
-    assert _parse("--global-batch-size", "8", "--baseline", "packing-1f1b").batching == "packing"
+    from megatron.dynapipe.job_config import JobConfig
+
+    packing = _parse("--global-batch-size", "8", "--baseline", "packing-1f1b")
+    assert JobConfig.of(packing).batching == "packing"
     tokens = ["--tokens-per-global-batch", "1100", "--micro-batch-size", "2"]
     assert _parse(*tokens, "--baseline", "megatron-1f1b").global_batch_size == 8  # 1100 // 128
     for baseline in ("megatron-1f1b", "packing-1f1b"):

@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("megatron.training")
 
 from megatron.dynapipe.arguments import parse_args
+from megatron.dynapipe.job_config import JobConfig
 
 MODEL = [
     "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
@@ -31,7 +32,8 @@ def test_megatron_flags_keep_megatron_meaning_and_defaults() -> None:
     assert args.max_position_embeddings == 64  # DynaPipe's default for a Megatron-required flag
     assert args.micro_batch_size == 1 and args.global_batch_size == 1
     assert args.log_interval == 100 and args.seed == 1234 and args.hidden_dropout == 0.1
-    assert args.batching == "padding" and args.dynapipe_recompute == "auto"
+    job = JobConfig.of(args)
+    assert job.batching == "padding" and job.recompute == "auto"
 
 
 @pytest.mark.parametrize(
@@ -50,9 +52,10 @@ def test_the_smaller_timeout_bounds_every_wait_when_dynapipe_plans(
     one wins, and Megatron's process groups take it when DynaPipe plans; without a DynaPipe
     flag Megatron's groups keep Megatron's timeout."""
     args = parse_args([*MODEL, *flags, "--dynamic-micro-batching"])
-    assert (args.dynapipe_timeout, args.distributed_timeout_minutes) == (dynapipe_s, megatron_min)
+    timeout_s = JobConfig.of(args).timeout_s
+    assert (timeout_s, args.distributed_timeout_minutes) == (dynapipe_s, megatron_min)
     args = parse_args([*MODEL, "--dynapipe-timeout", "30"])
-    assert (args.dynapipe_timeout, args.distributed_timeout_minutes) == (30.0, 10)
+    assert (JobConfig.of(args).timeout_s, args.distributed_timeout_minutes) == (30.0, 10)
 
 
 @pytest.mark.parametrize(
@@ -86,14 +89,14 @@ def test_megatron_features_are_refused_only_with_a_flag_that_makes_dynapipe_plan
     flags as it would (issue 33); with one, the line names both flags."""
     features = ["--tensorboard-dir", "tb", "--step-batch-size-schedule", "0:8", "--profile"]
     args = parse_args([*MODEL, *features])
-    assert not args.dynapipe_plans and args.tensorboard_dir == "tb" and args.profile
+    assert not JobConfig.of(args).plans and args.tensorboard_dir == "tb" and args.profile
     args = parse_args([*MODEL, *features, "--baseline", "megatron-1f1b"])  # Megatron itself
-    assert not args.dynapipe_plans
+    assert not JobConfig.of(args).plans
     line = _refused(capsys, *features, "--dynamic-micro-batching")
     assert "error: --step-batch-size-schedule with --dynamic-micro-batching: batch-size" in line
     # Megatron's loop keeps TensorBoard and the profiler under DynaPipe's schedule.
     args = parse_args([*MODEL, "--tensorboard-dir", "tb", "--profile", "--dynamic-micro-batching"])
-    assert args.dynapipe_plans and args.tensorboard_dir == "tb" and args.profile
+    assert JobConfig.of(args).plans and args.tensorboard_dir == "tb" and args.profile
 
 
 @pytest.mark.parametrize(
@@ -152,10 +155,11 @@ def test_train_samples_count_iterations_of_global_batches() -> None:
 def test_megatron_recompute_flags_fix_the_planner_mode(capsys) -> None:
     planned = [*MODEL, "--dynamic-micro-batching"]
     args = parse_args([*planned, "--recompute-activations"])
-    assert args.dynapipe_recompute == "selective"
+    assert JobConfig.of(args).recompute == "selective"
     assert args.recompute_granularity is None  # the executor switches modes per plan
     full = ["--recompute-granularity", "full", "--recompute-method", "uniform"]
-    assert parse_args([*planned, *full, "--recompute-num-layers", "1"]).dynapipe_recompute == "full"
+    args = parse_args([*planned, *full, "--recompute-num-layers", "1"])
+    assert JobConfig.of(args).recompute == "full"
     line = _refused(capsys, "--dynamic-micro-batching", "--recompute-activations",
                     "--dynapipe-recompute", "none")  # fmt: skip
     assert "--recompute-granularity" in line and "--dynapipe-recompute" in line
@@ -166,7 +170,7 @@ def test_without_dynapipe_batching_megatron_recomputes_as_its_flags_say() -> Non
     stay, block recomputation of some layers included."""
     block = ["--recompute-granularity", "full", "--recompute-method", "block"]
     args = parse_args([*MODEL, *block, "--recompute-num-layers", "2"])
-    assert not args.dynapipe_plans
+    assert not JobConfig.of(args).plans
     assert (args.recompute_granularity, args.recompute_method) == ("full", "block")
     assert args.recompute_num_layers == 2
 
@@ -175,7 +179,7 @@ def test_gpu_only_defaults_are_switched_off_with_a_note() -> None:
     args = parse_args(MODEL)
     assert args.transformer_impl == "local"
     assert not args.bias_gelu_fusion and not args.apply_rope_fusion
-    assert any("local layer spec" in note for note in args.dynapipe_notes)
+    assert any("local layer spec" in note for note in JobConfig.of(args).notes)
 
 
 def test_argparse_errors_are_one_line_without_megatrons_usage(capsys) -> None:

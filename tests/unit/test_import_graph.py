@@ -197,6 +197,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "megatron_hooks",
             "arguments",
+            "job_config",
             "cpu_compat",
             "checkpoint_metadata",
             "device_speed",

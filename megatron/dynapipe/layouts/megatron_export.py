@@ -136,20 +136,23 @@ def _child(args: argparse.Namespace, path: str, vocab: int) -> None:
         sys.exit(2)
 
 
-def export_in_child(args: argparse.Namespace, path: Path, directory: Path, vocab: int) -> None:
+def export_in_child(
+    args: argparse.Namespace, path: Path, directory: Path, vocab: int, timeout_s: float
+) -> None:
     """Export the checkpoint at `path` into `directory` as a Megatron checkpoint (tracker file
-    included), from a fresh one-rank process; a failure is a CheckpointError naming `path`."""
+    included), from a fresh one-rank process within `timeout_s` (the job's timeout); a failure
+    is a CheckpointError naming `path`."""
     child = multiprocessing.get_context("spawn").Process(
         target=_child, args=(_one_rank_args(args, directory), str(path), vocab)
     )
     child.start()
-    child.join(args.dynapipe_timeout)
+    child.join(timeout_s)
     if child.is_alive():  # bounded by the job's timeout, as every wait of the job is
         child.kill()
         child.join()
         raise CheckpointError(
             f"writing {path} as a Megatron checkpoint in {directory} took more than "
-            f"--dynapipe-timeout ({args.dynapipe_timeout:g} s); the layout-independent "
+            f"--dynapipe-timeout ({timeout_s:g} s); the layout-independent "
             "checkpoint is kept"
         )
     if child.exitcode != 0:

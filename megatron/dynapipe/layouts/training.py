@@ -43,7 +43,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dynapipe_planner.cluster import GiB, GpuSpec, get_gpu
+from dynapipe_planner.cluster import GpuSpec, get_gpu
 from dynapipe_planner.devices import emulated_cluster
 from dynapipe_planner.megatron_model import spec_from_args
 from dynapipe_planner.model_spec import ModelSpec
@@ -66,8 +66,8 @@ from .. import parallel_state as ps
 from ..checkpointing import TrainState
 from ..data.datasets import datasets
 from ..data.microbatches import rank_microbatches
-from ..device_speed import parse_device_speed
 from ..iterations import global_batch_sampler
+from ..job_config import JobConfig
 from ..log import log_rank0
 from ..model import build_stage_model, layout_free_tp, padded_vocab_size
 from ..model_flags import dtype_name
@@ -90,6 +90,7 @@ class HeteroJob:
     candidates: CandidateSet
     recipe: object  # the planning rank's planner recipe (StrategyRecipe or StaticHeteroRecipe)
     dropped: list[str]  # candidate strategies the job cannot run, for the log
+    config: JobConfig  # what DynaPipe decided from the flags (`JobConfig.of(args)`)
 
 
 def describe(layouts: list[ReplicaLayout]) -> str:
@@ -103,32 +104,34 @@ def describe(layouts: list[ReplicaLayout]) -> str:
 def hetero_job(args: argparse.Namespace, vocab_size: int, lengths: np.ndarray, world: int):
     """The candidate strategies (or the static layout), the model spec with a vocabulary every
     strategy's TP degrees divide, and the planner recipe."""
+    job_config = JobConfig.of(args)
     base = spec_from_args(args, padded_vocab_size(args, vocab_size, 1))
-    memory = int(args.dynapipe_memory_limit_gib * GiB) if args.dynapipe_memory_limit_gib else 0
+    memory = job_config.memory_limit_bytes
     dtype = dtype_name(args)
     dropped: list[str] = []
-    speeds = parse_device_speed(args.device_speed, world)
-    mixed = args.dynamic_strategies and not args.strategy_candidates and len(set(speeds)) > 1
-    if args.hetero_plan:
-        plan_file = load_hetero_plan(args.hetero_plan, base, world)
+    speeds = job_config.slowdowns(world)
+    hetero = job_config.hetero
+    mixed = hetero.dynamic_strategies and not hetero.strategy_candidates and len(set(speeds)) > 1
+    if hetero.hetero_plan:
+        plan_file = load_hetero_plan(hetero.hetero_plan, base, world)
         layouts, fractions = plan_file.layouts, plan_file.fractions
         candidates = CandidateSet([f"hetero-plan {describe(layouts)}"], [layouts], [None])
     elif mixed:  # the selector knows each rank's speed: schemes typed by speed class
-        cluster = emulated_cluster(_gpu(args), speeds, memory or None)
+        cluster = emulated_cluster(_gpu(job_config), speeds, memory or None)
         profiles, candidates = mixed_candidates(
             PlacedSchemeModels(cluster, base, world),
             lengths,
             max_seqlen=args.seq_length,
-            recompute=_profile_recompute(args),
+            recompute=_profile_recompute(job_config),
             dropped=dropped,
         )
         proposals, homogeneous = [], False
     else:
         models = AnalyticSchemeModels(
-            base, _gpu(args), world, gpus_per_node=world, memory_limit_bytes=memory
+            base, _gpu(job_config), world, gpus_per_node=world, memory_limit_bytes=memory
         )
-        if args.strategy_candidates:
-            profiles, proposals = load_candidates(args.strategy_candidates, base, world)
+        if hetero.strategy_candidates:
+            profiles, proposals = load_candidates(hetero.strategy_candidates, base, world)
         else:
             profiles, proposals = propose_candidates(
                 base,
@@ -136,9 +139,9 @@ def hetero_job(args: argparse.Namespace, vocab_size: int, lengths: np.ndarray, w
                 models,
                 max_seqlen=args.seq_length,
                 tokens_per_iteration=_tokens_per_batch(args, lengths),
-                recompute=_profile_recompute(args),
+                recompute=_profile_recompute(job_config),
             )
-        homogeneous = not args.strategy_candidates  # a file is the whole candidate set
+        homogeneous = not hetero.strategy_candidates  # a file is the whole candidate set
         candidates = realisable(
             profiles, proposals, world, base.num_layers, homogeneous=homogeneous, dropped=dropped
         )
@@ -148,28 +151,28 @@ def hetero_job(args: argparse.Namespace, vocab_size: int, lengths: np.ndarray, w
             args, vocab_size, math.lcm(layout_free_tp(world), candidates.vocab_multiple_tp)
         ),
     )
-    if args.hetero_plan:
+    if hetero.hetero_plan:
         config = PlannerConfig(
             num_replicas=1,
-            batching=args.batching,
-            schedule=args.pipeline_schedule if args.batching == "dynamic" else "1f1b",
-            recompute=args.dynapipe_recompute,
+            batching=job_config.batching,
+            schedule=job_config.schedule,
+            recompute=job_config.recompute,
             dtype=dtype,
             max_seqlen=args.seq_length,
-            micro_batch_size=args.micro_batch_size if args.batching != "dynamic" else 0,
+            micro_batch_size=args.micro_batch_size if job_config.batching != "dynamic" else 0,
         )
         # The file's per-stage modes apply unless a mode was asked for explicitly.
-        stage_modes = plan_file.recompute if args.dynapipe_recompute == "auto" else ()
+        stage_modes = plan_file.recompute if job_config.recompute == "auto" else ()
         recipe = StaticHeteroRecipe(
-            spec, args.dynapipe_gpu, tuple(layouts), tuple(fractions), config, memory, stage_modes
+            spec, job_config.gpu, tuple(layouts), tuple(fractions), config, memory, stage_modes
         )
     else:
         selection = SelectionConfig(
-            inside="dynapipe" if args.batching == "dynamic" else "packing",
-            window=args.strategy_window,
+            inside="dynapipe" if job_config.batching == "dynamic" else "packing",
+            window=hetero.strategy_window,
             homogeneous=homogeneous,
             batch_candidates=0,  # strategies from the batch itself would need new groups
-            recompute=args.dynapipe_recompute,
+            recompute=job_config.recompute,
             dtype=dtype,
             seed=args.seed,
             allowed=frozenset(candidates.strategies),
@@ -187,20 +190,20 @@ def hetero_job(args: argparse.Namespace, vocab_size: int, lengths: np.ndarray, w
             )
         else:
             scheme_models = AnalyticSchemeModels(
-                spec, _gpu(args), world, gpus_per_node=world, memory_limit_bytes=memory
+                spec, _gpu(job_config), world, gpus_per_node=world, memory_limit_bytes=memory
             )
             recipe = StrategyRecipe(
                 tuple(profiles), tuple(proposals), scheme_models, world, selection
             )
-    return HeteroJob(spec, candidates, recipe, dropped)
+    return HeteroJob(spec, candidates, recipe, dropped, job_config)
 
 
-def _gpu(args: argparse.Namespace) -> GpuSpec:
-    return get_gpu(args.dynapipe_gpu)
+def _gpu(job_config: JobConfig) -> GpuSpec:
+    return get_gpu(job_config.gpu)
 
 
-def _profile_recompute(args: argparse.Namespace) -> str:
-    return "none" if args.dynapipe_recompute == "auto" else args.dynapipe_recompute
+def _profile_recompute(job_config: JobConfig) -> str:
+    return "none" if job_config.recompute == "auto" else job_config.recompute
 
 
 def pretrain_hetero(
@@ -220,7 +223,7 @@ def pretrain_hetero(
     ps.initialize_strategies(
         job.candidates.layouts,
         tied_embeddings=not args.untie_embeddings_and_output_weights,
-        timeout_s=args.dynapipe_timeout,
+        timeout_s=job.config.timeout_s,
     )
     if splits.valid is not None and args.eval_iters > 0:
         log_rank0(
@@ -252,11 +255,11 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
         sampler,
         dataset.lengths(),
         stop_iteration=args.train_iters,
-        num_workers=args.planner_workers,
-        timeout_s=args.dynapipe_timeout,
+        num_workers=job.config.planner_workers,
+        timeout_s=job.config.timeout_s,
     )
     liveness = Liveness(plans.store, rank, world, server_rank=PLANNING_RANK)
-    export = _megatron_export(args, job.spec.vocab_size)
+    export = _megatron_export(args, job.spec.vocab_size, job.config.timeout_s)
     with plans, liveness:
         optimizer, models = _build(args, job)
         scheduler = _scheduler(args, optimizer)
@@ -316,7 +319,9 @@ def _train(args, job: HeteroJob, dataset, initial_weights, strategies_out) -> li
     return losses
 
 
-def _megatron_export(args: argparse.Namespace, vocab: int) -> Callable[[Path], None] | None:
+def _megatron_export(
+    args: argparse.Namespace, vocab: int, timeout_s: float
+) -> Callable[[Path], None] | None:
     """How each save also writes a Megatron-LM checkpoint (`megatron_export`), or None (said
     once) where the job's flags leave only the layout-independent one."""
     why_not = megatron_export.cannot_export(args) if args.save else None
@@ -324,7 +329,13 @@ def _megatron_export(args: argparse.Namespace, vocab: int) -> Callable[[Path], N
         if why_not:
             log_rank0(dist.get_rank(), f"checkpoints in {args.save}: no Megatron copy ({why_not})")
         return None
-    return partial(megatron_export.export_in_child, args, directory=Path(args.save), vocab=vocab)
+    return partial(
+        megatron_export.export_in_child,
+        args,
+        directory=Path(args.save),
+        vocab=vocab,
+        timeout_s=timeout_s,
+    )
 
 
 def _tokens_per_batch(args: argparse.Namespace, lengths: np.ndarray) -> int:
@@ -359,20 +370,20 @@ def _build(args, job: HeteroJob) -> tuple[DisaggregatedOptimizer, StrategyModels
         eps=args.adam_eps,
         weight_decay=args.weight_decay,
         tied_embeddings=not args.untie_embeddings_and_output_weights,
-        overlap=args.overlap_pull_push,
+        overlap=job.config.hetero.overlap_pull_push,
     )
-    slowdown = parse_device_speed(args.device_speed, dist.get_world_size())[dist.get_rank()]
+    slowdown = job.config.slowdowns(dist.get_world_size())[dist.get_rank()]
     device = ps.device()
 
     def make_executor(k: int, config, model) -> PlanExecutor:
         config.finalize_model_grads_func = optimizer.finalize_func(k)
-        executor = PlanExecutor.for_this_rank(
-            model, config, device=device, timeout_s=args.dynapipe_timeout
+        return PlanExecutor.for_this_rank(
+            model, config, device=device, timeout_s=job.config.timeout_s, slowdown=slowdown
         )
-        executor.slowdown = slowdown
-        return executor
 
-    models = StrategyModels(optimizer, build, make_executor, args.max_cached_strategies)
+    models = StrategyModels(
+        optimizer, build, make_executor, job.config.hetero.max_cached_strategies
+    )
     models.add(0, config, model)
     return optimizer, models
 

@@ -151,6 +151,7 @@ class PlanExecutor:
         p2p: PeerToPeer,
         forward_step_func: ForwardStepFunc = gpt_forward_step,
         layouts: Sequence[ReplicaLayout] | None = None,
+        slowdown: float = 1.0,
     ) -> None:
         self.model = model
         self.layouts = list(layouts) if layouts is not None else None
@@ -167,7 +168,7 @@ class PlanExecutor:
             )
         self._set_input_tensor = get_attr_wrapped_model(model, "set_input_tensor")
         # `--device-speed`: compute of this rank emulated this many times slower (device_speed).
-        self.slowdown = 1.0
+        self.slowdown = slowdown
         self._thd_forward: int | None = None  # the THD micro-batch whose forward pass runs
         try:
             decoder = get_attr_wrapped_model(model, "decoder")
@@ -185,8 +186,10 @@ class PlanExecutor:
         device: torch.device,
         timeout_s: float = 600.0,
         forward_step_func: ForwardStepFunc = gpt_forward_step,
+        slowdown: float = 1.0,
     ) -> PlanExecutor:
-        """The executor of this rank's (replica, stage), as `parallel_state` laid out the job."""
+        """The executor of this rank's (replica, stage), as `parallel_state` laid out the job;
+        `slowdown`: this rank's `--device-speed` factor."""
         layouts = None
         p2p = PeerToPeer(ps.peer_rank, device, timeout_s)
         if ps.is_heterogeneous():
@@ -208,6 +211,7 @@ class PlanExecutor:
             p2p=p2p,
             forward_step_func=forward_step_func,
             layouts=layouts,
+            slowdown=slowdown,
         )
 
     @property

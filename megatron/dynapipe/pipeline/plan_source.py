@@ -27,7 +27,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch.distributed as dist
 
-from dynapipe_planner.cluster import ClusterSpec, GiB, get_gpu
+from dynapipe_planner.cluster import ClusterSpec, get_gpu
 from dynapipe_planner.cost import AnalyticCostModel, ProfiledCostModel
 from dynapipe_planner.errors import iteration_name
 from dynapipe_planner.model_spec import ModelSpec
@@ -36,6 +36,7 @@ from dynapipe_planner.planner import PlannerConfig
 from dynapipe_planner.service import PlannerRecipe, PlanningService
 
 from ..data.sampler import GlobalBatchSampler
+from ..job_config import JobConfig
 from ..local_costs import local_cost_table
 from ..model_flags import dtype_name
 from .job_store import JobStore
@@ -49,14 +50,15 @@ class PlanMismatch(RuntimeError):
 
 
 def planner_recipe(args: argparse.Namespace, spec: ModelSpec, num_replicas: int) -> PlannerRecipe:
-    """What the planning rank's planners are built from (picklable for worker processes)."""
-    memory = int(args.dynapipe_memory_limit_gib * GiB) if args.dynapipe_memory_limit_gib else 0
+    """What the planning rank's planners are built from (picklable for worker processes): the
+    job's DynaPipe choices (`JobConfig.of(args)`) over Megatron's sizes in `args`."""
+    job = JobConfig.of(args)
     cluster = ClusterSpec(
-        get_gpu(args.dynapipe_gpu),
+        get_gpu(job.gpu),
         num_stages=args.pipeline_model_parallel_size,
         num_replicas=num_replicas,
         tp=args.tensor_model_parallel_size,
-        memory_limit_bytes=memory,
+        memory_limit_bytes=job.memory_limit_bytes,
     )
     table = cost_table(args, spec)
     if table is None:
@@ -65,14 +67,14 @@ def planner_recipe(args: argparse.Namespace, spec: ModelSpec, num_replicas: int)
         cost_model = ProfiledCostModel.load(table, spec, cluster)
     config = PlannerConfig(
         num_replicas=num_replicas,
-        batching=args.batching,
-        schedule=args.pipeline_schedule if args.batching == "dynamic" else "1f1b",
-        recompute=args.dynapipe_recompute,  # the executor applies each plan's choice
+        batching=job.batching,
+        schedule=job.schedule,
+        recompute=job.recompute,  # the executor applies each plan's choice
         dtype=dtype_name(args),
         max_seqlen=args.seq_length,
-        micro_batch_size=args.micro_batch_size if args.batching != "dynamic" else 0,
-        packed_rows=args.dynapipe_packed_rows != "off",
-        dp_packing=args.dynapipe_packed_rows == "dp",
+        micro_batch_size=args.micro_batch_size if job.batching != "dynamic" else 0,
+        packed_rows=job.packed_rows != "off",
+        dp_packing=job.packed_rows == "dp",
     )
     return PlannerRecipe(cost_model, cluster.num_stages, config)
 
@@ -81,7 +83,7 @@ def cost_table(args: argparse.Namespace, spec: ModelSpec) -> str | None:
     """The cost table `--dynapipe-cost-model` names: a file, or with 'local' this machine's
     (`local_costs`, profiled on first use; at TP 1 only, where one rank runs the whole layer);
     None for the analytic model of `--dynapipe-gpu`."""
-    choice = args.dynapipe_cost_model
+    choice = JobConfig.of(args).cost_model
     if choice == "analytic" or (choice == "local" and args.tensor_model_parallel_size > 1):
         return None
     if choice == "local":
