@@ -18,6 +18,7 @@ alternating order between rounds (`alternating`) because load drifts on a shared
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -66,9 +67,34 @@ def model_flags(args) -> list[str]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a job's rendezvous, free now, that the kernel does not hand out by itself.
+
+    A port the kernel picks (`bind(0)`) is free only until the kernel gives it to the next
+    outgoing connection: with tests and benchmarks running side by side (gloo opens many), a
+    job's store once lost its port that way (EADDRINUSE). Ports below the ephemeral range
+    (`/proc/sys/net/ipv4/ip_local_port_range`) are only ever taken by an explicit bind, so one
+    picked at random there and bound once to check stays free unless another job picks the same.
+    """
+    low = _ephemeral_start()
+    chooser = random.SystemRandom()
+    for _ in range(100):
+        port = chooser.randrange(10_000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port found in [10000, {low})")
+
+
+def _ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral range (32768 where it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return max(int(f.read().split()[0]), 10_001)
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _iteration(line: str) -> re.Match | None:

@@ -12,7 +12,6 @@ import importlib
 import multiprocessing as mp
 import os
 import runpy
-import socket
 import sys
 import time
 import traceback
@@ -23,12 +22,7 @@ from typing import Any
 
 import megatron_parser_memo
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
+from benchmarks.torchrun_runs import free_port
 
 # What the runtime's ranks import, imported once in the test process: each forked rank would
 # otherwise import it again (about 1 CPU-second per rank on a small machine).
