@@ -176,8 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sdp_layer_overhead_s,
     )
     from megatron.dynapipe.data.base import BYTE_VOCAB_SIZE
-    from megatron.dynapipe.local_costs import single_rank_environment
     from megatron.dynapipe.model import padded_vocab_size
+    from megatron.dynapipe.world_of_one import WORLD_OF_ONE
 
     args = parse_args(argv)
     torch.set_num_threads(args.cpu_threads)
@@ -186,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     grid = ProfileGrid(tuple(args.microbatch_sizes), tuple(args.seqlens), args.max_tokens)
     cpu_compat.install()
     if "WORLD_SIZE" not in os.environ:
-        single_rank_environment()
+        os.environ.update(WORLD_OF_ONE)
     ps.initialize(tp, 1, 1)
     first = int(os.environ["RANK"]) == 0
     torch.manual_seed(0)  # every TP rank draws the same inputs

@@ -27,7 +27,6 @@ import multiprocessing
 import os
 import runpy
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,8 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from megatron.dynapipe.world_of_one import WORLD_OF_ONE
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "pretrain_gpt.py"
@@ -203,9 +204,6 @@ class Started(Exception):
     """The input got as far as torch.distributed's start."""
 
 
-ONE_RANK = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
-
-
 def until_process_group(case: Case, workdir: Path, timeout_s: float = 120.0) -> Outcome | None:
     """The program run as `__main__` in a forked process (a one-rank job's environment,
     `workdir` as the current directory) until torch.distributed would start; None when the
@@ -239,7 +237,7 @@ def _run_until_process_group(argv: tuple[str, ...], workdir: Path, conn) -> None
 
     err = io.StringIO()
     sys.argv, dist.init_process_group = [str(SCRIPT), *argv], stop
-    os.environ.update(ONE_RANK)
+    os.environ.update(WORLD_OF_ONE)
     os.environ.pop("DYNAPIPE_DEBUG", None)
     os.chdir(workdir)
     try:
@@ -265,10 +263,7 @@ def _run_until_process_group(argv: tuple[str, ...], workdir: Path, conn) -> None
 
 def real_run(case: Case, workdir: Path, timeout_s: float) -> Outcome:
     """The input given to a real one-rank `pretrain_gpt.py` process."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, **ONE_RANK, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env = {**os.environ, **WORLD_OF_ONE}
     env["OMP_NUM_THREADS"] = "1"
     env.pop("DYNAPIPE_DEBUG", None)
     try:

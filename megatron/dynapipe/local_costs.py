@@ -23,7 +23,6 @@ import hashlib
 import json
 import multiprocessing
 import os
-import socket
 import time
 from collections.abc import Callable
 from importlib import metadata
@@ -37,6 +36,7 @@ from dynapipe_planner.plan import atomic_write
 
 from .job_config import JobConfig
 from .profile_grid import local_grid
+from .world_of_one import WORLD_OF_ONE
 
 CACHE_ENV = "DYNAPIPE_CACHE_DIR"
 # Flags beyond the model's shape that change what a layer's passes cost.
@@ -128,7 +128,7 @@ def _profile_in_child(
     args = argparse.Namespace(**flags)
     args.tensor_model_parallel_size = args.pipeline_model_parallel_size = 1
     torch.set_num_threads(description["threads"])
-    single_rank_environment()  # a world of its own, beside the job's
+    os.environ.update(WORLD_OF_ONE)  # a world of its own, beside the job's
     os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)  # torchrun's store is the job's
     cpu_compat.install()
     ps.initialize(1, 1, 1)
@@ -149,17 +149,6 @@ def _profile_in_child(
         ps.destroy()
     table["local_profile"] = description
     atomic_write(Path(output), (json.dumps(table, indent=1) + "\n").encode())
-
-
-def single_rank_environment() -> None:
-    """The environment of a one-rank gloo/nccl world on a free loopback port, for megatron-core's
-    parallel state in a process that profiles alone."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1"
-    )
 
 
 def _device_name() -> str:

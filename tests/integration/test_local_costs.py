@@ -97,3 +97,42 @@ def test_analytic_and_tensor_parallel_jobs_plan_with_the_analytic_model() -> Non
     tp2.tensor_model_parallel_size = 2  # as a job of two TP ranks parses it
     assert cost_table(tp2, spec) is None
     assert cost_table(_args("--dynapipe-cost-model", "t.json"), spec) == "t.json"
+
+
+def _world_of_one(conn) -> None:
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from megatron.dynapipe.world_of_one import WORLD_OF_ONE
+
+    try:
+        os.environ.update(WORLD_OF_ONE)
+        dist.init_process_group("gloo")
+        total = torch.ones(1)
+        dist.all_reduce(total)
+        conn.send((dist.get_world_size(), float(total)))
+    except BaseException as error:
+        conn.send(repr(error))
+    finally:
+        os._exit(0)
+
+
+def test_worlds_of_one_start_side_by_side() -> None:
+    """Four processes that each profile or export alone (`WORLD_OF_ONE`) start their worlds at
+    the same moment: none takes a port another one picked (each store binds what the kernel
+    gives it)."""
+    context = multiprocessing.get_context("fork")
+    pipes = [context.Pipe(duplex=False) for _ in range(4)]
+    children = [context.Process(target=_world_of_one, args=(send,)) for _, send in pipes]
+    for child in children:
+        child.start()
+    try:
+        results = [recv.recv() if recv.poll(60) else "no answer in 60 s" for recv, _ in pipes]
+    finally:
+        for child in children:
+            child.join(timeout=5)
+            if child.is_alive():
+                child.kill()
+    assert results == [(1, 1.0)] * 4

@@ -205,6 +205,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "model_flags",
             "packed_attention",
             "profile_grid",
+            "world_of_one",
         ),
     ),
 )

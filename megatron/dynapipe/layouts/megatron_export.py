@@ -19,13 +19,13 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import socket
 import sys
 from pathlib import Path
 
 import torch
 
 from ..checkpointing import CheckpointError
+from ..world_of_one import WORLD_OF_ONE
 from . import checkpointing as hetero_checkpointing
 from .switch import fit_vocab_rows
 
@@ -45,12 +45,8 @@ def one_process_group() -> None:
     """torch.distributed with this process alone (Megatron's save is written collectively)."""
     import torch.distributed as dist
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
-    os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    os.environ.update(WORLD_OF_ONE)
+    dist.init_process_group("gloo")
 
 
 def export(args: argparse.Namespace, saved: hetero_checkpointing.FullCheckpoint, vocab: int) -> str:
