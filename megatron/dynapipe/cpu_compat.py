@@ -28,6 +28,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 _CPU = torch.device("cpu")
+_TENSOR_TYPE, _TENSOR_CUDA, _TENSOR_TO = torch.Tensor.type, torch.Tensor.cuda, torch.Tensor.to
 _call_sites: set[str] = set()
 _installed = False
 _mode: TorchFunctionMode | None = None
@@ -77,25 +78,29 @@ class _CudaToCpu(TorchFunctionMode):
     """
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
-            # megatron-core tells fp32, fp16 and bf16 tensors apart by their legacy type names
-            # (`param.type() == "torch.cuda.FloatTensor"` in its optimisers and gradient
-            # clipping); on the CPU those names lack ".cuda", so it sees CUDA's names.
-            name = func(*args)
-            if name.startswith("torch.") and _called_from_megatron_core():
-                _record()
-                return name.replace("torch.", "torch.cuda.", 1)
-            return name
-        if func is torch.Tensor.cuda:
+        # Every torch call of the process passes here: the common one, with no CUDA device in
+        # sight, costs a few identity tests and no allocation.
+        if func is _TENSOR_TYPE:
+            if len(args) == 1 and not kwargs:
+                # megatron-core tells fp32, fp16 and bf16 tensors apart by their legacy type
+                # names (`param.type() == "torch.cuda.FloatTensor"` in its optimisers and
+                # gradient clipping); on the CPU those names lack ".cuda", so it sees CUDA's.
+                name = func(*args)
+                if name.startswith("torch.") and _called_from_megatron_core():
+                    _record()
+                    return name.replace("torch.", "torch.cuda.", 1)
+                return name
+        elif func is _TENSOR_CUDA:
             _record()
             return args[0]
-        if _is_cuda(kwargs.get("device")):
-            _record()
-            kwargs["device"] = _CPU
-        if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):
+        elif func is _TENSOR_TO and len(args) > 1 and _is_cuda(args[1]):
             _record()
             args = (args[0], _CPU, *args[2:])
+        if not kwargs:
+            return func(*args)
+        if _is_cuda(kwargs.get("device")):
+            _record()
+            kwargs = {**kwargs, "device": _CPU}
         return func(*args, **kwargs)
 
 
