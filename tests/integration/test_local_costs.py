@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 from pathlib import Path
 
 import numpy as np
@@ -100,16 +101,13 @@ def test_analytic_and_tensor_parallel_jobs_plan_with_the_analytic_model() -> Non
 
 
 def _world_of_one(conn) -> None:
-    import os
-
     import torch
     import torch.distributed as dist
 
-    from megatron.dynapipe.world_of_one import WORLD_OF_ONE
+    from megatron.dynapipe.layouts.megatron_export import one_process_group
 
     try:
-        os.environ.update(WORLD_OF_ONE)
-        dist.init_process_group("gloo")
+        one_process_group()
         total = torch.ones(1)
         dist.all_reduce(total)
         conn.send((dist.get_world_size(), float(total)))
@@ -120,9 +118,9 @@ def _world_of_one(conn) -> None:
 
 
 def test_worlds_of_one_start_side_by_side() -> None:
-    """Four processes that each profile or export alone (`WORLD_OF_ONE`) start their worlds at
-    the same moment: none takes a port another one picked (each store binds what the kernel
-    gives it)."""
+    """Four processes that each export alone (`one_process_group`: `WORLD_OF_ONE`, as the local
+    profile's child) start their worlds at the same moment: none takes a port another one picked
+    (each store binds what the kernel gives it)."""
     context = multiprocessing.get_context("fork")
     pipes = [context.Pipe(duplex=False) for _ in range(4)]
     children = [context.Process(target=_world_of_one, args=(send,)) for _, send in pipes]
