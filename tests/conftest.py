@@ -40,6 +40,11 @@ if "DYNAPIPE_CACHE_DIR" not in os.environ:  # removed at the end of the session
 else:
     OWN_CACHE_DIR = None
 
+# The suite starts about a hundred Python processes (xdist workers, torchrun ranks, CLIs). Where
+# the machine sets PYTHONDONTWRITEBYTECODE each of them compiled the repository's modules again
+# and each worker re-rewrote every test module (9 CPU-s a worker): the first one now writes them.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 megatron_parser_memo.install()
 

@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import errno
 import os
+import pickle
 import re
 import shutil
 import sys
@@ -34,6 +35,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -80,17 +82,37 @@ def _megatron():
     return checkpointing
 
 
-def get_write_results_queue(*args: object, **kwargs: object) -> object:
+def get_write_results_queue(*args: object, **kwargs: object) -> PickledResults:
     """megatron-core's torch_dist writer starts one multiprocessing manager per rank (it carries
     asynchronous saves' results) with "spawn", which re-imports the training script in it:
     10 s of CPU and ~400 MB per rank at the first save, for a process that needs neither torch
-    nor megatron. Start it with `__main__` hidden (`dynapipe_planner.processes`); installed by
-    `megatron_hooks` (group CHECKPOINTS)."""
+    nor megatron. Start it with `__main__` hidden (`dynapipe_planner.processes`) and hand the
+    writer its queue as `PickledResults`; installed by `megatron_hooks` (group CHECKPOINTS)."""
     start = megatron_hooks.original(
         "megatron.core.dist_checkpointing.strategies.filesystem_async.get_write_results_queue"
     )
     with main_hidden():
-        return start(*args, **kwargs)
+        return PickledResults(start(*args, **kwargs))
+
+
+class PickledResults:
+    """The writer's results queue, its items crossing it as pickled bytes. A manager process
+    unpickles what is put in its queue, and the writer's results are torch.distributed.checkpoint
+    objects: holding them imported torch in the manager (4-5 CPU-s and ~400 MB a rank). Bytes
+    leave it a bare interpreter; the rank that put them unpickles them. Pickles (with the
+    manager's proxy) into the process that writes an asynchronous save."""
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+
+    def put(self, item: object, *args: object, **kwargs: object) -> None:
+        self.queue.put(pickle.dumps(item), *args, **kwargs)
+
+    def get(self, *args: object, **kwargs: object) -> object:
+        return pickle.loads(self.queue.get(*args, **kwargs))
+
+    def get_nowait(self) -> object:
+        return pickle.loads(self.queue.get_nowait())
 
 
 def has_checkpoint(directory: str | os.PathLike) -> bool:

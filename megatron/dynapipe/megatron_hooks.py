@@ -122,7 +122,7 @@ HOOKS: tuple[Hook, ...] = (
         attribute="get_write_results_queue",
         replacement="checkpointing:get_write_results_queue",
         group=CHECKPOINTS,
-        why="its manager process is spawned re-importing the training script; no option hides it",
+        why="its manager is spawned re-importing the script, then imports torch to hold results",
         parameters=("mp_mode",),
     ),
     # Group PARSER: the program parses before DynaPipe sees anything; no callback joins it.
