@@ -82,7 +82,10 @@ def report_error(prog: str, error: BaseException, args: argparse.Namespace | Non
     if getattr(args, "debug", False) or os.environ.get("DYNAPIPE_DEBUG") == "1":
         traceback.print_exception(error, file=sys.stderr)
     first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    print(f"{prog}: error: {first_line}", file=sys.stderr, flush=True)
+    # One write: ranks failing together share a stderr, and print's two writes (the text, then
+    # the newline) on an unbuffered stream let their lines run into one another.
+    sys.stderr.write(f"{prog}: error: {first_line}\n")
+    sys.stderr.flush()
 
 
 def _int(text: str) -> int:

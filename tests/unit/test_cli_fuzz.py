@@ -506,3 +506,23 @@ def test_an_absurd_sequence_length_never_reaches_the_cpp_core_wrapped() -> None:
     assert "is more than 16777216 tokens in one sequence" in line
     line = assert_refused("dynapipe-search", main, with_flag(argv, "--seq-length", str(2**24)))
     assert "does not fit in 20.00 GiB per GPU" in line
+
+
+def test_an_error_line_is_one_write(monkeypatch) -> None:
+    """Ranks that fail together share one stderr; written in two parts (the text, then the
+    newline) on an unbuffered stream, their lines ran into one another."""
+    from dynapipe_planner.cli_args import report_error
+
+    writes: list[str] = []
+
+    class Stream:
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr("sys.stderr", Stream())
+    report_error("pretrain_gpt.py", OSError("disk full\nmore detail"), None)
+    assert writes == ["pretrain_gpt.py: error: disk full\n"]
