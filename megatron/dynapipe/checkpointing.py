@@ -99,17 +99,15 @@ class PickledResults:
     """The writer's results queue, its items crossing it as pickled bytes. A manager process
     unpickles what is put in its queue, and the writer's results are torch.distributed.checkpoint
     objects: holding them imported torch in the manager (4-5 CPU-s and ~400 MB a rank). Bytes
-    leave it a bare interpreter; the rank that put them unpickles them. Pickles (with the
-    manager's proxy) into the process that writes an asynchronous save."""
+    leave it a bare interpreter; the rank that put them unpickles them. megatron-core puts and
+    takes with `put` and `get_nowait` only. Pickles (with the manager's proxy) into the process
+    that writes an asynchronous save."""
 
     def __init__(self, queue: Any) -> None:
         self.queue = queue
 
     def put(self, item: object, *args: object, **kwargs: object) -> None:
         self.queue.put(pickle.dumps(item), *args, **kwargs)
-
-    def get(self, *args: object, **kwargs: object) -> object:
-        return pickle.loads(self.queue.get(*args, **kwargs))
 
     def get_nowait(self) -> object:
         return pickle.loads(self.queue.get_nowait())
