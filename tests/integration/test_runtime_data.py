@@ -411,3 +411,16 @@ def test_global_batch_sampler_resumes_where_it_stopped() -> None:
     assert _take(resumed, 14) == uninterrupted[11:]
     with pytest.raises(DataError, match="seed=5, this run has 6"):
         GlobalBatchSampler(lengths, 2048, seed=6).load_state_dict(state)
+
+
+def test_a_reader_continues_from_the_samplers_place_on_its_own() -> None:
+    """The planning service's reader and the rank's sampler each see every batch once, across
+    epochs, whichever advances first."""
+    lengths = sample_lengths("lognormal", 40, seed=1, max_seqlen=512)
+    uninterrupted = _take(GlobalBatchSampler(lengths, 2048, seed=5), 30)
+    sampler = GlobalBatchSampler(lengths, 2048, seed=5)
+    _take(sampler, 3)
+    reader = sampler.reader()
+    assert _take(reader, 27) == uninterrupted[3:]  # past the epochs the sampler has not seen
+    assert reader.epoch > sampler.epoch
+    assert _take(sampler, 27) == uninterrupted[3:]

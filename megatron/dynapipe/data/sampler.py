@@ -4,6 +4,8 @@ count (Megatron's `--global-batch-size`).
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from dynapipe_planner.data import global_batches, sample_batches
@@ -56,6 +58,12 @@ class GlobalBatchSampler:
         self._position += 1
         self._iteration += 1
         return self._iteration - 1, batch
+
+    def reader(self) -> GlobalBatchSampler:
+        """Another sampler at this place, advancing on its own. The two share the lengths and
+        the epoch's batch arrays, which no sampler writes (a deep copy took 0.5 s and as much
+        memory again for a 1.6 million sample epoch)."""
+        return copy.copy(self)
 
     def state_dict(self) -> dict[str, int]:
         """The place in the data order, plus what the order depends on (checked on load)."""

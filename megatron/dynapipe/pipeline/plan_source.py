@@ -18,7 +18,6 @@ checkpoints record, and `PlanSource.get` checks that the plan covers that batch.
 from __future__ import annotations
 
 import argparse
-import copy
 import itertools
 import os
 import time
@@ -149,7 +148,7 @@ def open_plan_source(
     if rank == PLANNING_RANK:
         if recipe is None:
             raise ValueError(f"rank {rank} plans for the job and needs a planner recipe")
-        work = _work_items(copy.deepcopy(sampler), np.asarray(lengths), stop_iteration)
+        work = _work_items(sampler.reader(), np.asarray(lengths), stop_iteration)
         service = PlanningService(
             recipe, work, num_workers=num_workers, lookahead=lookahead, timeout_s=timeout_s
         )
