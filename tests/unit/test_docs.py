@@ -1,5 +1,6 @@
 """The documentation a newcomer reads: README.md short, every docs/ file linked from it, every
-repository path and module the docs name present, and CI running the README's test command."""
+repository path and module the docs name present, CI running the README's test command, and
+CHANGELOG entries of one or two lines."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from paths import ROOT
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 MAX_README_LINES = 250
+CHANGELOG = ROOT / "CHANGELOG.md"
+MAX_ENTRY_CHARS = 220  # two lines of a wide editor; details live in docs/
 
 # Backticked repository paths (`dynapipe_planner/plan.py`, `tools/profile_costs.py --clock cpu`)
 # and dotted module names (`megatron.dynapipe.megatron_loop`, `dynapipe_planner.search.search`,
@@ -124,3 +127,9 @@ def test_ci_runs_the_readme_test_command():
     commands = [line for line in ci if "pytest" in line and not line.startswith("#")]
     assert len(commands) == 1, ".ci/run should hold one test command"
     assert commands[0] in README.read_text().splitlines()
+
+
+def test_changelog_entries_are_one_or_two_lines():
+    entries = [line for line in CHANGELOG.read_text().splitlines() if line.startswith("- ")]
+    long = [entry[:60] for entry in entries if len(entry) > MAX_ENTRY_CHARS]
+    assert entries and not long, f"CHANGELOG entries over {MAX_ENTRY_CHARS} characters: {long}"
