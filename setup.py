@@ -2,17 +2,31 @@
 report `megatron.dynapipe._bus_error` (csrc/runtime/)."""
 
 from glob import glob
+from pathlib import Path
 
-from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
+from pybind11.setup_helpers import Pybind11Extension, build_ext
 from setuptools import setup
 
-# One compiler per core (the sources are independent): halves the install on a 2-core machine.
-# DYNAPIPE_BUILD_JOBS overrides the count.
-ParallelCompile("DYNAPIPE_BUILD_JOBS").install()
+
+def one_translation_unit(sources: list[str], unit: Path) -> str:
+    """A file at `unit` that #includes each of `sources`, compiled in their place.
+
+    Every kernel file includes pybind11's headers, which cost ~12 s of compiler CPU per file:
+    compiled together, the core's nine files take ~30 s instead of ~115 s. The file is rewritten
+    only when the list changes, so an unchanged build stays up to date.
+    """
+    text = "".join(f'#include "{Path(source).resolve()}"\n' for source in sources)
+    if unit.is_symlink() or (unit.exists() and not unit.is_file()):
+        raise SystemExit(f"setup.py: error: {unit} is not a regular file")
+    if not unit.exists() or unit.read_text() != text:
+        unit.parent.mkdir(parents=True, exist_ok=True)
+        unit.write_text(text)
+    return str(unit)
+
 
 core = Pybind11Extension(
     "dynapipe_planner._core",
-    sorted(glob("csrc/*.cpp")),
+    [one_translation_unit(sorted(glob("csrc/*.cpp")), Path("build/unity/dynapipe_core.cpp"))],
     include_dirs=["csrc"],
     cxx_std=17,
     # fp-contract=off keeps C++ arithmetic bit-identical to the Python references.
@@ -25,4 +39,9 @@ bus_error = Pybind11Extension(
     extra_compile_args=["-O2", "-Wall", "-Wextra"],
 )
 
-setup(ext_modules=[core, bus_error], cmdclass={"build_ext": build_ext})
+# The two modules compile side by side (one compiler per core on a 2-core machine).
+setup(
+    ext_modules=[core, bus_error],
+    cmdclass={"build_ext": build_ext},
+    options={"build_ext": {"parallel": 2}},
+)
