@@ -39,9 +39,10 @@ bus_error = Pybind11Extension(
     extra_compile_args=["-O2", "-Wall", "-Wextra"],
 )
 
-# The two modules compile side by side (one compiler per core on a 2-core machine).
+# The modules compile side by side, one compiler each.
+modules = [core, bus_error]
 setup(
-    ext_modules=[core, bus_error],
+    ext_modules=modules,
     cmdclass={"build_ext": build_ext},
-    options={"build_ext": {"parallel": 2}},
+    options={"build_ext": {"parallel": len(modules)}},
 )
